@@ -1,0 +1,174 @@
+/* kvcr/kvcr.h — the KVCR instance: configuration, operations, completion.
+ *
+ * Model (libuv-style request/completion): deposit, deliver and fetch return
+ * an operation handle at once; their per-key results arrive only through
+ * kvcr_poll(). Copies run on KVCR's copy threads, never on the caller.
+ * Every function may be called from any thread. Framework callbacks
+ * (inventory, capacity, log) run only inside kvcr_poll()/kvcr_close() on the
+ * calling thread, with no KVCR lock held; policy hooks run inside the call
+ * that needs them (see kvcr/policy.h). */
+#ifndef KVCR_KVCR_H
+#define KVCR_KVCR_H
+
+#include "kvcr/error.h"
+#include "kvcr/policy.h"
+#include "kvcr/stats.h"
+#include "kvcr/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVCR_VERSION_MAJOR 0
+#define KVCR_VERSION_MINOR 1
+#define KVCR_VERSION_PATCH 0
+#define KVCR_VERSION_STRING "0.1.0"
+#define KVCR_VERSION_HEX \
+    ((KVCR_VERSION_MAJOR << 16) | (KVCR_VERSION_MINOR << 8) | KVCR_VERSION_PATCH)
+
+/* The library's version at run time, as KVCR_VERSION_HEX / _STRING. */
+unsigned kvcr_version(void);
+const char *kvcr_version_string(void);
+
+typedef struct kvcr kvcr_t;
+
+/* ---- configuration ------------------------------------------------------ */
+
+#define KVCR_MAX_POOLS 64
+#define KVCR_NAME_MAX 128
+
+typedef struct kvcr_pool_layout {
+    const char *name;   /* "" only when it is the only pool */
+    size_t block_size;  /* bytes per block in this pool, > 0 */
+} kvcr_pool_layout;
+
+/* Caller-provided memory for one KVCR-owned DRAM pool, split into slots of
+ * the pool's block size. It must stay valid until kvcr_free(). */
+typedef struct kvcr_dram_pool {
+    const char *name;
+    void *addr;
+    size_t size;
+} kvcr_dram_pool;
+
+/* Peer-to-peer (REMOTE_G2) options. Validated now; the tier itself is not
+ * built yet, so enabled=true is refused with KVCR_ENOTSUP. */
+typedef struct kvcr_remote_options {
+    bool enabled;
+    bool eager_ctrl_connect;            /* default true */
+    bool opportunistic_query;           /* default false */
+    uint32_t metadata_retry_interval_ms; /* default 100, > 0 */
+    const char *backend;                /* default "UCX", non-empty */
+} kvcr_remote_options;
+
+typedef struct kvcr_callbacks {
+    void *ud;
+    /* Inventory of KVCR-owned residencies; non-zero return = the event is
+     * lost (logged). Keys are valid only during the call. */
+    int (*inventory)(void *ud, const kvcr_inventory_event *event);
+    /* Pools that fell below their watermark since the last call. */
+    int (*capacity_needed)(void *ud, const kvcr_capacity_need *needs, size_t n);
+    /* Log sink; NULL logs to stderr at the level of KVCR_LOG_LEVEL
+     * (error, warn, info, debug; default warn). */
+    void (*log)(void *ud, kvcr_log_level level, const char *message);
+} kvcr_callbacks;
+
+typedef struct kvcr_config {
+    const char *agent_name;                 /* required: this instance's end point name */
+    const kvcr_pool_layout *pool_layouts;   /* required, >= 1 */
+    size_t n_pool_layouts;
+
+    const kvcr_dram_pool *local_dram;       /* KVCR-owned DRAM, one per pool, or NULL */
+    size_t n_local_dram;
+    const char *local_dram_backend;         /* default "UCX"; copies are memcpy */
+
+    const kvcr_region *framework_regions;   /* framework memory, or NULL */
+    size_t n_framework_regions;
+
+    kvcr_remote_options remote;
+
+    uint32_t operation_timeout_ms;          /* default 1000, > 0 */
+    uint32_t abandon_timeout_ms;            /* default 5000, >= 2 * operation */
+    double capacity_low_watermark_percent;  /* default 0 (off), 0..100 */
+    bool enable_telemetry;                  /* default false */
+    uint32_t copy_threads;                  /* default 2, 1..64 */
+
+    const kvcr_policy_ops *policy;          /* NULL: the default (LRU) */
+    void *policy_ud;
+
+    kvcr_callbacks callbacks;
+} kvcr_config;
+
+/* Fills *cfg with the defaults above; required fields are left NULL. */
+void kvcr_config_init(kvcr_config *cfg);
+
+/* ---- lifetime ----------------------------------------------------------- */
+
+/* Validates *cfg completely, then starts the copy threads. Nothing is
+ * started when validation fails. The configuration is copied; the memory it
+ * points at (pools, regions) must outlive the instance. */
+int kvcr_create(const kvcr_config *cfg, kvcr_t **out);
+
+/* Stops the instance: queued copies are cancelled, running ones are waited
+ * for, every pending entry fails with KVCR_REASON_CLOSED, claims are
+ * dropped. Later calls fail with KVCR_ECLOSED. A second close returns 0.
+ * After close returns no KVCR thread touches registered memory. */
+int kvcr_close(kvcr_t *kv);
+
+/* Closes if needed, then releases the instance. No other thread may be
+ * inside a call on it. NULL is fine. */
+void kvcr_free(kvcr_t *kv);
+
+/* A file descriptor that is readable while kvcr_poll() has work to do
+ * (completions to collect). For event loops; polling blindly also works. */
+int kvcr_fd(const kvcr_t *kv);
+
+/* ---- operations ---------------------------------------------------------- */
+
+/* Where each key is now (advisory; changes nothing). request_id may be NULL. */
+int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
+               kvcr_query_result *out);
+
+#define KVCR_NO_EVICT 0x1u
+
+/* Copies framework memory into KVCR DRAM. With KVCR_NO_EVICT each stored
+ * entry also returns a release handle that keeps the block resident. */
+int kvcr_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags,
+                 kvcr_op_handle *op);
+
+/* Copies cached blocks into framework destinations. */
+int kvcr_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *request_id,
+                 kvcr_op_handle *op);
+
+/* Makes keys resident in KVCR DRAM and claims them; each success carries the
+ * slots and a release handle. expected_layout names the pool of each layout
+ * entry (NULL: the single pool ""). Duplicate keys are answered once. */
+int kvcr_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
+               const char *const *expected_layout, size_t layout_len, kvcr_op_handle *op);
+
+/* Ends claims. released[i] tells whether handles[i] was a live claim. */
+int kvcr_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n, bool *released);
+
+/* Best-effort cancellation of a pending operation, whole (keys NULL) or for
+ * the listed keys. Entries whose copy has not started fail with
+ * KVCR_REASON_ABORTED; running copies finish normally. *n_aborted (may be
+ * NULL) counts the entries cancelled; KVCR_ENOENT if op is not pending. */
+int kvcr_abort(kvcr_t *kv, kvcr_op_handle op, const kvcr_key *keys, size_t n,
+               size_t *n_aborted);
+
+/* Collects every operation completed since the last poll, in completion
+ * order, and runs pending callbacks. *results is one allocation (NULL when
+ * *n is 0) to be released with kvcr_results_free(). */
+int kvcr_poll(kvcr_t *kv, kvcr_op_result **results, size_t *n);
+void kvcr_results_free(kvcr_op_result *results);
+
+/* The interval's telemetry (see kvcr/stats.h). *out is NULL when telemetry
+ * is off. */
+int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out);
+
+/* The pool layouts' names, as configured (index = kvcr_slot_ref.pool). */
+const char *kvcr_pool_name(const kvcr_t *kv, uint32_t pool);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,83 @@
+/* kvcr/stats.h — telemetry snapshots and their Prometheus text form.
+ *
+ * With telemetry on, KVCR records event metrics as they happen and keeps
+ * state gauges. kvcr_stats_take() returns everything recorded since the last
+ * take (one interval, as the reference's get_stats) plus the current gauges.
+ * Metric names and labels are the reference's:
+ *   kvcr_duration_seconds{scope,result}  histogram, seconds
+ *   kvcr_transfer_bytes{operation}       counter
+ *   kvcr_transfer_blocks{operation}      counter
+ *   kvcr_state{resource}                 gauge */
+#ifndef KVCR_STATS_H
+#define KVCR_STATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVCR_DURATION_METRIC "kvcr_duration_seconds"
+#define KVCR_TRANSFER_BYTES_METRIC "kvcr_transfer_bytes"
+#define KVCR_TRANSFER_BLOCKS_METRIC "kvcr_transfer_blocks"
+#define KVCR_STATE_METRIC "kvcr_state"
+
+/* Upper bounds (seconds) of the duration histogram's buckets; +Inf is
+ * implicit. */
+#define KVCR_HISTOGRAM_BUCKETS 14
+extern const double kvcr_histogram_bounds[KVCR_HISTOGRAM_BUCKETS];
+
+typedef struct kvcr_gauge {
+    const char *resource;
+    double value;
+} kvcr_gauge;
+
+typedef struct kvcr_counter {
+    const char *name;      /* KVCR_TRANSFER_BYTES_METRIC or _BLOCKS_ */
+    const char *operation; /* the scope: "local_fill", "local_deliver", ... */
+    double value;
+} kvcr_counter;
+
+typedef struct kvcr_histogram {
+    const char *scope;
+    const char *result;
+    uint64_t count;
+    double sum;
+    uint64_t buckets[KVCR_HISTOGRAM_BUCKETS]; /* cumulative, as Prometheus */
+} kvcr_histogram;
+
+/* One raw duration observation, kept so that a framework's own stats object
+ * can be fed observation by observation (observe_histogram). At most
+ * KVCR_STATS_MAX_OBSERVATIONS are kept per interval; the rest are counted in
+ * observations_dropped (the histograms still include them). */
+#define KVCR_STATS_MAX_OBSERVATIONS 65536
+typedef struct kvcr_observation {
+    const char *scope;
+    const char *result;
+    double seconds;
+} kvcr_observation;
+
+typedef struct kvcr_stats {
+    size_t n_gauges;
+    const kvcr_gauge *gauges;
+    size_t n_counters;
+    const kvcr_counter *counters;
+    size_t n_histograms;
+    const kvcr_histogram *histograms;
+    size_t n_observations;
+    const kvcr_observation *observations;
+    uint64_t observations_dropped;
+} kvcr_stats;
+
+/* Renders a snapshot in the Prometheus text exposition format (0.0.4).
+ * *text is NUL-terminated and must be released with free(). */
+int kvcr_stats_render_prometheus(const kvcr_stats *stats, char **text, size_t *len);
+
+/* Releases a snapshot returned by kvcr_stats_take(). NULL is fine. */
+void kvcr_stats_free(kvcr_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

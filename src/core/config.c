@@ -1,0 +1,310 @@
+#include "core/config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/api.h"
+
+KVCR_API void kvcr_config_init(kvcr_config *cfg)
+{
+    if (cfg == NULL) return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->local_dram_backend = "UCX";
+    cfg->remote.eager_ctrl_connect = true;
+    cfg->remote.metadata_retry_interval_ms = 100;
+    cfg->remote.backend = "UCX";
+    cfg->operation_timeout_ms = 1000;
+    cfg->abandon_timeout_ms = 5000;
+    cfg->copy_threads = 2;
+}
+
+static bool name_ok(const char *s)
+{
+    return s != NULL && strlen(s) < KVCR_NAME_MAX;
+}
+
+static int check_pool_layouts(const kvcr_config *cfg)
+{
+    if (cfg->pool_layouts == NULL || cfg->n_pool_layouts == 0)
+        return kvcr_fail(KVCR_EINVAL, "pool_layouts must contain at least one pool");
+    if (cfg->n_pool_layouts > KVCR_MAX_POOLS)
+        return kvcr_fail(KVCR_EINVAL, "pool_layouts may hold at most %d pools", KVCR_MAX_POOLS);
+    for (size_t i = 0; i < cfg->n_pool_layouts; i++) {
+        if (cfg->pool_layouts[i].name == NULL)
+            return kvcr_fail(KVCR_EINVAL, "pool_layouts pool name must be a string");
+        if (!name_ok(cfg->pool_layouts[i].name))
+            return kvcr_fail(KVCR_EINVAL, "pool_layouts pool name must be shorter than %d bytes",
+                             KVCR_NAME_MAX);
+    }
+    for (size_t i = 0; i < cfg->n_pool_layouts; i++)
+        if (cfg->pool_layouts[i].block_size == 0)
+            return kvcr_fail(KVCR_EINVAL, "pool_layouts block size must be a positive integer");
+    for (size_t i = 0; i < cfg->n_pool_layouts; i++)
+        for (size_t j = i + 1; j < cfg->n_pool_layouts; j++)
+            if (strcmp(cfg->pool_layouts[i].name, cfg->pool_layouts[j].name) == 0)
+                return kvcr_fail(KVCR_EINVAL, "pool_layouts pool names must be unique");
+    if (cfg->n_pool_layouts > 1)
+        for (size_t i = 0; i < cfg->n_pool_layouts; i++)
+            if (cfg->pool_layouts[i].name[0] == '\0')
+                return kvcr_fail(KVCR_EINVAL,
+                                 "pool_layouts cannot use an empty name with multiple pools");
+    return 0;
+}
+
+static int check_scalars(const kvcr_config *cfg)
+{
+    if (cfg->operation_timeout_ms == 0)
+        return kvcr_fail(KVCR_EINVAL, "operation_timeout_ms must be positive");
+    if ((uint64_t)cfg->abandon_timeout_ms < 2 * (uint64_t)cfg->operation_timeout_ms)
+        return kvcr_fail(KVCR_EINVAL,
+                         "abandon_timeout_ms must be at least twice operation_timeout_ms");
+    double w = cfg->capacity_low_watermark_percent;
+    if (!(w >= 0.0 && w <= 100.0)) /* also rejects NaN */
+        return kvcr_fail(KVCR_EINVAL, "capacity_low_watermark_percent must be between 0 and 100");
+    if (cfg->copy_threads < 1 || cfg->copy_threads > 64)
+        return kvcr_fail(KVCR_EINVAL, "copy_threads must be between 1 and 64");
+    return 0;
+}
+
+/* The tier values a policy needs but the configuration lacks, sorted by
+ * value as the reference's message does ("DRAM, G3"). */
+static int check_policy(const kvcr_config *cfg, const kvcr_policy_ops *p)
+{
+    if (p->decide_ingest == NULL || p->eviction_score == NULL || p->decide_eviction == NULL)
+        return kvcr_fail(KVCR_EINVAL,
+                         "policy '%s' must provide decide_ingest, eviction_score and "
+                         "decide_eviction",
+                         p->name ? p->name : "?");
+    bool has_dram = cfg->local_dram != NULL && cfg->n_local_dram > 0;
+    bool miss_dram = (p->required_tiers & KVCR_TIER_BIT(KVCR_TIER_LOCAL_G2)) && !has_dram;
+    bool miss_g3 = (p->required_tiers & KVCR_TIER_BIT(KVCR_TIER_G3)) != 0; /* G3: not built */
+    if (miss_dram || miss_g3)
+        return kvcr_fail(KVCR_EINVAL, "%s requires configured %s%s%s", p->name ? p->name : "policy",
+                         miss_dram ? "DRAM" : "", miss_dram && miss_g3 ? ", " : "",
+                         miss_g3 ? "G3" : "");
+    return 0;
+}
+
+static int check_remote(const kvcr_remote_options *r)
+{
+    if (!r->enabled) return 0;
+    if (r->metadata_retry_interval_ms == 0)
+        return kvcr_fail(KVCR_EINVAL, "metadata_retry_interval_ms must be positive");
+    if (r->backend == NULL || r->backend[0] == '\0')
+        return kvcr_fail(KVCR_EINVAL, "remote framework DRAM backend must be non-empty");
+    return kvcr_fail(KVCR_ENOTSUP, "the peer-to-peer tier (REMOTE_G2) is not built yet");
+}
+
+static bool spans_overlap(uintptr_t a, size_t alen, uintptr_t b, size_t blen)
+{
+    return a < b + blen && b < a + alen;
+}
+
+static int check_local_dram(const kvcr_config *cfg)
+{
+    if (cfg->local_dram == NULL && cfg->n_local_dram == 0) return 0;
+    if (cfg->local_dram == NULL || cfg->n_local_dram == 0)
+        return kvcr_fail(KVCR_EINVAL, "local_dram and n_local_dram must be set together");
+    if (cfg->local_dram_backend == NULL || cfg->local_dram_backend[0] == '\0')
+        return kvcr_fail(KVCR_EINVAL, "local DRAM backend must be non-empty");
+    const kvcr_dram_pool *d = cfg->local_dram;
+    size_t n = cfg->n_local_dram;
+    for (size_t i = 0; i < n; i++)
+        if (d[i].name == NULL)
+            return kvcr_fail(KVCR_EINVAL, "local DRAM pool name must be a string");
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++)
+            if (strcmp(d[i].name, d[j].name) == 0)
+                return kvcr_fail(KVCR_EINVAL, "local DRAM pool names must be unique");
+    bool match = n == cfg->n_pool_layouts;
+    for (size_t i = 0; match && i < n; i++)
+        match = strcmp(d[i].name, cfg->pool_layouts[i].name) == 0;
+    if (!match)
+        return kvcr_fail(KVCR_EINVAL, "local DRAM pool names must exactly match pool_layouts");
+    for (size_t i = 0; i < n; i++) {
+        if (d[i].addr == NULL)
+            return kvcr_fail(KVCR_EINVAL, "local DRAM address must be a positive integer");
+        if (d[i].size == 0 || d[i].size > UINTPTR_MAX - (uintptr_t)d[i].addr)
+            return kvcr_fail(KVCR_EINVAL, "local DRAM pool size must be a positive integer");
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++)
+            if (spans_overlap((uintptr_t)d[i].addr, d[i].size, (uintptr_t)d[j].addr, d[j].size))
+                return kvcr_fail(KVCR_EINVAL, "local DRAM pool memory regions must not overlap");
+    for (size_t i = 0; i < n; i++) {
+        size_t bs = cfg->pool_layouts[i].block_size;
+        if (d[i].size % bs != 0)
+            return kvcr_fail(KVCR_EINVAL, "local DRAM pool '%s' size must contain complete blocks",
+                             d[i].name);
+        if (d[i].size / bs >= UINT32_MAX)
+            return kvcr_fail(KVCR_EINVAL, "local DRAM pool '%s' holds more than %u blocks",
+                             d[i].name, UINT32_MAX - 1);
+    }
+    return 0;
+}
+
+static int pool_by_name(const kvcr_config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_pool_layouts; i++)
+        if (strcmp(cfg->pool_layouts[i].name, name) == 0) return (int)i;
+    return -1;
+}
+
+static size_t region_span(const kvcr_region *r)
+{
+    size_t stride = r->stride ? r->stride : r->element_size;
+    return stride * (r->count - 1) + r->element_size;
+}
+
+static int check_one_region(const kvcr_config *cfg, const kvcr_region *r)
+{
+    if (r->addr == NULL)
+        return kvcr_fail(KVCR_EINVAL, "framework region address must be a positive integer");
+    if (r->element_size == 0)
+        return kvcr_fail(KVCR_EINVAL, "framework region size must be a positive integer");
+    if (r->count == 0)
+        return kvcr_fail(KVCR_EINVAL, "framework region count must be a positive integer");
+    if (r->stride != 0 && r->stride < r->element_size)
+        return kvcr_fail(KVCR_EINVAL, "framework region stride must be 0 or at least its size");
+    size_t stride = r->stride ? r->stride : r->element_size;
+    if ((r->count - 1) > (SIZE_MAX - r->element_size) / stride ||
+        region_span(r) > UINTPTR_MAX - (uintptr_t)r->addr)
+        return kvcr_fail(KVCR_EINVAL, "framework region does not fit in the address space");
+    if (r->mem_type != KVCR_MEM_DRAM && r->mem_type != KVCR_MEM_VRAM)
+        return kvcr_fail(KVCR_EINVAL, "framework region mem_type must be one of ['DRAM', 'VRAM']");
+    if (r->device_id < 0)
+        return kvcr_fail(KVCR_EINVAL, "framework region device_id must be a non-negative int");
+    if (!name_ok(r->label))
+        return kvcr_fail(KVCR_EINVAL, "framework region label must be a string shorter than %d "
+                                      "bytes",
+                         KVCR_NAME_MAX);
+    if (pool_by_name(cfg, r->label) < 0)
+        return kvcr_fail(KVCR_EINVAL, "framework region label '%s' must name a configured pool",
+                         r->label);
+    if (r->mem_type == KVCR_MEM_VRAM)
+        return kvcr_fail(KVCR_ENOTSUP, "VRAM framework regions need a CUDA build of KVCR; this "
+                                       "build copies host memory only");
+    return 0;
+}
+
+static bool region_equal(const kvcr_region *a, const kvcr_region *b)
+{
+    return a->addr == b->addr && a->element_size == b->element_size && a->count == b->count &&
+           a->stride == b->stride && a->mem_type == b->mem_type && a->device_id == b->device_id &&
+           strcmp(a->label, b->label) == 0;
+}
+
+/* Exact duplicates collapse to the first; labels must then be unique; spans
+ * on one (mem_type, device) must not overlap each other or a KVCR pool. */
+static int check_regions(const kvcr_config *cfg, bool *dup)
+{
+    const kvcr_region *r = cfg->framework_regions;
+    size_t n = cfg->n_framework_regions;
+    if (n > 0 && r == NULL)
+        return kvcr_fail(KVCR_EINVAL, "framework_regions is NULL but n_framework_regions is %zu", n);
+    for (size_t i = 0; i < n; i++) {
+        int rc = check_one_region(cfg, &r[i]);
+        if (rc != 0) return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        dup[i] = false;
+        for (size_t j = 0; j < i && !dup[i]; j++) dup[i] = !dup[j] && region_equal(&r[i], &r[j]);
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++) {
+            if (dup[i] || dup[j]) continue;
+            if (strcmp(r[i].label, r[j].label) == 0)
+                return kvcr_fail(KVCR_EINVAL, "framework region labels must be unique ('%s')",
+                                 r[i].label);
+            uintptr_t a = (uintptr_t)r[i].addr, b = (uintptr_t)r[j].addr;
+            size_t alen = region_span(&r[i]), blen = region_span(&r[j]);
+            if (r[i].mem_type == r[j].mem_type && r[i].device_id == r[j].device_id &&
+                spans_overlap(a, alen, b, blen)) {
+                uintptr_t lo = a < b ? a : b, hi = a < b ? b : a;
+                size_t lolen = a < b ? alen : blen, hilen = a < b ? blen : alen;
+                return kvcr_fail(KVCR_EINVAL,
+                                 "framework regions must not overlap: [%#zx, %#zx) and "
+                                 "[%#zx, %#zx) on ('DRAM', %d)",
+                                 (size_t)lo, (size_t)(lo + lolen), (size_t)hi,
+                                 (size_t)(hi + hilen), r[i].device_id);
+            }
+        }
+    for (size_t i = 0; i < n; i++)
+        for (size_t p = 0; p < cfg->n_local_dram; p++)
+            if (!dup[i] && r[i].mem_type == KVCR_MEM_DRAM &&
+                spans_overlap((uintptr_t)r[i].addr, region_span(&r[i]),
+                              (uintptr_t)cfg->local_dram[p].addr, cfg->local_dram[p].size))
+                return kvcr_fail(KVCR_EINVAL,
+                                 "framework region '%s' overlaps local DRAM pool '%s'",
+                                 r[i].label, cfg->local_dram[p].name);
+    return 0;
+}
+
+static int copy_regions(const kvcr_config *cfg, const bool *dup, kvcr_conf *out)
+{
+    size_t n = cfg->n_framework_regions;
+    out->regions = n ? calloc(n, sizeof *out->regions) : NULL;
+    if (n && out->regions == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (dup[i]) continue;
+        const kvcr_region *r = &cfg->framework_regions[i];
+        fw_region *f = &out->regions[out->n_regions++];
+        f->addr = r->addr;
+        f->element_size = r->element_size;
+        f->count = r->count;
+        f->stride = r->stride ? r->stride : r->element_size;
+        strcpy(f->label, r->label);
+        f->mem_type = r->mem_type;
+        f->device_id = r->device_id;
+        f->pool = (uint32_t)pool_by_name(cfg, r->label);
+    }
+    return 0;
+}
+
+int conf_build(const kvcr_config *cfg, kvcr_conf *out)
+{
+    memset(out, 0, sizeof *out);
+    if (cfg == NULL) return kvcr_fail(KVCR_EINVAL, "config must not be NULL");
+    if (cfg->agent_name == NULL || cfg->agent_name[0] == '\0' || !name_ok(cfg->agent_name))
+        return kvcr_fail(KVCR_EINVAL, "agent_name must be a non-empty string shorter than %d bytes",
+                         KVCR_NAME_MAX);
+    int rc = check_pool_layouts(cfg);
+    if (rc == 0) rc = check_scalars(cfg);
+    const kvcr_policy_ops *policy = cfg->policy ? cfg->policy : kvcr_policy_builtin("lru");
+    if (rc == 0) rc = check_policy(cfg, policy);
+    if (rc == 0) rc = check_remote(&cfg->remote);
+    if (rc == 0) rc = check_local_dram(cfg);
+    bool *dup = NULL;
+    if (rc == 0 && cfg->n_framework_regions > 0) {
+        dup = calloc(cfg->n_framework_regions, sizeof *dup);
+        rc = dup ? check_regions(cfg, dup) : kvcr_fail(KVCR_ENOMEM, "out of memory");
+    }
+    if (rc == 0 && cfg->n_local_dram == 0 && !cfg->remote.enabled)
+        rc = kvcr_fail(KVCR_EINVAL, "at least one DRAM backend must be configured");
+    if (rc == 0) rc = copy_regions(cfg, dup, out);
+    free(dup);
+    if (rc != 0) {
+        conf_destroy(out);
+        return rc;
+    }
+    strcpy(out->agent_name, cfg->agent_name);
+    out->n_pools = (uint32_t)cfg->n_pool_layouts;
+    out->has_local_dram = cfg->n_local_dram > 0;
+    out->remote = cfg->remote;
+    out->operation_timeout_ms = cfg->operation_timeout_ms;
+    out->abandon_timeout_ms = cfg->abandon_timeout_ms;
+    out->watermark_percent = cfg->capacity_low_watermark_percent;
+    out->enable_telemetry = cfg->enable_telemetry;
+    out->copy_threads = cfg->copy_threads;
+    out->policy = policy;
+    out->policy_ud = cfg->policy ? cfg->policy_ud : NULL;
+    out->cb = cfg->callbacks;
+    return 0;
+}
+
+void conf_destroy(kvcr_conf *c)
+{
+    free(c->regions);
+    c->regions = NULL;
+    c->n_regions = 0;
+}

@@ -1,0 +1,13 @@
+/* Configuration validation: every rule, in the reference's order, before
+ * anything starts. */
+#ifndef KVCR_CORE_CONFIG_H
+#define KVCR_CORE_CONFIG_H
+
+#include "core/instance.h"
+
+/* Checks cfg and fills the owned copy *out. On failure returns the error
+ * (the message names the rule) and leaves nothing allocated. */
+int conf_build(const kvcr_config *cfg, kvcr_conf *out);
+void conf_destroy(kvcr_conf *c);
+
+#endif

@@ -1,0 +1,147 @@
+/* The instance: everything kvcr_t holds, shared by the core's sources. */
+#ifndef KVCR_CORE_INSTANCE_H
+#define KVCR_CORE_INSTANCE_H
+
+#include <pthread.h>
+
+#include "core/copy.h"
+#include "core/evictq.h"
+#include "core/index.h"
+#include "core/telemetry.h"
+#include "kvcr/kvcr.h"
+#include "tiers/local_dram.h"
+#include "util/log.h"
+
+/* A registered framework region, resolved from kvcr_region. */
+typedef struct fw_region {
+    uint8_t *addr;
+    size_t element_size, count, stride;
+    char label[KVCR_NAME_MAX];
+    kvcr_mem_type mem_type;
+    int device_id;
+    uint32_t pool; /* the pool its label names */
+} fw_region;
+
+/* The validated, owned copy of kvcr_config. */
+typedef struct kvcr_conf {
+    char agent_name[KVCR_NAME_MAX];
+    uint32_t n_pools;
+    bool has_local_dram;
+    fw_region *regions;
+    size_t n_regions;
+    kvcr_remote_options remote;
+    uint32_t operation_timeout_ms, abandon_timeout_ms;
+    double watermark_percent;
+    bool enable_telemetry;
+    uint32_t copy_threads;
+    const kvcr_policy_ops *policy;
+    void *policy_ud;
+    kvcr_callbacks cb;
+} kvcr_conf;
+
+enum op_kind { OP_DEPOSIT = 0, OP_DELIVER, OP_FETCH };
+
+/* copy_job.kind: whose job it is. */
+enum job_kind { JOB_FILL = 1, JOB_DELIVER };
+
+/* What a pending entry waits for. */
+enum entry_wait { WAIT_NONE = 0, WAIT_FILL, WAIT_COPY };
+
+typedef struct op_rec op_rec;
+
+typedef struct op_entry {
+    block_id block;      /* the record it works on, while pending */
+    uint8_t done;
+    uint8_t wait;        /* enum entry_wait */
+    uint8_t status;      /* kvcr_entry_status, once done */
+    uint8_t reason;      /* kvcr_reason, once done */
+    uint32_t key_off, key_len;
+    uint32_t seg_off;    /* its layout: seg_addr/seg_pool/segs[seg_off ..] */
+    uint32_t n_segs;
+    kvcr_release_handle rh;
+    op_rec *w_next_op;       /* next waiter of the same fill */
+    uint32_t w_next_idx;
+    copy_job job;        /* a deliver's copy; owner = the op_rec */
+} op_entry;
+
+struct op_rec {
+    kvcr_op_handle handle;
+    uint8_t kind; /* enum op_kind */
+    bool no_evict;
+    bool expired; /* its deadline was handled */
+    uint64_t start_ns, deadline_ns;
+    uint32_t n, pending;
+    op_entry *e;
+    uint8_t *keys;            /* all keys, back to back */
+    uint8_t **seg_addr;       /* framework address per layout entry */
+    uint32_t *seg_pool;       /* pool per layout entry */
+    copy_seg *segs;           /* a deliver's copy segments */
+    kvcr_slot_ref *slot_refs; /* a fetch's result slots, n_segs per entry */
+    op_rec *live_prev, *live_next; /* pending ops in deadline order */
+    op_rec *done_next;             /* completed ops in completion order */
+};
+
+/* An in-flight fill of one block's G2 slots, shared by every entry that
+ * waits for it (the deposit that started it and any later ones). Waiters
+ * form a list through their entries. */
+typedef struct fill {
+    block_id block;
+    kvcr_op_handle origin;
+    op_rec *w_op;
+    uint32_t w_idx;
+    uint32_t n_w;
+    copy_job job; /* owner = this fill */
+    copy_seg segs[];
+} fill;
+
+/* Queued for delivery outside the lock, in kvcr_poll(). */
+typedef struct pending_event {
+    struct pending_event *next;
+    kvcr_inventory_event ev;
+    kvcr_key keys_storage[];
+} pending_event;
+
+/* Release handle -> block, open addressing on the handle. */
+typedef struct claim_map {
+    uint64_t *handle; /* 0 = empty */
+    block_id *block;
+    uint64_t mask, count;
+} claim_map;
+
+struct kvcr {
+    pthread_mutex_t lock;
+    kvcr_conf conf;
+    kvcr_logger log;
+    dram_pool pools[KVCR_MAX_POOLS];
+    block_index index;
+    evictq evq;
+    claim_map claims;
+    copy_engine copier;
+    int event_fd;
+    kvcr_telemetry *telemetry;
+
+    kvcr_op_handle next_op;
+    kvcr_release_handle next_release;
+    op_rec *live_head, *live_tail;
+    op_rec *done_head, *done_tail;
+    uint64_t n_live, n_done;
+
+    block_id *unscored;      /* blocks the policy failed to score */
+    uint32_t n_unscored, cap_unscored;
+
+    block_id *commit_ids;    /* the open inventory batch of fills committed */
+    uint32_t n_commit, cap_commit;
+    kvcr_op_handle commit_origin;
+
+    pending_event *events_head, *events_tail;
+    kvcr_capacity_need pressure[KVCR_MAX_POOLS];
+    uint32_t n_pressure;
+
+    bool closed;
+    bool polling;
+};
+
+void instance_lock(kvcr_t *kv);
+void instance_unlock(kvcr_t *kv);
+
+#endif

@@ -1,0 +1,427 @@
+/* The public API: argument guards, locking, lifetime, query, poll, stats.
+ * The operations themselves live in ops.c, residencies in residency.c. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "core/config.h"
+#include "core/instance.h"
+#include "core/ops.h"
+#include "core/residency.h"
+#include "core/testing.h"
+#include "util/api.h"
+#include "util/clock.h"
+
+KVCR_API unsigned kvcr_version(void)
+{
+    return KVCR_VERSION_HEX;
+}
+
+KVCR_API const char *kvcr_version_string(void)
+{
+    return KVCR_VERSION_STRING;
+}
+
+/* The instance whose lock this thread holds: a policy hook that calls back
+ * into it gets KVCR_EBUSY instead of a deadlock. */
+static _Thread_local const kvcr_t *held_by_this_thread;
+
+void instance_lock(kvcr_t *kv)
+{
+    pthread_mutex_lock(&kv->lock);
+    held_by_this_thread = kv;
+}
+
+void instance_unlock(kvcr_t *kv)
+{
+    held_by_this_thread = NULL;
+    pthread_mutex_unlock(&kv->lock);
+}
+
+static int guard(const kvcr_t *kv, const char *fn)
+{
+    if (kv == NULL) return kvcr_fail(KVCR_EINVAL, "%s: instance must not be NULL", fn);
+    if (held_by_this_thread == kv)
+        return kvcr_fail(KVCR_EBUSY, "%s called from inside a KVCR policy hook", fn);
+    return 0;
+}
+
+#define GUARD(kv)                               \
+    do {                                        \
+        int guard_rc_ = guard((kv), __func__); \
+        if (guard_rc_ != 0) return guard_rc_;   \
+    } while (0)
+
+/* ---- lifetime ----------------------------------------------------------- */
+
+static void release_parts(kvcr_t *kv)
+{
+    res_destroy(kv);
+    ops_discard_done(kv);
+    for (uint32_t p = 0; p < kv->conf.n_pools; p++) dram_pool_destroy(&kv->pools[p]);
+    index_destroy(&kv->index);
+    evq_destroy(&kv->evq);
+    telemetry_free(kv->telemetry);
+    if (kv->event_fd >= 0) close(kv->event_fd);
+    pthread_mutex_destroy(&kv->lock);
+    conf_destroy(&kv->conf);
+    free(kv);
+}
+
+static int init_pools(kvcr_t *kv, const kvcr_config *cfg)
+{
+    for (uint32_t p = 0; p < kv->conf.n_pools; p++) {
+        void *base = kv->conf.has_local_dram ? cfg->local_dram[p].addr : NULL;
+        size_t size = kv->conf.has_local_dram ? cfg->local_dram[p].size : 0;
+        if (dram_pool_init(&kv->pools[p], cfg->pool_layouts[p].name,
+                           cfg->pool_layouts[p].block_size, base, size,
+                           kv->conf.watermark_percent) != 0)
+            return KVCR_ENOMEM;
+    }
+    return 0;
+}
+
+static void log_start(const kvcr_t *kv)
+{
+    uint64_t slots = 0;
+    for (uint32_t p = 0; p < kv->conf.n_pools; p++) slots += kv->pools[p].n_slots;
+    kvcr_log(&kv->log, KVCR_LOG_INFO,
+             "started: %u pool(s), %llu KVCR DRAM slot(s), %zu framework region(s), %u copy "
+             "thread(s), policy '%s', telemetry %s",
+             kv->conf.n_pools, (unsigned long long)slots, kv->conf.n_regions,
+             kv->conf.copy_threads, kv->conf.policy->name ? kv->conf.policy->name : "custom",
+             kv->conf.enable_telemetry ? "on" : "off");
+}
+
+KVCR_API int kvcr_create(const kvcr_config *cfg, kvcr_t **out)
+{
+    if (out == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_create: out must not be NULL");
+    *out = NULL;
+    kvcr_t *kv = calloc(1, sizeof *kv);
+    if (kv == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    int rc = conf_build(cfg, &kv->conf);
+    if (rc != 0) {
+        free(kv);
+        return rc;
+    }
+    kv->event_fd = -1;
+    pthread_mutex_init(&kv->lock, NULL);
+    kvcr_logger_init(&kv->log, kv->conf.agent_name, kv->conf.cb.log, kv->conf.cb.ud);
+    evq_init(&kv->evq);
+    kv->next_op = kvcr_now_ns(); /* a handle from before a restart never matches */
+    kv->next_release = 1;
+    if (index_init(&kv->index) != 0 || init_pools(kv, cfg) != 0 ||
+        (kv->conf.enable_telemetry && (kv->telemetry = telemetry_new()) == NULL)) {
+        release_parts(kv);
+        return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    }
+    kv->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (kv->event_fd < 0) {
+        release_parts(kv);
+        return kvcr_fail(KVCR_ESYS, "eventfd failed: %m");
+    }
+    rc = copy_engine_start(&kv->copier, kv->conf.copy_threads, kv->event_fd);
+    if (rc != 0) {
+        release_parts(kv);
+        return kvcr_fail(rc, "cannot start the copy threads");
+    }
+    log_start(kv);
+    *out = kv;
+    return 0;
+}
+
+KVCR_API int kvcr_close(kvcr_t *kv)
+{
+    GUARD(kv);
+    instance_lock(kv);
+    if (kv->closed) {
+        instance_unlock(kv);
+        return 0;
+    }
+    kv->closed = true;
+    ops_cancel_all(kv);
+    instance_unlock(kv);
+    /* Running copies finish; the threads need no state lock to do so. */
+    copy_engine_stop(&kv->copier);
+    instance_lock(kv);
+    ops_progress(kv);
+    if (kv->live_head != NULL)
+        kvcr_log(&kv->log, KVCR_LOG_ERROR, "%llu operation(s) still pending after close",
+                 (unsigned long long)kv->n_live);
+    ops_discard_done(kv);
+    instance_unlock(kv);
+    kvcr_log(&kv->log, KVCR_LOG_INFO, "closed");
+    return 0;
+}
+
+KVCR_API void kvcr_free(kvcr_t *kv)
+{
+    if (kv == NULL || held_by_this_thread == kv) return;
+    kvcr_close(kv);
+    copy_engine_destroy(&kv->copier);
+    if (kv->conf.policy->destroy) kv->conf.policy->destroy(kv->conf.policy_ud);
+    release_parts(kv);
+}
+
+KVCR_API int kvcr_fd(const kvcr_t *kv)
+{
+    if (kv == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_fd: instance must not be NULL");
+    return kv->event_fd;
+}
+
+KVCR_API const char *kvcr_pool_name(const kvcr_t *kv, uint32_t pool)
+{
+    if (kv == NULL || pool >= kv->conf.n_pools) return NULL;
+    return kv->pools[pool].name;
+}
+
+/* ---- query -------------------------------------------------------------- */
+
+static kvcr_query_result query_one(const kvcr_t *kv, const kvcr_key *k, uint64_t hash)
+{
+    block_id id = index_find(&kv->index, k->data, k->len, hash);
+    if (id != BLOCK_NONE) {
+        uint8_t state = index_get(&kv->index, id)->g2_state;
+        if (state == G2_READY) return (kvcr_query_result){KVCR_QUERY_HIT, KVCR_TIER_LOCAL_G2};
+        if (state == G2_FILLING)
+            return (kvcr_query_result){KVCR_QUERY_FETCHING, KVCR_TIER_LOCAL_G2};
+    }
+    return (kvcr_query_result){KVCR_QUERY_MISS, KVCR_TIER_NONE};
+}
+
+#define QUERY_CHUNK 32
+
+KVCR_API int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
+                        kvcr_query_result *out)
+{
+    GUARD(kv);
+    (void)request_id; /* hints arrive with the peer-to-peer tier */
+    if (n > 0 && (keys == NULL || out == NULL))
+        return kvcr_fail(KVCR_EINVAL, "kvcr_query: keys and out must not be NULL");
+    for (size_t i = 0; i < n; i++)
+        if (!ops_valid_key(&keys[i]))
+            return kvcr_fail(KVCR_EINVAL, "key %zu must have 1 to %d bytes and non-NULL data", i,
+                             KVCR_KEY_MAX);
+    instance_lock(kv);
+    if (kv->closed) {
+        instance_unlock(kv);
+        return kvcr_fail(KVCR_ECLOSED, "the instance is closed");
+    }
+    /* Hash a chunk and prefetch its table slots first, so the cache misses
+     * of several keys overlap instead of queueing one after another. */
+    uint64_t hash[QUERY_CHUNK];
+    for (size_t base = 0; base < n; base += QUERY_CHUNK) {
+        size_t m = n - base < QUERY_CHUNK ? n - base : QUERY_CHUNK;
+        for (size_t i = 0; i < m; i++) {
+            hash[i] = index_hash(keys[base + i].data, keys[base + i].len);
+            __builtin_prefetch(&kv->index.table[hash[i] & kv->index.mask]);
+        }
+        for (size_t i = 0; i < m; i++) out[base + i] = query_one(kv, &keys[base + i], hash[i]);
+    }
+    instance_unlock(kv);
+    return 0;
+}
+
+/* ---- operations --------------------------------------------------------- */
+
+KVCR_API int kvcr_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags,
+                          kvcr_op_handle *op)
+{
+    GUARD(kv);
+    return ops_deposit(kv, blocks, n, flags, op);
+}
+
+KVCR_API int kvcr_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *request_id,
+                          kvcr_op_handle *op)
+{
+    GUARD(kv);
+    (void)request_id; /* remote sources arrive with the peer-to-peer tier */
+    return ops_deliver(kv, blocks, n, op);
+}
+
+KVCR_API int kvcr_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
+                        const char *const *expected_layout, size_t layout_len,
+                        kvcr_op_handle *op)
+{
+    GUARD(kv);
+    (void)request_id;
+    return ops_fetch(kv, keys, n, expected_layout, layout_len, op);
+}
+
+KVCR_API int kvcr_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n,
+                          bool *released)
+{
+    GUARD(kv);
+    return ops_release(kv, handles, n, released);
+}
+
+KVCR_API int kvcr_abort(kvcr_t *kv, kvcr_op_handle op, const kvcr_key *keys, size_t n,
+                        size_t *n_aborted)
+{
+    GUARD(kv);
+    return ops_abort(kv, op, keys, n, n_aborted);
+}
+
+/* ---- poll --------------------------------------------------------------- */
+
+static void deliver_notices(kvcr_t *kv, pending_event *events, const kvcr_capacity_need *needs,
+                            uint32_t n_needs)
+{
+    while (events != NULL) {
+        pending_event *next = events->next;
+        int rc = kv->conf.cb.inventory(kv->conf.cb.ud, &events->ev);
+        if (rc != 0)
+            kvcr_log(&kv->log, KVCR_LOG_WARN,
+                     "inventory sink failed (rc=%d); the event for %zu key(s) is lost", rc,
+                     events->ev.n_keys);
+        free(events);
+        events = next;
+    }
+    if (n_needs > 0) {
+        int rc = kv->conf.cb.capacity_needed(kv->conf.cb.ud, needs, n_needs);
+        if (rc != 0)
+            kvcr_log(&kv->log, KVCR_LOG_WARN, "capacity_needed callback failed (rc=%d)", rc);
+    }
+}
+
+KVCR_API int kvcr_poll(kvcr_t *kv, kvcr_op_result **results, size_t *n)
+{
+    GUARD(kv);
+    if (results == NULL || n == NULL)
+        return kvcr_fail(KVCR_EINVAL, "kvcr_poll: results and n must not be NULL");
+    *results = NULL;
+    *n = 0;
+    instance_lock(kv);
+    if (kv->closed) {
+        instance_unlock(kv);
+        return kvcr_fail(KVCR_ECLOSED, "the instance is closed");
+    }
+    /* Drain the fd before the completion list: a copy finishing in between
+     * then leaves the fd readable again. */
+    uint64_t ticks;
+    ssize_t got = read(kv->event_fd, &ticks, sizeof ticks);
+    (void)got;
+    ops_progress(kv);
+    int rc = ops_take_results(kv, results, n);
+    pending_event *events = kv->events_head;
+    kv->events_head = kv->events_tail = NULL;
+    kvcr_capacity_need needs[KVCR_MAX_POOLS];
+    uint32_t n_needs = kv->n_pressure;
+    memcpy(needs, kv->pressure, n_needs * sizeof *needs);
+    kv->n_pressure = 0;
+    instance_unlock(kv);
+    deliver_notices(kv, events, needs, n_needs);
+    return rc;
+}
+
+KVCR_API void kvcr_results_free(kvcr_op_result *results)
+{
+    free(results);
+}
+
+/* ---- stats -------------------------------------------------------------- */
+
+typedef struct gauge_set {
+    kvcr_gauge *g;
+    char (*names)[KVCR_NAME_MAX + 48];
+    size_t n;
+} gauge_set;
+
+static void gauge_add(gauge_set *s, const char *prefix, const char *name, double value)
+{
+    snprintf(s->names[s->n], sizeof s->names[0], "%s%s", prefix, name);
+    s->g[s->n].resource = s->names[s->n];
+    s->g[s->n].value = value;
+    s->n++;
+}
+
+static void pool_gauges(gauge_set *s, const char *prefix, const dram_pool *pools, uint32_t n)
+{
+    double total = 0, free_ = 0, evict = 0, total_b = 0, free_b = 0, evict_b = 0;
+    for (uint32_t p = 0; p < n; p++) {
+        double bs = (double)pools[p].block_size;
+        total += pools[p].n_slots;
+        free_ += pools[p].n_free;
+        evict += (double)pools[p].evictable;
+        total_b += pools[p].n_slots * bs;
+        free_b += pools[p].n_free * bs;
+        evict_b += (double)pools[p].evictable * bs;
+    }
+    gauge_add(s, prefix, "total_slots", total);
+    gauge_add(s, prefix, "free_slots", free_);
+    gauge_add(s, prefix, "allocated_slots", total - free_);
+    gauge_add(s, prefix, "evictable_slots", evict);
+    gauge_add(s, prefix, "total_bytes", total_b);
+    gauge_add(s, prefix, "free_bytes", free_b);
+    gauge_add(s, prefix, "allocated_bytes", total_b - free_b);
+    gauge_add(s, prefix, "evictable_bytes", evict_b);
+}
+
+KVCR_API int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out)
+{
+    GUARD(kv);
+    if (out == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_stats_take: out must not be NULL");
+    *out = NULL;
+    if (kv->telemetry == NULL) return 0;
+    size_t cap = 6 + 8 * (1 + (size_t)kv->conf.n_pools);
+    gauge_set s = {calloc(cap, sizeof *s.g), calloc(cap, sizeof *s.names), 0};
+    int rc = s.g && s.names ? 0 : kvcr_fail(KVCR_ENOMEM, "out of memory");
+    instance_lock(kv);
+    if (rc == 0 && kv->closed) rc = kvcr_fail(KVCR_ECLOSED, "the instance is closed");
+    if (rc == 0) {
+        gauge_add(&s, "", "block_records", (double)kv->index.count);
+        gauge_add(&s, "", "in_flight_ops", (double)kv->n_live);
+        gauge_add(&s, "", "framework_pins", 0);
+        gauge_add(&s, "", "pinned_keys", 0);
+        gauge_add(&s, "", "connected_remotes", 0);
+        gauge_add(&s, "", "completed", (double)kv->n_done);
+        if (kv->conf.has_local_dram) {
+            pool_gauges(&s, "local_g2_", kv->pools, kv->conf.n_pools);
+            for (uint32_t p = 0; p < kv->conf.n_pools; p++) {
+                char prefix[KVCR_NAME_MAX + 32];
+                const char *name = kv->pools[p].name[0] ? kv->pools[p].name : "default";
+                snprintf(prefix, sizeof prefix, "local_g2_pool_%s_", name);
+                pool_gauges(&s, prefix, &kv->pools[p], 1);
+            }
+        }
+        rc = telemetry_take(kv->telemetry, s.g, s.n, out);
+        if (rc != 0) kvcr_fail(rc, "out of memory taking stats");
+    }
+    instance_unlock(kv);
+    free(s.g);
+    free(s.names);
+    return rc;
+}
+
+/* ---- test hooks (src/core/testing.h) ------------------------------------ */
+
+void kvcr__test_copy_gate(kvcr_t *kv, int gate)
+{
+    copy_set_gate(&kv->copier, gate);
+}
+
+void kvcr__test_fail_copies(kvcr_t *kv, uint32_t n)
+{
+    copy_fail_next(&kv->copier, n);
+}
+
+uint32_t kvcr__test_running_copies(kvcr_t *kv)
+{
+    pthread_mutex_lock(&kv->copier.lock);
+    uint32_t n = kv->copier.running;
+    pthread_mutex_unlock(&kv->copier.lock);
+    return n;
+}
+
+size_t kvcr__test_metadata_bytes(kvcr_t *kv, uint64_t *records)
+{
+    instance_lock(kv);
+    size_t bytes = index_memory_bytes(&kv->index) + kv->evq.heap_cap * sizeof(uint32_t) +
+                   (kv->claims.mask + 1) * (sizeof(uint64_t) + sizeof(block_id));
+    *records = kv->index.count;
+    instance_unlock(kv);
+    return bytes;
+}

@@ -1,0 +1,30 @@
+/* Operations: deposit, deliver, fetch, release, abort; their completions,
+ * deadlines and results. Entry points take the instance lock themselves
+ * unless marked "locked". */
+#ifndef KVCR_CORE_OPS_H
+#define KVCR_CORE_OPS_H
+
+#include "core/instance.h"
+
+int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, kvcr_op_handle *op);
+int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, kvcr_op_handle *op);
+int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *const *layout,
+              size_t layout_len, kvcr_op_handle *op);
+int ops_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n, bool *released);
+int ops_abort(kvcr_t *kv, kvcr_op_handle op, const kvcr_key *keys, size_t n, size_t *n_aborted);
+
+/* Locked: collects finished copies and expires deadlines. */
+void ops_progress(kvcr_t *kv);
+/* Locked: the completed operations as one allocation (NULL + 0 if none);
+ * KVCR_ENOMEM keeps them queued. */
+int ops_take_results(kvcr_t *kv, kvcr_op_result **results, size_t *n);
+/* Locked: fails every pending entry with CLOSED and cancels queued copies.
+ * Running copies remain; ops_progress collects them once the copy engine
+ * has stopped. */
+void ops_cancel_all(kvcr_t *kv);
+/* Locked: frees the completed operations nobody will collect. */
+void ops_discard_done(kvcr_t *kv);
+
+bool ops_valid_key(const kvcr_key *k);
+
+#endif

@@ -1,0 +1,52 @@
+/* G2 residencies: slot allocation with policy-driven eviction, claims, the
+ * evictable queue, policy calls and the inventory/capacity notices they
+ * cause. Every function here runs with the instance lock held. */
+#ifndef KVCR_CORE_RESIDENCY_H
+#define KVCR_CORE_RESIDENCY_H
+
+#include "core/instance.h"
+
+/* The policy's view of a block; size_bytes from its residency if any. */
+void res_meta(const kvcr_t *kv, block_id id, uint64_t size_bytes, kvcr_block_meta *meta);
+uint64_t res_layout_bytes(const kvcr_t *kv, const uint32_t *pools, uint32_t n);
+
+/* The policy's admission decision, sanitised: true = admit. */
+bool res_admit(kvcr_t *kv, block_id id, uint64_t size_bytes, kvcr_tier source, bool required);
+
+/* Gives the block slots for the layout, evicting unprotected blocks as the
+ * policy decides. Returns false (nothing changed) when it cannot. On true
+ * the block is G2_FILLING. */
+bool res_alloc(kvcr_t *kv, block_id id, const uint32_t *pools, uint32_t n);
+
+/* FILLING -> READY: records the fill time, tells the policy, makes the
+ * block evictable and adds it to the open inventory batch of `origin`. */
+void res_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin);
+
+/* Returns a failed fill's slots; the block is left without residency. */
+void res_unfill(kvcr_t *kv, block_id id);
+
+void res_access(kvcr_t *kv, block_id id);
+void res_claim(kvcr_t *kv, block_id id);
+void res_unclaim(kvcr_t *kv, block_id id);
+
+/* A public claim with a release handle; 0 if the claim map is full (call
+ * res_reserve_claims first). */
+kvcr_release_handle res_claim_public(kvcr_t *kv, block_id id);
+bool res_release_public(kvcr_t *kv, kvcr_release_handle h);
+int res_reserve_claims(kvcr_t *kv, size_t n);
+
+/* Drops the record if nothing refers to it any more. */
+void res_prune(kvcr_t *kv, block_id id);
+
+/* Slot index i of the block's layout. */
+void res_slot(const kvcr_t *kv, const block *b, uint32_t i, uint32_t *pool, uint32_t *slot);
+
+/* Inventory: closes the open commit batch into a queued event. */
+void res_flush_commits(kvcr_t *kv);
+/* Capacity pressure: queues pools that newly fell below their watermark. */
+void res_check_capacity(kvcr_t *kv);
+
+/* Public claims and batches end with the instance. */
+void res_destroy(kvcr_t *kv);
+
+#endif

@@ -1,0 +1,27 @@
+/* Hooks for the test suite and the benchmarks. They are not part of the
+ * public API (the shared library does not export them); tests and tools
+ * link the static library. */
+#ifndef KVCR_CORE_TESTING_H
+#define KVCR_CORE_TESTING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcr/kvcr.h"
+
+enum kvcr_test_gate {
+    KVCR_TEST_GATE_OPEN = 0,
+    KVCR_TEST_GATE_HOLD_QUEUED,  /* copy threads start no copy */
+    KVCR_TEST_GATE_HOLD_RUNNING  /* copy threads take one copy each, then wait */
+};
+
+/* Holds or releases the copy threads. */
+void kvcr__test_copy_gate(kvcr_t *kv, int gate);
+/* The next n copies fail as a transfer error would. */
+void kvcr__test_fail_copies(kvcr_t *kv, uint32_t n);
+/* Number of copies currently RUNNING (taken by a thread). */
+uint32_t kvcr__test_running_copies(kvcr_t *kv);
+/* Bytes of block metadata (index, records, queues) and resident records. */
+size_t kvcr__test_metadata_bytes(kvcr_t *kv, uint64_t *records);
+
+#endif

@@ -1,0 +1,85 @@
+#include "util/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "kvcr/error.h"
+
+#include "util/api.h"
+
+static _Thread_local char last_error[512];
+
+static kvcr_log_level level_from_env(void)
+{
+    const char *v = getenv("KVCR_LOG_LEVEL");
+    if (v == NULL) return KVCR_LOG_WARN;
+    if (strcasecmp(v, "error") == 0) return KVCR_LOG_ERROR;
+    if (strcasecmp(v, "info") == 0) return KVCR_LOG_INFO;
+    if (strcasecmp(v, "debug") == 0) return KVCR_LOG_DEBUG;
+    return KVCR_LOG_WARN;
+}
+
+void kvcr_logger_init(kvcr_logger *lg, const char *agent,
+                      void (*fn)(void *, kvcr_log_level, const char *), void *ud)
+{
+    lg->fn = fn;
+    lg->ud = ud;
+    lg->threshold = level_from_env();
+    snprintf(lg->name, sizeof lg->name, "kvcr[%s]", agent ? agent : "?");
+}
+
+static const char *level_name(kvcr_log_level level)
+{
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    return (unsigned)level < 4 ? names[level] : "?";
+}
+
+void kvcr_log(const kvcr_logger *lg, kvcr_log_level level, const char *fmt, ...)
+{
+    if (lg->fn == NULL && level > lg->threshold) return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (lg->fn != NULL) {
+        lg->fn(lg->ud, level, msg);
+        return;
+    }
+    /* One fprintf per line so concurrent lines do not interleave. */
+    fprintf(stderr, "%s %s: %s\n", lg->name, level_name(level), msg);
+}
+
+int kvcr_fail(int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+KVCR_API const char *kvcr_last_error(void)
+{
+    return last_error;
+}
+
+KVCR_API const char *kvcr_strerror(int err)
+{
+    switch (err) {
+    case KVCR_OK: return "success";
+    case KVCR_EINVAL: return "invalid argument";
+    case KVCR_ENOMEM: return "out of memory";
+    case KVCR_ECLOSED: return "instance is closed";
+    case KVCR_ENOTSUP: return "not supported";
+    case KVCR_EBUSY: return "re-entrant call from a callback";
+    case KVCR_ENOENT: return "no such object";
+    case KVCR_ESYS: return "system call failed";
+    case KVCR_ETIMEDOUT: return "timed out";
+    case KVCR_ECALLBACK: return "framework callback failed";
+    default: return "unknown error";
+    }
+}

@@ -1,0 +1,25 @@
+/* Logging and the per-thread last-error message. */
+#ifndef KVCR_UTIL_LOG_H
+#define KVCR_UTIL_LOG_H
+
+#include "kvcr/types.h"
+
+typedef struct kvcr_logger {
+    void (*fn)(void *ud, kvcr_log_level level, const char *message);
+    void *ud;
+    kvcr_log_level threshold; /* for the default stderr sink */
+    char name[64];            /* "kvcr[<agent>]" */
+} kvcr_logger;
+
+/* Sets up a logger; fn NULL means stderr at the KVCR_LOG_LEVEL threshold. */
+void kvcr_logger_init(kvcr_logger *lg, const char *agent,
+                      void (*fn)(void *, kvcr_log_level, const char *), void *ud);
+
+void kvcr_log(const kvcr_logger *lg, kvcr_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records a message for kvcr_last_error() and returns err, so that a
+ * validation reads: return kvcr_fail(KVCR_EINVAL, "x must be positive"); */
+int kvcr_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,224 @@
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct stashed {
+    kvcr_op_handle op;
+    size_t n;
+    kvcr_entry_status *st;
+    kvcr_reason *why;
+    kvcr_release_handle *rh;
+} stashed;
+
+static int on_inventory(void *ud, const kvcr_inventory_event *ev)
+{
+    rig *r = ud;
+    r->inventory_calls++;
+    if (ev->removed)
+        r->inventory_removed += (int)ev->n_keys;
+    else
+        r->inventory_added += (int)ev->n_keys;
+    size_t used = strlen(r->inventory_log);
+    used += (size_t)snprintf(r->inventory_log + used, sizeof r->inventory_log - used, "%s%s:",
+                             used ? " " : "", ev->removed ? "-" : "+");
+    for (size_t i = 0; i < ev->n_keys && used < sizeof r->inventory_log; i++)
+        used += (size_t)snprintf(r->inventory_log + used, sizeof r->inventory_log - used,
+                                 "%s%.*s", i ? "," : "", (int)ev->keys[i].len,
+                                 (const char *)ev->keys[i].data);
+    return r->fail_callbacks ? -1 : 0;
+}
+
+static int on_capacity(void *ud, const kvcr_capacity_need *needs, size_t n)
+{
+    rig *r = ud;
+    r->capacity_calls++;
+    r->capacity_slots = n ? needs[0].slots : 0;
+    return r->fail_callbacks ? -1 : 0;
+}
+
+static void quiet_log(void *ud, kvcr_log_level level, const char *msg)
+{
+    (void)ud;
+    if (level == KVCR_LOG_ERROR) fprintf(stderr, "kvcr error: %s\n", msg);
+}
+
+void rig_init(rig *r, size_t block_size, size_t fw_count, size_t slots)
+{
+    memset(r, 0, sizeof *r);
+    r->block_size = block_size;
+    r->fw_count = fw_count;
+    r->slots = slots;
+    r->fw = aligned_alloc(64, block_size * fw_count);
+    r->dram = aligned_alloc(64, block_size * slots);
+    assert_non_null(r->fw);
+    assert_non_null(r->dram);
+    memset(r->fw, 0, block_size * fw_count);
+    memset(r->dram, 0xEE, block_size * slots);
+    kvcr_config_init(&r->cfg);
+    r->layout = (kvcr_pool_layout){"", block_size};
+    r->pool = (kvcr_dram_pool){"", r->dram, block_size * slots};
+    r->region = (kvcr_region){.addr = r->fw, .element_size = block_size, .count = fw_count,
+                              .label = ""};
+    r->cfg.agent_name = "test";
+    r->cfg.pool_layouts = &r->layout;
+    r->cfg.n_pool_layouts = 1;
+    r->cfg.local_dram = &r->pool;
+    r->cfg.n_local_dram = 1;
+    r->cfg.framework_regions = &r->region;
+    r->cfg.n_framework_regions = 1;
+    r->cfg.callbacks = (kvcr_callbacks){r, on_inventory, on_capacity, quiet_log};
+}
+
+void rig_start(rig *r)
+{
+    int rc = kvcr_create(&r->cfg, &r->kv);
+    if (rc != 0) fprintf(stderr, "kvcr_create: %s\n", kvcr_last_error());
+    assert_int_equal(rc, 0);
+}
+
+void rig_stop(rig *r)
+{
+    if (r->kv) assert_int_equal(kvcr_close(r->kv), 0);
+    kvcr_free(r->kv);
+    r->kv = NULL;
+    for (size_t i = 0; i < r->n_stash; i++) {
+        free(r->stash[i].st);
+        free(r->stash[i].why);
+        free(r->stash[i].rh);
+    }
+    free(r->stash);
+    free(r->fw);
+    free(r->dram);
+}
+
+void fill_pattern(uint8_t *p, size_t len, uint32_t seed)
+{
+    uint32_t x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        p[i] = (uint8_t)x;
+    }
+}
+
+void rig_pattern(rig *r, size_t i, uint32_t seed)
+{
+    fill_pattern(r->fw + i * r->block_size, r->block_size, seed);
+}
+
+bool rig_has_pattern(const rig *r, const uint8_t *p, uint32_t seed)
+{
+    uint8_t *want = malloc(r->block_size);
+    fill_pattern(want, r->block_size, seed);
+    bool same = memcmp(want, p, r->block_size) == 0;
+    free(want);
+    return same;
+}
+
+kvcr_key key_of(const char *s)
+{
+    return (kvcr_key){(const uint8_t *)s, strlen(s)};
+}
+
+static kvcr_op_handle submit(rig *r, bool deliver, const char *const *keys, const size_t *fw_idx,
+                             size_t n, unsigned flags)
+{
+    kvcr_block *b = calloc(n ? n : 1, sizeof *b);
+    kvcr_mem_ref *refs = calloc(n ? n : 1, sizeof *refs);
+    for (size_t i = 0; i < n; i++) {
+        refs[i] = (kvcr_mem_ref){NULL, "", fw_idx[i]};
+        b[i] = (kvcr_block){key_of(keys[i]), &refs[i], 1};
+    }
+    kvcr_op_handle op = 0;
+    int rc = deliver ? kvcr_deliver(r->kv, b, n, NULL, &op) : kvcr_deposit(r->kv, b, n, flags, &op);
+    if (rc != 0) fprintf(stderr, "submit: %s\n", kvcr_last_error());
+    assert_int_equal(rc, 0);
+    free(b);
+    free(refs);
+    return op;
+}
+
+kvcr_op_handle rig_deposit(rig *r, const char *const *keys, const size_t *fw_idx, size_t n,
+                           unsigned flags)
+{
+    return submit(r, false, keys, fw_idx, n, flags);
+}
+
+kvcr_op_handle rig_deliver(rig *r, const char *const *keys, const size_t *fw_idx, size_t n)
+{
+    return submit(r, true, keys, fw_idx, n, 0);
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void stash(rig *r, const kvcr_op_result *res)
+{
+    r->stash = realloc(r->stash, (r->n_stash + 1) * sizeof *r->stash);
+    stashed *s = &r->stash[r->n_stash++];
+    s->op = res->op;
+    s->n = res->n_entries;
+    s->st = calloc(s->n + 1, sizeof *s->st);
+    s->why = calloc(s->n + 1, sizeof *s->why);
+    s->rh = calloc(s->n + 1, sizeof *s->rh);
+    for (size_t j = 0; j < s->n; j++) {
+        s->st[j] = res->entries[j].status;
+        s->why[j] = res->entries[j].reason;
+        s->rh[j] = res->entries[j].release_handle;
+    }
+}
+
+static bool unstash(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *why,
+                    kvcr_release_handle *rh, size_t *n)
+{
+    for (size_t i = 0; i < r->n_stash; i++) {
+        stashed *s = &r->stash[i];
+        if (s->op != op) continue;
+        for (size_t j = 0; j < s->n; j++) {
+            if (st) st[j] = s->st[j];
+            if (why) why[j] = s->why[j];
+            if (rh) rh[j] = s->rh[j];
+        }
+        *n = s->n;
+        free(s->st);
+        free(s->why);
+        free(s->rh);
+        r->stash[i] = r->stash[--r->n_stash];
+        return true;
+    }
+    return false;
+}
+
+size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *why,
+                kvcr_release_handle *rh)
+{
+    uint64_t until = now_ms() + 10000;
+    size_t m;
+    while (now_ms() < until) {
+        if (unstash(r, op, st, why, rh, &m)) return m;
+        kvcr_op_result *res;
+        size_t n;
+        assert_int_equal(kvcr_poll(r->kv, &res, &n), 0);
+        for (size_t i = 0; i < n; i++) stash(r, &res[i]);
+        kvcr_results_free(res);
+        if (unstash(r, op, st, why, rh, &m)) return m;
+        usleep(200);
+    }
+    fail_msg("operation %llu did not complete within 10 s", (unsigned long long)op);
+    return 0;
+}
+
+kvcr_query_status rig_query(rig *r, const char *key)
+{
+    kvcr_key k = key_of(key);
+    kvcr_query_result q;
+    assert_int_equal(kvcr_query(r->kv, &k, 1, NULL, &q), 0);
+    return q.status;
+}

@@ -1,0 +1,61 @@
+/* Test harness: an instance over a framework buffer and a KVCR DRAM pool,
+ * with helpers to fill, deposit, deliver and wait for results. */
+#ifndef KVCR_TEST_HARNESS_H
+#define KVCR_TEST_HARNESS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "core/testing.h"
+#include "kvcr/kvcr.h"
+
+typedef struct rig {
+    kvcr_t *kv;
+    kvcr_config cfg;
+    kvcr_pool_layout layout;
+    kvcr_dram_pool pool;
+    kvcr_region region;
+    uint8_t *fw;     /* framework memory: fw_count blocks */
+    uint8_t *dram;   /* KVCR DRAM: slots blocks */
+    size_t block_size, fw_count, slots;
+    /* recorded callbacks */
+    int inventory_calls, inventory_added, inventory_removed;
+    char inventory_log[4096];
+    int capacity_calls;
+    uint64_t capacity_slots;
+    int fail_callbacks; /* callbacks return -1 while set */
+    /* results polled while waiting for another operation */
+    struct stashed *stash;
+    size_t n_stash;
+} rig;
+
+/* cfg is filled with defaults; adjust r->cfg before rig_start(). */
+void rig_init(rig *r, size_t block_size, size_t fw_count, size_t slots);
+void rig_start(rig *r);
+void rig_stop(rig *r);
+
+/* Writes a pattern derived from seed into framework block i. */
+void rig_pattern(rig *r, size_t i, uint32_t seed);
+bool rig_has_pattern(const rig *r, const uint8_t *p, uint32_t seed);
+void fill_pattern(uint8_t *p, size_t len, uint32_t seed);
+
+kvcr_key key_of(const char *s);
+
+/* Deposits/delivers one key per framework block index; returns the op. */
+kvcr_op_handle rig_deposit(rig *r, const char *const *keys, const size_t *fw_idx, size_t n,
+                           unsigned flags);
+kvcr_op_handle rig_deliver(rig *r, const char *const *keys, const size_t *fw_idx, size_t n);
+
+/* Polls until op completes (bounded: 10 s; results of other operations
+ * polled meanwhile are kept for their own rig_wait); the result is copied into
+ * *statuses / reasons / rh (arrays of at least the op's size, may be NULL)
+ * in request order. Returns the number of entries. */
+size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *why,
+                kvcr_release_handle *rh);
+
+kvcr_query_status rig_query(rig *r, const char *key);
+
+#endif
