@@ -17,6 +17,7 @@ typedef struct stashed {
 static int on_inventory(void *ud, const kvcr_inventory_event *ev)
 {
     rig *r = ud;
+    pthread_mutex_lock(&r->cb_lock);
     r->inventory_calls++;
     if (ev->removed)
         r->inventory_removed += (int)ev->n_keys;
@@ -29,26 +30,37 @@ static int on_inventory(void *ud, const kvcr_inventory_event *ev)
         used += (size_t)snprintf(r->inventory_log + used, sizeof r->inventory_log - used,
                                  "%s%.*s", i ? "," : "", (int)ev->keys[i].len,
                                  (const char *)ev->keys[i].data);
+    pthread_mutex_unlock(&r->cb_lock);
+    if (r->on_event) r->on_event(r, ev);
     return r->fail_callbacks ? -1 : 0;
 }
 
 static int on_capacity(void *ud, const kvcr_capacity_need *needs, size_t n)
 {
     rig *r = ud;
+    pthread_mutex_lock(&r->cb_lock);
     r->capacity_calls++;
     r->capacity_slots = n ? needs[0].slots : 0;
+    pthread_mutex_unlock(&r->cb_lock);
     return r->fail_callbacks ? -1 : 0;
 }
 
-static void quiet_log(void *ud, kvcr_log_level level, const char *msg)
+static void record_log(void *ud, kvcr_log_level level, const char *msg)
 {
-    (void)ud;
+    rig *r = ud;
     if (level == KVCR_LOG_ERROR) fprintf(stderr, "kvcr error: %s\n", msg);
+    if (level <= KVCR_LOG_WARN) {
+        pthread_mutex_lock(&r->cb_lock);
+        r->warnings++;
+        snprintf(r->last_warning, sizeof r->last_warning, "%s", msg);
+        pthread_mutex_unlock(&r->cb_lock);
+    }
 }
 
 void rig_init(rig *r, size_t block_size, size_t fw_count, size_t slots)
 {
     memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->cb_lock, NULL);
     r->block_size = block_size;
     r->fw_count = fw_count;
     r->slots = slots;
@@ -70,7 +82,7 @@ void rig_init(rig *r, size_t block_size, size_t fw_count, size_t slots)
     r->cfg.n_local_dram = 1;
     r->cfg.framework_regions = &r->region;
     r->cfg.n_framework_regions = 1;
-    r->cfg.callbacks = (kvcr_callbacks){r, on_inventory, on_capacity, quiet_log};
+    r->cfg.callbacks = (kvcr_callbacks){r, on_inventory, on_capacity, record_log};
 }
 
 void rig_start(rig *r)
@@ -91,6 +103,7 @@ void rig_stop(rig *r)
         free(r->stash[i].rh);
     }
     free(r->stash);
+    pthread_mutex_destroy(&r->cb_lock);
     free(r->fw);
     free(r->dram);
 }

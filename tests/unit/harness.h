@@ -3,6 +3,7 @@
 #ifndef KVCR_TEST_HARNESS_H
 #define KVCR_TEST_HARNESS_H
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,12 +22,17 @@ typedef struct rig {
     uint8_t *fw;     /* framework memory: fw_count blocks */
     uint8_t *dram;   /* KVCR DRAM: slots blocks */
     size_t block_size, fw_count, slots;
-    /* recorded callbacks */
+    /* recorded callbacks (several polling threads may call them at once) */
+    pthread_mutex_t cb_lock;
     int inventory_calls, inventory_added, inventory_removed;
     char inventory_log[4096];
     int capacity_calls;
     uint64_t capacity_slots;
     int fail_callbacks; /* callbacks return -1 while set */
+    char last_warning[1024];
+    int warnings;
+    /* called from the inventory sink, to test re-entry from callbacks */
+    void (*on_event)(struct rig *r, const kvcr_inventory_event *ev);
     /* results polled while waiting for another operation */
     struct stashed *stash;
     size_t n_stash;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what KVCR needs on Debian 12 and builds it into build/.
+# Idempotent: a second run only rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libxxhash-dev libcmocka-dev
+  libucx-dev libzmq3-dev libmsgpack-dev libjansson-dev liburing-dev
+  python3-dev python3-pytest python3-pip python3-setuptools
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+build() { # build DIR [cmake args...]
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
+  cmake --build "$dir"
+}
+
+build build -DCMAKE_BUILD_TYPE=Release
+if [ "${KVCR_SETUP_INSTALL:-1}" = 1 ]; then
+  cmake --install build >/dev/null
+  ldconfig 2>/dev/null || true
+fi
+if [ -x scripts/install-python.sh ]; then
+  scripts/install-python.sh
+fi
