@@ -170,10 +170,10 @@ void copy_fail_next(copy_engine *e, uint32_t n)
     pthread_mutex_unlock(&e->lock);
 }
 
-bool copy_job_running(copy_engine *e, const copy_job *job)
+bool copy_job_started(copy_engine *e, const copy_job *job)
 {
     pthread_mutex_lock(&e->lock);
-    bool running = job->state == COPY_RUNNING;
+    bool started = job->state == COPY_RUNNING || job->state == COPY_DONE;
     pthread_mutex_unlock(&e->lock);
-    return running;
+    return started;
 }

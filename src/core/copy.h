@@ -71,6 +71,7 @@ copy_job *copy_take_done(copy_engine *e);
 
 void copy_set_gate(copy_engine *e, int gate);
 void copy_fail_next(copy_engine *e, uint32_t n);
-bool copy_job_running(copy_engine *e, const copy_job *job);
+/* True once a thread has taken the job (it is RUNNING or DONE). */
+bool copy_job_started(copy_engine *e, const copy_job *job);
 
 #endif

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "kvcr/error.h"
+#include "util/bigmem.h"
 
 #define CHUNK_RECORDS (1u << INDEX_CHUNK_SHIFT)
 #define INITIAL_TABLE 1024u
@@ -19,7 +20,7 @@ uint64_t index_hash(const uint8_t *key, size_t len)
 int index_init(block_index *ix)
 {
     memset(ix, 0, sizeof *ix);
-    ix->table = malloc(INITIAL_TABLE * sizeof *ix->table);
+    ix->table = kvcr_big_alloc(INITIAL_TABLE * sizeof *ix->table);
     if (ix->table == NULL) return KVCR_ENOMEM;
     for (uint32_t i = 0; i < INITIAL_TABLE; i++) ix->table[i].id = BLOCK_NONE;
     ix->mask = INITIAL_TABLE - 1;
@@ -36,10 +37,10 @@ void index_destroy(block_index *ix)
             if (chunk[i].key_len > KEY_INLINE) free(chunk[i].key.heap);
             if (chunk[i].n_slots > 1) free(chunk[i].sl.many);
         }
-        free(chunk);
+        kvcr_big_free(chunk, CHUNK_RECORDS * sizeof(block));
     }
     free(ix->chunks);
-    free(ix->table);
+    kvcr_big_free(ix->table, (ix->mask + 1) * sizeof *ix->table);
     free(ix->free_ids);
     memset(ix, 0, sizeof *ix);
 }
@@ -80,14 +81,14 @@ static int table_grow(block_index *ix, uint64_t want)
     uint64_t size = ix->mask + 1;
     if (want * 4 <= size * 3) return 0;
     while (want * 4 > size * 3) size *= 2;
-    index_slot *t = malloc(size * sizeof *t);
+    index_slot *t = kvcr_big_alloc(size * sizeof *t);
     if (t == NULL) return KVCR_ENOMEM;
     for (uint64_t i = 0; i < size; i++) t[i].id = BLOCK_NONE;
     for (uint64_t i = 0; i <= ix->mask; i++) {
         uint32_t id = ix->table[i].id;
         if (id != BLOCK_NONE) table_place(t, size - 1, id, block_hash(index_get(ix, id)));
     }
-    free(ix->table);
+    kvcr_big_free(ix->table, (ix->mask + 1) * sizeof *ix->table);
     ix->table = t;
     ix->mask = size - 1;
     return 0;
@@ -106,7 +107,7 @@ int index_reserve(block_index *ix, size_t n)
         if (c == NULL) return KVCR_ENOMEM;
         ix->chunks = c;
         while (ix->n_chunks < chunks) {
-            c[ix->n_chunks] = calloc(CHUNK_RECORDS, sizeof(block));
+            c[ix->n_chunks] = kvcr_big_alloc(CHUNK_RECORDS * sizeof(block));
             if (c[ix->n_chunks] == NULL) return KVCR_ENOMEM;
             ix->n_chunks++;
         }

@@ -34,17 +34,18 @@ enum block_flag {
 struct fill;
 
 typedef struct block {
-    double score;            /* eviction score, valid with BF_SCORED */
-    uint64_t seq;            /* when it last entered the evictable set */
-    uint64_t last_access_ns; /* 0: never accessed */
-    struct fill *fill;       /* the fill in flight while G2_FILLING */
-    uint32_t q_prev, q_next; /* list links; q_prev is the heap index in the heap */
-    uint32_t claims;
-    uint32_t access_count;
+    /* What a lookup reads comes first and together: key, length, state. */
+    union {
+        uint8_t inl[KEY_INLINE];
+        uint8_t *heap;
+    } key;
     uint16_t key_len;
     uint8_t g2_state;
     uint8_t flags;
     uint8_t n_slots; /* layout length of the G2 residency; 0 if none */
+    uint32_t claims;
+    uint32_t access_count;
+    uint32_t q_prev, q_next; /* list links; q_prev is the heap index in the heap */
     union {
         struct {
             uint32_t slot;
@@ -52,10 +53,10 @@ typedef struct block {
         } one;              /* n_slots == 1 */
         uint32_t *many;     /* n_slots > 1: pairs (pool, slot) */
     } sl;
-    union {
-        uint8_t inl[KEY_INLINE];
-        uint8_t *heap;
-    } key;
+    double score;            /* eviction score, valid with BF_SCORED */
+    uint64_t seq;            /* when it last entered the evictable set */
+    uint64_t last_access_ns; /* 0: never accessed */
+    struct fill *fill;       /* the fill in flight while G2_FILLING */
 } block;
 
 typedef struct index_slot {
@@ -91,6 +92,29 @@ static inline const uint8_t *block_key(const block *b)
 }
 
 block_id index_find(const block_index *ix, const uint8_t *key, size_t len, uint64_t hash);
+
+/* Warms the cache for a coming index_find: the first table slot whose tag
+ * matches, and that record's key. Issued for a batch of keys first, the
+ * cache misses of the batch overlap instead of queueing. */
+static inline void index_prefetch_record(const block_index *ix, uint64_t hash)
+{
+    uint32_t tag = (uint32_t)(hash >> 32);
+    for (uint64_t i = hash & ix->mask;; i = (i + 1) & ix->mask) {
+        const index_slot *s = &ix->table[i];
+        if (s->id == BLOCK_NONE) return;
+        if (s->tag == tag) {
+            const block *b = index_get(ix, s->id);
+            __builtin_prefetch(b);
+            __builtin_prefetch(&b->g2_state); /* the next line when b straddles two */
+            return;
+        }
+    }
+}
+
+static inline void index_prefetch_slot(const block_index *ix, uint64_t hash)
+{
+    __builtin_prefetch(&ix->table[hash & ix->mask]);
+}
 
 /* Makes room for n more records so that index_insert cannot fail. */
 int index_reserve(block_index *ix, size_t n);

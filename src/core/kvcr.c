@@ -210,15 +210,16 @@ KVCR_API int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
         instance_unlock(kv);
         return kvcr_fail(KVCR_ECLOSED, "the instance is closed");
     }
-    /* Hash a chunk and prefetch its table slots first, so the cache misses
-     * of several keys overlap instead of queueing one after another. */
+    /* Three passes over a chunk — table slots, then records, then the
+     * lookups — so the cache misses of its keys overlap. */
     uint64_t hash[QUERY_CHUNK];
     for (size_t base = 0; base < n; base += QUERY_CHUNK) {
         size_t m = n - base < QUERY_CHUNK ? n - base : QUERY_CHUNK;
         for (size_t i = 0; i < m; i++) {
             hash[i] = index_hash(keys[base + i].data, keys[base + i].len);
-            __builtin_prefetch(&kv->index.table[hash[i] & kv->index.mask]);
+            index_prefetch_slot(&kv->index, hash[i]);
         }
+        for (size_t i = 0; i < m; i++) index_prefetch_record(&kv->index, hash[i]);
         for (size_t i = 0; i < m; i++) out[base + i] = query_one(kv, &keys[base + i], hash[i]);
     }
     instance_unlock(kv);

@@ -724,8 +724,8 @@ static bool entry_matches(const op_rec *o, const op_entry *e, const kvcr_key *ke
 }
 
 /* Fails the pending entries of o that have not started moving bytes.
- * A deposit whose fill copy is running is left to finish: the data will be
- * committed and the deposit counts as done (the reference's rule). */
+ * A deposit whose fill copy has started is left to finish: the data will
+ * be committed and the deposit counts as done (the reference's rule). */
 static size_t cancel_entries(kvcr_t *kv, op_rec *o, const kvcr_key *keys, size_t n, kvcr_reason why)
 {
     size_t cancelled = 0;
@@ -735,7 +735,7 @@ static size_t cancel_entries(kvcr_t *kv, op_rec *o, const kvcr_key *keys, size_t
         if (e->done || !entry_matches(o, e, keys, n)) continue;
         if (e->wait == WAIT_FILL) {
             fill *f = index_get(&kv->index, e->block)->fill;
-            if (o->kind == OP_DEPOSIT && copy_job_running(&kv->copier, &f->job)) continue;
+            if (o->kind == OP_DEPOSIT && copy_job_started(&kv->copier, &f->job)) continue;
             waiter_remove(f, o, i);
             entry_finish(kv, o, i, KVCR_ENTRY_FAILED, why);
             cancelled++;
