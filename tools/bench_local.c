@@ -17,13 +17,19 @@ typedef struct inst {
     size_t block, n_fw, n_slots;
 } inst;
 
+/* aligned_alloc wants a size that is a multiple of the alignment. */
+static void *page_alloc(size_t size)
+{
+    return aligned_alloc(4096, (size + 4095) & ~(size_t)4095);
+}
+
 static void inst_start(inst *in, size_t block, size_t n_fw, size_t n_slots, uint32_t threads)
 {
     in->block = block;
     in->n_fw = n_fw;
     in->n_slots = n_slots;
-    in->fw = aligned_alloc(4096, block * n_fw);
-    in->pool = aligned_alloc(4096, block * n_slots);
+    in->fw = page_alloc(block * n_fw);
+    in->pool = page_alloc(block * n_slots);
     if (in->fw == NULL || in->pool == NULL) {
         fprintf(stderr, "kvcr: out of memory for the benchmark buffers\n");
         exit(1);
