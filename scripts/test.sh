@@ -25,5 +25,5 @@ TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan
 
 if [ -d tests/python ]; then
   echo "== Python tests =="
-  (cd tests/python && /usr/bin/python3 -m pytest -q)
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
 fi

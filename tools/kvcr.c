@@ -1,9 +1,11 @@
 /* The `kvcr` command: benchmarks now; demo, service and stats arrive with
  * their tiers. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "kvcr/kvcr.h"
@@ -51,8 +53,21 @@ typedef struct command {
     const char *help;
 } command;
 
+/* The Python layer's costs are measured from Python itself. */
+static int bench_python(int argc, char **argv)
+{
+    char *args[16] = {"python3", "-m", "kvcr.bench"};
+    int n = 3;
+    for (int i = 0; i < argc && n < 15; i++) args[n++] = argv[i];
+    args[n] = NULL;
+    execvp(args[0], args);
+    fprintf(stderr, "kvcr: cannot run python3 -m kvcr.bench: %s\n", strerror(errno));
+    return 1;
+}
+
 static const command benches[] = {
     {"local", bench_local, "query latency, deposit/deliver bandwidth vs memcpy, metadata size"},
+    {"python", bench_python, "query and poll_completed cost from Python (needs the package)"},
 };
 
 static int usage(FILE *f)

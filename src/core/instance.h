@@ -87,12 +87,19 @@ struct op_rec {
 typedef struct fill {
     block_id block;
     kvcr_op_handle origin;
+    uint32_t origin_idx; /* the entry of `origin` that started it */
     op_rec *w_op;
     uint32_t w_idx;
     uint32_t n_w;
     copy_job job; /* owner = this fill */
     copy_seg segs[];
 } fill;
+
+/* One fill committed, waiting in the inventory batch of its operation. */
+struct commit {
+    uint32_t idx; /* entry index in the operation: the batch's key order */
+    block_id block;
+};
 
 /* Queued for delivery outside the lock, in kvcr_poll(). */
 typedef struct pending_event {
@@ -129,7 +136,7 @@ struct kvcr {
     block_id *unscored;      /* blocks the policy failed to score */
     uint32_t n_unscored, cap_unscored;
 
-    block_id *commit_ids;    /* the open inventory batch of fills committed */
+    struct commit *commits;  /* the open inventory batch of fills committed */
     uint32_t n_commit, cap_commit;
     kvcr_op_handle commit_origin;
 

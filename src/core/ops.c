@@ -379,7 +379,7 @@ static void fill_done(kvcr_t *kv, fill *f, bool ok, kvcr_reason why)
         if (ok) telemetry_count(kv->telemetry, "local_fill", 1, bytes);
     }
     if (ok)
-        res_commit(kv, id, f->origin);
+        res_commit(kv, id, f->origin, f->origin_idx);
     else
         res_unfill(kv, id);
     op_rec *wo = f->w_op;
@@ -413,6 +413,7 @@ static fill *start_fill(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, fill *f)
     }
     f->block = id;
     f->origin = o->handle;
+    f->origin_idx = i;
     f->job = (copy_job){.owner = f, .kind = JOB_FILL, .n_segs = e->n_segs, .segs = f->segs};
     b->fill = f;
     e->block = id;

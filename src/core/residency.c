@@ -190,29 +190,44 @@ static void queue_event(kvcr_t *kv, kvcr_tier tier, bool removed, const block_id
     kv->events_tail = ev;
 }
 
+static int by_entry(const void *a, const void *b)
+{
+    const struct commit *x = a, *y = b;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
 void res_flush_commits(kvcr_t *kv)
 {
-    queue_event(kv, KVCR_TIER_LOCAL_G2, false, kv->commit_ids, kv->n_commit);
+    if (kv->n_commit == 0) return;
+    /* Copies finish in any order; the event lists keys in request order. */
+    qsort(kv->commits, kv->n_commit, sizeof *kv->commits, by_entry);
+    block_id ids[64];
+    for (uint32_t done = 0; done < kv->n_commit;) {
+        uint32_t m = kv->n_commit - done < 64 ? kv->n_commit - done : 64;
+        for (uint32_t i = 0; i < m; i++) ids[i] = kv->commits[done + i].block;
+        queue_event(kv, KVCR_TIER_LOCAL_G2, false, ids, m);
+        done += m;
+    }
     kv->n_commit = 0;
 }
 
-static void batch_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin)
+static void batch_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin, uint32_t idx)
 {
     if (kv->conf.cb.inventory == NULL) return;
     if (kv->n_commit > 0 && kv->commit_origin != origin) res_flush_commits(kv);
     kv->commit_origin = origin;
     if (kv->n_commit == kv->cap_commit) {
         uint32_t cap = kv->cap_commit ? kv->cap_commit * 2 : 64;
-        block_id *c = realloc(kv->commit_ids, cap * sizeof *c);
+        struct commit *c = realloc(kv->commits, cap * sizeof *c);
         if (c == NULL) {
             res_flush_commits(kv); /* makes room rather than losing the key */
             if (kv->cap_commit == 0) return;
         } else {
-            kv->commit_ids = c;
+            kv->commits = c;
             kv->cap_commit = cap;
         }
     }
-    kv->commit_ids[kv->n_commit++] = id;
+    kv->commits[kv->n_commit++] = (struct commit){idx, id};
 }
 
 void res_check_capacity(kvcr_t *kv)
@@ -403,7 +418,7 @@ bool res_alloc(kvcr_t *kv, block_id id, const uint32_t *pools, uint32_t n)
     return true;
 }
 
-void res_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin)
+void res_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin, uint32_t origin_idx)
 {
     block *b = index_get(&kv->index, id);
     b->g2_state = G2_READY;
@@ -413,7 +428,7 @@ void res_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin)
         res_meta(kv, id, 0, &meta);
         kv->conf.policy->on_ingest(kv->conf.policy_ud, &meta, KVCR_TIER_FW_G2);
     }
-    batch_commit(kv, id, origin);
+    batch_commit(kv, id, origin, origin_idx);
     if (b->claims == 0) make_evictable(kv, id);
 }
 
@@ -536,8 +551,8 @@ void res_destroy(kvcr_t *kv)
     memset(&kv->claims, 0, sizeof kv->claims);
     free(kv->unscored);
     kv->unscored = NULL;
-    free(kv->commit_ids);
-    kv->commit_ids = NULL;
+    free(kv->commits);
+    kv->commits = NULL;
     while (kv->events_head) {
         pending_event *next = kv->events_head->next;
         free(kv->events_head);

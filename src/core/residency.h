@@ -19,8 +19,9 @@ bool res_admit(kvcr_t *kv, block_id id, uint64_t size_bytes, kvcr_tier source, b
 bool res_alloc(kvcr_t *kv, block_id id, const uint32_t *pools, uint32_t n);
 
 /* FILLING -> READY: records the fill time, tells the policy, makes the
- * block evictable and adds it to the open inventory batch of `origin`. */
-void res_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin);
+ * block evictable and adds it to the open inventory batch of `origin`
+ * (entry origin_idx of that operation). */
+void res_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin, uint32_t origin_idx);
 
 /* Returns a failed fill's slots; the block is left without residency. */
 void res_unfill(kvcr_t *kv, block_id id);

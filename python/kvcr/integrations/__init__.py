@@ -1,0 +1,1 @@
+"""Framework integrations: vllm (the secondary tier)."""

@@ -1,0 +1,143 @@
+"""Value types shared by the KVCR API (the reference's names and shapes)."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, NewType, Optional, Tuple, Union
+
+BlockKey = NewType("BlockKey", bytes)
+PinHandle = str
+PinRequestId = NewType("PinRequestId", int)
+OpHandle = int
+ReleaseHandle = NewType("ReleaseHandle", int)
+ReleaseResult = Tuple[ReleaseHandle, bool]
+LocalDramRegions = list
+PoolBlockLayouts = list
+
+
+class QueryStatus(enum.Enum):
+    HIT = "HIT"
+    FETCHING = "FETCHING"
+    FETCHABLE = "FETCHABLE"
+    MISS = "MISS"
+
+
+class CacheTier(enum.Enum):
+    FW_G1 = "HBM"
+    FW_G2 = "FW_DRAM"
+    LOCAL_G2 = "DRAM"
+    REMOTE_G2 = "REMOTE_G2"
+    G3 = "G3"
+
+
+class OpEntryStatus(enum.Enum):
+    SUCCESS = "SUCCESS"
+    DROPPED = "DROPPED"
+    FAILED = "FAILED"
+
+
+class PlacementAction(enum.Enum):
+    KEEP = "KEEP"
+    DROP = "DROP"
+    COPY_TO = "COPY_TO"
+    MOVE_TO = "MOVE_TO"
+
+
+PlacementDecision = Tuple[PlacementAction, Optional[CacheTier]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegionDescriptor:
+    """A registered region: `count` elements of `size` bytes at `addr`.
+
+    `stride` 0 means the elements are contiguous; `label` names the pool the
+    elements belong to and is unique among registrations."""
+
+    mem_type: str = "DRAM"
+    device_Id: int = 0
+    addr: int
+    stride: int = 0
+    count: int = 1
+    size: int
+    label: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRef:
+    """One element of a registered region (or of a KVCR pool)."""
+
+    end_point_name: str
+    label: str = ""
+    element_index: int
+
+
+PinResult = Optional[Tuple[PinHandle, Mapping[BlockKey, Optional[list]]]]
+
+
+@dataclass(frozen=True)
+class OpEntryResult:
+    status: OpEntryStatus
+    descriptors: Optional[list] = None
+    release_handle: Optional[ReleaseHandle] = None
+    reason: Optional[str] = field(default=None, compare=False)
+
+    @property
+    def success(self) -> bool:
+        return self.status is OpEntryStatus.SUCCESS
+
+
+OpResult = Tuple[OpHandle, Mapping[BlockKey, OpEntryResult]]
+
+
+@dataclass(frozen=True)
+class InventoryEvent:
+    keys: Tuple[BlockKey, ...]
+    tier: CacheTier
+    removed: bool
+
+
+@dataclass(frozen=True)
+class BlockMeta:
+    block_key: BlockKey
+    size_bytes: int
+    access_count: int
+    last_access: Optional[float]
+    resident_tiers: frozenset
+    position: int = -1
+
+
+@dataclass(frozen=True)
+class PlacementFailure:
+    attempted: PlacementDecision
+    source: CacheTier
+    reason: str
+    failure_count: int
+
+
+class RecoveryMirrorError(RuntimeError):
+    """The recovery stream cannot describe a valid cache state."""
+
+
+class KVCRStartupError(RuntimeError):
+    """Start-up failed and native work could not be stopped: keep every
+    registered buffer alive until the process exits. (libkvcr's own start-up
+    always stops what it began, so this build raises it only if that promise
+    is broken.)"""
+
+
+class TransferError(RuntimeError):
+    """Memory exposed by a failed transfer ("uncertain" until "quiesced")."""
+
+    def __init__(self, message: str, op_handle: OpHandle, *, state: str = "uncertain",
+                 source_blocks: Union[dict, None] = None,
+                 destination_regions: Union[list, None] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.op_handle = op_handle
+        self.state = state
+        self.source_blocks = source_blocks
+        self.destination_regions = destination_regions
+
+    def __str__(self) -> str:
+        return (f"{self.message}: state={self.state}, op={self.op_handle}, "
+                f"sources={self.source_blocks!r}, destinations={self.destination_regions!r}")
