@@ -56,7 +56,9 @@ class LRUPolicy(FIFOPolicy):
         return meta.last_access if meta.last_access is not None else -math.inf
 
 
-class G3FIFOPolicy(FIFOPolicy):
+class _SpillToG3:
+    """Evicted DRAM blocks move to G3 instead of being dropped."""
+
     required_tiers = frozenset({CacheTier.G3})
 
     def decide_eviction(self, meta, source):
@@ -65,13 +67,12 @@ class G3FIFOPolicy(FIFOPolicy):
         return (PlacementAction.DROP, None)
 
 
-class G3LRUPolicy(LRUPolicy):
-    required_tiers = frozenset({CacheTier.G3})
+class G3FIFOPolicy(_SpillToG3, FIFOPolicy):
+    pass
 
-    def decide_eviction(self, meta, source):
-        if source is CacheTier.LOCAL_G2:
-            return (PlacementAction.MOVE_TO, CacheTier.G3)
-        return (PlacementAction.DROP, None)
+
+class G3LRUPolicy(_SpillToG3, LRUPolicy):
+    pass
 
 
 BUILTIN_POLICIES = {"fifo": FIFOPolicy, "lru": LRUPolicy, "g3_fifo": G3FIFOPolicy,

@@ -235,3 +235,13 @@ kvcr_query_status rig_query(rig *r, const char *key)
     assert_int_equal(kvcr_query(r->kv, &k, 1, NULL, &q), 0);
     return q.status;
 }
+
+kvcr_entry_status rig_deposit1(rig *r, const char *key, size_t idx, unsigned flags,
+                               kvcr_reason *why, kvcr_release_handle *rh)
+{
+    const char *k[] = {key};
+    size_t s[] = {idx};
+    kvcr_entry_status st;
+    rig_wait(r, rig_deposit(r, k, s, 1, flags), &st, why, rh);
+    return st;
+}

@@ -64,4 +64,8 @@ size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *w
 
 kvcr_query_status rig_query(rig *r, const char *key);
 
+/* One key from framework block idx, waited for; why and rh may be NULL. */
+kvcr_entry_status rig_deposit1(rig *r, const char *key, size_t idx, unsigned flags,
+                               kvcr_reason *why, kvcr_release_handle *rh);
+
 #endif

@@ -7,16 +7,6 @@
 
 enum { BS = 256 };
 
-static kvcr_entry_status deposit1(rig *r, const char *key, size_t idx, unsigned flags,
-                                  kvcr_release_handle *rh)
-{
-    const char *k[] = {key};
-    size_t s[] = {idx};
-    kvcr_entry_status st;
-    rig_wait(r, rig_deposit(r, k, s, 1, flags), &st, NULL, rh);
-    return st;
-}
-
 static void test_commits_of_one_deposit_are_reported_in_key_order_once(void **state)
 {
     (void)state;
@@ -50,8 +40,8 @@ static void test_one_allocation_reports_its_victims_in_one_event(void **state)
     rig r;
     rig_init(&r, BS, 8, 2);
     rig_start(&r);
-    deposit1(&r, "a", 0, 0, NULL);
-    deposit1(&r, "b", 1, 0, NULL);
+    rig_deposit1(&r, "a", 0, 0, NULL, NULL);
+    rig_deposit1(&r, "b", 1, 0, NULL, NULL);
     /* A block of two slots in the one pool evicts both a and b at once. */
     kvcr_mem_ref refs[] = {{NULL, "", 2}, {NULL, "", 3}};
     kvcr_block wide = {key_of("wide"), refs, 2};
@@ -71,11 +61,11 @@ static void test_failing_sink_is_logged_and_work_goes_on(void **state)
     rig_init(&r, BS, 8, 4);
     rig_start(&r);
     r.fail_callbacks = 1;
-    assert_int_equal(deposit1(&r, "a", 0, 0, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "a", 0, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(r.inventory_calls, 1);
     assert_string_equal(r.last_warning, "inventory sink failed (rc=-1); the event for 1 key(s) is lost");
     r.fail_callbacks = 0;
-    assert_int_equal(deposit1(&r, "b", 1, 0, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "b", 1, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(r.inventory_calls, 2);
     rig_stop(&r);
 }
@@ -94,8 +84,8 @@ static void test_sink_may_call_back_into_kvcr(void **state)
     rig_init(&r, BS, 8, 1);
     r.on_event = query_from_sink;
     rig_start(&r);
-    deposit1(&r, "a", 0, 0, NULL);
-    deposit1(&r, "b", 1, 0, NULL); /* evicts a */
+    rig_deposit1(&r, "a", 0, 0, NULL, NULL);
+    rig_deposit1(&r, "b", 1, 0, NULL, NULL); /* evicts a */
     assert_string_equal(r.inventory_log, "+:a -:a +:b");
     rig_stop(&r);
 }
@@ -108,13 +98,13 @@ static void test_capacity_needed_fires_once_per_crossing(void **state)
     r.cfg.capacity_low_watermark_percent = 50; /* watermark: 2 slots */
     rig_start(&r);
     kvcr_release_handle h[4];
-    deposit1(&r, "a", 0, KVCR_NO_EVICT, &h[0]);
-    deposit1(&r, "b", 1, KVCR_NO_EVICT, &h[1]);
+    rig_deposit1(&r, "a", 0, KVCR_NO_EVICT, NULL, &h[0]);
+    rig_deposit1(&r, "b", 1, KVCR_NO_EVICT, NULL, &h[1]);
     assert_int_equal(r.capacity_calls, 0); /* 2 free: not below 2 */
-    deposit1(&r, "c", 2, KVCR_NO_EVICT, &h[2]);
+    rig_deposit1(&r, "c", 2, KVCR_NO_EVICT, NULL, &h[2]);
     assert_int_equal(r.capacity_calls, 1);
     assert_int_equal(r.capacity_slots, 2);
-    deposit1(&r, "d", 3, KVCR_NO_EVICT, &h[3]);
+    rig_deposit1(&r, "d", 3, KVCR_NO_EVICT, NULL, &h[3]);
     assert_int_equal(r.capacity_calls, 1); /* still below: silent */
     bool rel[2];
     assert_int_equal(kvcr_release(r.kv, h, 2, rel), 0); /* a, b evictable: 2 */
@@ -191,25 +181,25 @@ static void test_failing_policy_hooks_are_contained(void **state)
     rig_start(&r);
     f.kv = r.kv;
     f.fail_ingest = 1;
-    assert_int_equal(deposit1(&r, "a", 0, 0, NULL), KVCR_ENTRY_SUCCESS); /* admitted anyway */
+    assert_int_equal(rig_deposit1(&r, "a", 0, 0, NULL, NULL), KVCR_ENTRY_SUCCESS); /* admitted anyway */
     assert_int_equal(f.reentry_rc, KVCR_EBUSY);
     f.kv = NULL;
     assert_string_equal(r.last_warning, "policy 'flaky' decide_ingest failed; admitting the block");
     f.fail_ingest = 0;
     /* A failing decide_eviction keeps the victim: no room. */
     f.fail_evict = 1;
-    assert_int_equal(deposit1(&r, "b", 1, 0, NULL), KVCR_ENTRY_FAILED);
+    assert_int_equal(rig_deposit1(&r, "b", 1, 0, NULL, NULL), KVCR_ENTRY_FAILED);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_HIT);
     f.fail_evict = 0;
-    assert_int_equal(deposit1(&r, "b", 1, 0, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "b", 1, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     /* b was scored fine; now scoring fails for c: c is not evictable until a
      * later allocation scores it. */
     f.fail_score = 1;
-    assert_int_equal(deposit1(&r, "c", 2, 0, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "c", 2, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_non_null(strstr(r.last_warning, "eviction_score failed"));
-    assert_int_equal(deposit1(&r, "d", 3, 0, NULL), KVCR_ENTRY_FAILED);
+    assert_int_equal(rig_deposit1(&r, "d", 3, 0, NULL, NULL), KVCR_ENTRY_FAILED);
     f.fail_score = 0;
-    assert_int_equal(deposit1(&r, "d", 3, 0, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "d", 3, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "c"), KVCR_QUERY_MISS);
     rig_stop(&r);
 }

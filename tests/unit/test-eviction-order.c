@@ -7,16 +7,6 @@
 
 enum { BS = 512 };
 
-static kvcr_entry_status deposit1(rig *r, const char *key, size_t idx, unsigned flags,
-                                  kvcr_reason *why, kvcr_release_handle *rh)
-{
-    const char *k[] = {key};
-    size_t s[] = {idx};
-    kvcr_entry_status st;
-    rig_wait(r, rig_deposit(r, k, s, 1, flags), &st, why, rh);
-    return st;
-}
-
 static kvcr_entry_status deliver1(rig *r, const char *key, size_t idx)
 {
     const char *k[] = {key};
@@ -38,15 +28,15 @@ static void test_fifo_evicts_in_arrival_order_even_after_access(void **state)
     (void)state;
     rig r;
     start_with_policy(&r, 3, "fifo");
-    deposit1(&r, "a", 0, 0, NULL, NULL);
-    deposit1(&r, "b", 1, 0, NULL, NULL);
-    deposit1(&r, "c", 2, 0, NULL, NULL);
+    rig_deposit1(&r, "a", 0, 0, NULL, NULL);
+    rig_deposit1(&r, "b", 1, 0, NULL, NULL);
+    rig_deposit1(&r, "c", 2, 0, NULL, NULL);
     /* A plain deliver claims and releases: under FIFO that re-enters a at
      * the back, as the reference's evictable set does. */
     assert_int_equal(deliver1(&r, "b", 7), KVCR_ENTRY_SUCCESS);
-    assert_int_equal(deposit1(&r, "d", 3, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "d", 3, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_MISS);
-    assert_int_equal(deposit1(&r, "e", 4, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "e", 4, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "c"), KVCR_QUERY_MISS);
     assert_int_equal(rig_query(&r, "b"), KVCR_QUERY_HIT);
     assert_string_equal(r.inventory_log, "+:a +:b +:c -:a +:d -:c +:e");
@@ -58,11 +48,11 @@ static void test_lru_evicts_the_least_recently_used(void **state)
     (void)state;
     rig r;
     start_with_policy(&r, 3, "lru");
-    deposit1(&r, "a", 0, 0, NULL, NULL);
-    deposit1(&r, "b", 1, 0, NULL, NULL);
-    deposit1(&r, "c", 2, 0, NULL, NULL);
+    rig_deposit1(&r, "a", 0, 0, NULL, NULL);
+    rig_deposit1(&r, "b", 1, 0, NULL, NULL);
+    rig_deposit1(&r, "c", 2, 0, NULL, NULL);
     assert_int_equal(deliver1(&r, "a", 7), KVCR_ENTRY_SUCCESS); /* a is now newest */
-    deposit1(&r, "d", 3, 0, NULL, NULL);
+    rig_deposit1(&r, "d", 3, 0, NULL, NULL);
     assert_int_equal(rig_query(&r, "b"), KVCR_QUERY_MISS);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_HIT);
     /* A fetch claim taken long ago and released later re-enters by its
@@ -77,7 +67,7 @@ static void test_lru_evicts_the_least_recently_used(void **state)
     bool rel;
     assert_int_equal(kvcr_release(r.kv, &h, 1, &rel), 0);
     assert_true(rel);
-    deposit1(&r, "e", 4, 0, NULL, NULL);
+    rig_deposit1(&r, "e", 4, 0, NULL, NULL);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_MISS);
     assert_int_equal(rig_query(&r, "c"), KVCR_QUERY_HIT);
     assert_int_equal(rig_query(&r, "d"), KVCR_QUERY_HIT);
@@ -90,17 +80,17 @@ static void test_claims_and_no_evict_block_eviction_until_released(void **state)
     rig r;
     start_with_policy(&r, 2, "fifo");
     kvcr_release_handle h1, h2;
-    assert_int_equal(deposit1(&r, "p1", 0, KVCR_NO_EVICT, NULL, &h1), KVCR_ENTRY_SUCCESS);
-    assert_int_equal(deposit1(&r, "p2", 1, KVCR_NO_EVICT, NULL, &h2), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "p1", 0, KVCR_NO_EVICT, NULL, &h1), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "p2", 1, KVCR_NO_EVICT, NULL, &h2), KVCR_ENTRY_SUCCESS);
     assert_true(h1 != 0 && h2 != 0);
     kvcr_reason why;
-    assert_int_equal(deposit1(&r, "x", 2, 0, &why, NULL), KVCR_ENTRY_FAILED);
+    assert_int_equal(rig_deposit1(&r, "x", 2, 0, &why, NULL), KVCR_ENTRY_FAILED);
     assert_int_equal(why, KVCR_REASON_NO_CAPACITY);
     assert_int_equal(r.inventory_removed, 0); /* nothing was evicted trying */
     bool rel;
     assert_int_equal(kvcr_release(r.kv, &h2, 1, &rel), 0);
     assert_true(rel);
-    assert_int_equal(deposit1(&r, "x", 2, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "x", 2, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "p2"), KVCR_QUERY_MISS);
     assert_int_equal(rig_query(&r, "p1"), KVCR_QUERY_HIT);
     /* A fetch claim protects the same way. */
@@ -109,13 +99,13 @@ static void test_claims_and_no_evict_block_eviction_until_released(void **state)
     assert_int_equal(kvcr_fetch(r.kv, &kx, 1, NULL, NULL, 0, &op), 0);
     kvcr_release_handle hx;
     rig_wait(&r, op, NULL, NULL, &hx);
-    assert_int_equal(deposit1(&r, "y", 3, 0, &why, NULL), KVCR_ENTRY_FAILED);
+    assert_int_equal(rig_deposit1(&r, "y", 3, 0, &why, NULL), KVCR_ENTRY_FAILED);
     assert_int_equal(why, KVCR_REASON_NO_CAPACITY);
     kvcr_release_handle both[] = {h1, hx};
     bool r2[2];
     assert_int_equal(kvcr_release(r.kv, both, 2, r2), 0);
     assert_true(r2[0] && r2[1]);
-    assert_int_equal(deposit1(&r, "y", 3, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "y", 3, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "p1"), KVCR_QUERY_MISS); /* p1 re-entered first */
     rig_stop(&r);
 }
@@ -125,8 +115,8 @@ static void test_a_batch_never_evicts_its_own_keys(void **state)
     (void)state;
     rig r;
     start_with_policy(&r, 2, "fifo");
-    deposit1(&r, "a", 0, 0, NULL, NULL);
-    deposit1(&r, "b", 1, 0, NULL, NULL);
+    rig_deposit1(&r, "a", 0, 0, NULL, NULL);
+    rig_deposit1(&r, "b", 1, 0, NULL, NULL);
     const char *keys[] = {"a", "c", "d"};
     size_t src[] = {0, 2, 3};
     kvcr_entry_status st[3];
@@ -200,26 +190,26 @@ static void test_custom_policy_scores_and_decisions_are_honoured(void **state)
     r.cfg.policy_ud = &c;
     rig_start(&r);
     kvcr_reason why;
-    assert_int_equal(deposit1(&r, "nope", 0, 0, &why, NULL), KVCR_ENTRY_DROPPED);
+    assert_int_equal(rig_deposit1(&r, "nope", 0, 0, &why, NULL), KVCR_ENTRY_DROPPED);
     assert_int_equal(why, KVCR_REASON_POLICY);
     assert_int_equal(rig_query(&r, "nope"), KVCR_QUERY_MISS);
     /* Required-local work cannot be dropped. */
     kvcr_release_handle h;
-    assert_int_equal(deposit1(&r, "nreq", 0, KVCR_NO_EVICT, NULL, &h), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "nreq", 0, KVCR_NO_EVICT, NULL, &h), KVCR_ENTRY_SUCCESS);
     bool rel;
     kvcr_release(r.kv, &h, 1, &rel);
     /* Scores (lower goes first): z 133, nreq 145, m 146, k 148, b 157, a 158. */
-    deposit1(&r, "m", 1, 0, NULL, NULL);
-    deposit1(&r, "k", 2, 0, NULL, NULL);
-    assert_int_equal(deposit1(&r, "z", 3, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    rig_deposit1(&r, "m", 1, 0, NULL, NULL);
+    rig_deposit1(&r, "k", 2, 0, NULL, NULL);
+    assert_int_equal(rig_deposit1(&r, "z", 3, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "nreq"), KVCR_QUERY_MISS); /* lowest of nreq, m, k */
     /* z entered last but scores lowest (the heap path): it goes next. */
-    assert_int_equal(deposit1(&r, "a", 4, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "a", 4, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "z"), KVCR_QUERY_MISS);
-    assert_int_equal(deposit1(&r, "b", 5, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "b", 5, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "m"), KVCR_QUERY_MISS);
     /* Now k is the lowest, but the policy keeps it: b goes instead. */
-    assert_int_equal(deposit1(&r, "c", 6, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_deposit1(&r, "c", 6, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "k"), KVCR_QUERY_HIT);
     assert_int_equal(rig_query(&r, "b"), KVCR_QUERY_MISS);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_HIT);
