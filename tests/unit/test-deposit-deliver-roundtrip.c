@@ -1,4 +1,5 @@
 /* Bytes survive every round trip: deposit -> query -> fetch -> deliver. */
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -250,6 +251,37 @@ static void test_block_spanning_two_pools_round_trips_and_checks_layout(void **s
     free(kmem), free(vmem), free(fk), free(fv);
 }
 
+static bool fd_readable(int fd, int timeout_ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    return poll(&p, 1, timeout_ms) == 1 && (p.revents & POLLIN);
+}
+
+static void test_event_fd_is_readable_exactly_while_results_wait(void **state)
+{
+    (void)state;
+    rig r;
+    rig_init(&r, BS, 1, 1);
+    rig_start(&r);
+    int fd = kvcr_fd(r.kv);
+    assert_true(fd >= 0);
+    assert_false(fd_readable(fd, 0));
+    const char *k[] = {"k"};
+    size_t s[] = {0};
+    kvcr_op_handle op = rig_deposit(&r, k, s, 1, 0);
+    assert_true(fd_readable(fd, 10000)); /* bounded wait for the copy */
+    /* The first poll may catch the copy mid-way; keep polling until the
+     * result arrives, then the fd must be quiet. */
+    rig_wait(&r, op, NULL, NULL, NULL);
+    kvcr_op_result *res;
+    size_t n;
+    assert_int_equal(kvcr_poll(r.kv, &res, &n), 0);
+    kvcr_results_free(res);
+    assert_false(fd_readable(fd, 0));
+    assert_int_equal(kvcr_fd(NULL), KVCR_EINVAL);
+    rig_stop(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -260,6 +292,7 @@ int main(void)
         cmocka_unit_test(test_redeposit_of_ready_key_succeeds_without_copy_or_event),
         cmocka_unit_test(test_failed_copy_frees_the_slot_and_reports_transfer_error),
         cmocka_unit_test(test_block_spanning_two_pools_round_trips_and_checks_layout),
+        cmocka_unit_test(test_event_fd_is_readable_exactly_while_results_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
