@@ -19,9 +19,7 @@ enum {
     KVCR_ENOTSUP = -4,     /* the feature is not built or not supported */
     KVCR_EBUSY = -5,       /* called re-entrantly from inside a callback */
     KVCR_ENOENT = -6,      /* the named object does not exist */
-    KVCR_ESYS = -7,        /* a system call failed (the message has errno) */
-    KVCR_ETIMEDOUT = -8,   /* a bounded wait ran out */
-    KVCR_ECALLBACK = -9    /* a framework callback failed; it was contained */
+    KVCR_ESYS = -7         /* a system call failed (the message has errno) */
 };
 
 /* A short, static description of an error code ("invalid argument"). */

@@ -3,10 +3,11 @@
  * Model (libuv-style request/completion): deposit, deliver and fetch return
  * an operation handle at once; their per-key results arrive only through
  * kvcr_poll(). Copies run on KVCR's copy threads, never on the caller.
- * Every function may be called from any thread. Framework callbacks
- * (inventory, capacity, log) run only inside kvcr_poll()/kvcr_close() on the
- * calling thread, with no KVCR lock held; policy hooks run inside the call
- * that needs them (see kvcr/policy.h). */
+ * Every function may be called from any thread. The inventory and capacity
+ * callbacks run only inside kvcr_poll() on the polling thread, with no KVCR
+ * lock held (they may call back into KVCR). Policy hooks and log lines run
+ * inside the call that needs them, under the instance lock: they must not
+ * call into the same instance (see kvcr/policy.h). */
 #ifndef KVCR_KVCR_H
 #define KVCR_KVCR_H
 
@@ -67,8 +68,9 @@ typedef struct kvcr_callbacks {
     int (*inventory)(void *ud, const kvcr_inventory_event *event);
     /* Pools that fell below their watermark since the last call. */
     int (*capacity_needed)(void *ud, const kvcr_capacity_need *needs, size_t n);
-    /* Log sink; NULL logs to stderr at the level of KVCR_LOG_LEVEL
-     * (error, warn, info, debug; default warn). */
+    /* Log sink, called from any KVCR call (possibly under the instance
+     * lock, never from a copy thread); NULL logs to stderr at the level of
+     * KVCR_LOG_LEVEL (error, warn, info, debug; default warn). */
     void (*log)(void *ud, kvcr_log_level level, const char *message);
 } kvcr_callbacks;
 
@@ -115,7 +117,8 @@ int kvcr_create(const kvcr_config *cfg, kvcr_t **out);
 int kvcr_close(kvcr_t *kv);
 
 /* Closes if needed, then releases the instance. No other thread may be
- * inside a call on it. NULL is fine. */
+ * inside a call on it, and it must not be called from a callback. NULL is
+ * fine. */
 void kvcr_free(kvcr_t *kv);
 
 /* A file descriptor that is readable while kvcr_poll() has work to do

@@ -78,8 +78,6 @@ KVCR_API const char *kvcr_strerror(int err)
     case KVCR_EBUSY: return "re-entrant call from a callback";
     case KVCR_ENOENT: return "no such object";
     case KVCR_ESYS: return "system call failed";
-    case KVCR_ETIMEDOUT: return "timed out";
-    case KVCR_ECALLBACK: return "framework callback failed";
     default: return "unknown error";
     }
 }
