@@ -1,13 +1,69 @@
-"""Builds the kvcr Python package with libkvcr compiled into its extension.
+"""Builds the kvcr Python package: libkvcr (static, with CMake, in a
+temporary build directory) linked into the CPython extension kvcr._native.
 
-`pip install .` at the repository root needs only a C compiler and the
-Debian packages the README's set-up installs (libxxhash-dev, python3-dev).
+    pip install --no-build-isolation .        # or scripts/install-python.sh
+
+Needs a C compiler, cmake, ninja (or make), pkg-config, libxxhash-dev and
+the Python headers. Nothing is downloaded. Environment:
+  KVCR_CMAKE_BUILD_DIR  reuse this CMake build directory instead of a
+                        temporary one (faster rebuilds)
+  KVCR_BUILD_JOBS       parallel compile jobs (default 1)
 """
-import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
-LIB_SOURCES = sorted(glob.glob("src/**/*.c", recursive=True))
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _pkg_config(*args):
+    try:
+        out = subprocess.run(["pkg-config", *args], check=True, capture_output=True, text=True)
+        return out.stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return []
+
+
+class BuildWithLibkvcr(build_ext):
+    """Builds libkvcr.a with CMake first, then links it into the extension."""
+
+    def run(self):
+        if shutil.which("cmake") is None:
+            sys.exit("kvcr: cmake is required to build libkvcr (apt-get install cmake)")
+        keep = os.environ.get("KVCR_CMAKE_BUILD_DIR")
+        tmp = None if keep else tempfile.mkdtemp(prefix="kvcr-cmake-")
+        build_dir = keep or tmp
+        try:
+            gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+            if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+                subprocess.run(["cmake", "-S", ROOT, "-B", build_dir, *gen,
+                                "-DCMAKE_BUILD_TYPE=Release", "-DKVCR_BUILD_TESTS=OFF"],
+                               check=True)
+            jobs = os.environ.get("KVCR_BUILD_JOBS", "1")
+            subprocess.run(["cmake", "--build", build_dir, "--target", "kvcr_static",
+                            "-j", jobs], check=True)
+            lib = os.path.join(build_dir, "libkvcr.a")
+            if not os.path.exists(lib):
+                sys.exit(f"kvcr: the CMake build did not produce {lib}")
+            for ext in self.extensions:
+                ext.extra_objects = [lib]
+                ext.libraries = [l[2:] for l in _pkg_config("--libs-only-l", "libxxhash")] \
+                    or ["xxhash"]
+                ext.libraries += ["pthread", "m"]
+                ext.library_dirs = [l[2:] for l in _pkg_config("--libs-only-L", "libxxhash")]
+                # libkvcr's symbols stay inside the extension.
+                ext.extra_link_args = ["-Wl,--exclude-libs,ALL"]
+            self.force = True  # relink: libkvcr.a is not among the tracked sources
+            super().run()
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
 
 setup(
     name="kvcr",
@@ -18,12 +74,16 @@ setup(
     ext_modules=[
         Extension(
             "kvcr._native",
-            sources=["python/kvcr/_native.c"] + LIB_SOURCES,
-            include_dirs=["include", "src"],
-            libraries=["xxhash", "pthread", "m"],
+            sources=["python/kvcr/_native.c"],
+            include_dirs=["include"],
+            depends=["include/kvcr/kvcr.h", "include/kvcr/types.h", "include/kvcr/policy.h",
+                     "include/kvcr/stats.h", "include/kvcr/error.h"],
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra",
                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
         )
     ],
-    python_requires=">=3.9",
+    cmdclass={"build_ext": BuildWithLibkvcr},
+    # Keep setuptools out of build/, the C tree's CMake directory.
+    options={"build": {"build_base": "build-python"}},
+    python_requires=">=3.10",
 )

@@ -11,7 +11,7 @@ install_into() { # PYTHON [pip flags...]
     "$py" -m pip install -q --no-build-isolation --no-deps "$@" . 
   else
     # No wheel package: setuptools installs the built tree directly.
-    "$py" setup.py -q build --build-base "build-python/$(basename "$py")" install --force >/dev/null
+    "$py" setup.py -q install --force >/dev/null
   fi
   (cd / && "$py" -c "import kvcr; print('kvcr', kvcr.__version__, 'for', '$py')")
 }

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   libxxhash-dev libcmocka-dev
   libucx-dev libzmq3-dev libmsgpack-dev libjansson-dev liburing-dev
   python3-dev python3-pytest python3-pip python3-setuptools

@@ -23,6 +23,24 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKVCR_SANITIZE=threa
 cmake --build build-tsan
 TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan
 
+echo "== fuzzing (libFuzzer, bounded) =="
+CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCR_BUILD_FUZZ=ON \
+  -DKVCR_BUILD_TESTS=OFF >/dev/null
+cmake --build build-fuzz
+for target in tests/fuzz/fuzz-*.c; do
+  name=$(basename "$target" .c)
+  work=$(mktemp -d)
+  # New inputs go to a scratch corpus; the checked-in seeds stay as they are.
+  if ! "build-fuzz/$name" -max_total_time="${KVCR_FUZZ_SECONDS:-20}" -print_final_stats=1 \
+       "$work" "tests/fuzz/corpus/${name#fuzz-}" > "$work.log" 2>&1; then
+    tail -40 "$work.log"
+    echo "$name: the fuzzer found a failure" >&2
+    exit 1
+  fi
+  echo "$name: $(grep -E 'stat::number_of_executed_units' "$work.log"), 0 crashes"
+  rm -rf "$work" "$work.log"
+done
+
 if [ -d tests/python ]; then
   echo "== Python tests =="
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python

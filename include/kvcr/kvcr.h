@@ -164,6 +164,17 @@ int kvcr_abort(kvcr_t *kv, kvcr_op_handle op, const kvcr_key *keys, size_t n,
 int kvcr_poll(kvcr_t *kv, kvcr_op_result **results, size_t *n);
 void kvcr_results_free(kvcr_op_result *results);
 
+/* Router hints: the router's kv_hint envelope (protocol 0.1, action
+ * kv.fetch 1.0) as JSON text, validated strictly (block hashes are exact
+ * u64 integers); a refused hint changes nothing and its message names the
+ * rule. With a request_id the hint is kept for that request: the same source
+ * again replaces the hash set, a different source fails the request closed.
+ * request_id NULL stores nothing. The peer-to-peer tier that acts on hints
+ * is not built yet: a stored hint does not make keys fetchable. */
+int kvcr_submit_hint(kvcr_t *kv, const char *request_id, const char *json, size_t len);
+/* Forgets the request's hint; an unknown request_id is not an error. */
+int kvcr_discard_hint(kvcr_t *kv, const char *request_id);
+
 /* The interval's telemetry (see kvcr/stats.h). *out is NULL when telemetry
  * is off. */
 int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out);

@@ -9,6 +9,7 @@
 #include "core/index.h"
 #include "core/telemetry.h"
 #include "kvcr/kvcr.h"
+#include "net/hint.h"
 #include "tiers/local_dram.h"
 #include "util/log.h"
 
@@ -139,6 +140,8 @@ struct kvcr {
     struct commit *commits;  /* the open inventory batch of fills committed */
     uint32_t n_commit, cap_commit;
     kvcr_op_handle commit_origin;
+
+    hint_table hints;
 
     pending_event *events_head, *events_tail;
     kvcr_capacity_need pressure[KVCR_MAX_POOLS];

@@ -60,6 +60,7 @@ static int guard(const kvcr_t *kv, const char *fn)
 static void release_parts(kvcr_t *kv)
 {
     res_destroy(kv);
+    hint_table_destroy(&kv->hints);
     ops_discard_done(kv);
     for (uint32_t p = 0; p < kv->conf.n_pools; p++) dram_pool_destroy(&kv->pools[p]);
     index_destroy(&kv->index);
@@ -266,6 +267,37 @@ KVCR_API int kvcr_abort(kvcr_t *kv, kvcr_op_handle op, const kvcr_key *keys, siz
     return ops_abort(kv, op, keys, n, n_aborted);
 }
 
+/* ---- hints -------------------------------------------------------------- */
+
+KVCR_API int kvcr_submit_hint(kvcr_t *kv, const char *request_id, const char *json, size_t len)
+{
+    GUARD(kv);
+    if (json == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_submit_hint: json must not be NULL");
+    hint h;
+    int rc = hint_parse(json, len, &kv->log, &h); /* no lock: parsing touches no state */
+    if (rc != 0 || request_id == NULL) {
+        hint_clear(&h);
+        return rc;
+    }
+    instance_lock(kv);
+    rc = kv->closed ? kvcr_fail(KVCR_ECLOSED, "the instance is closed")
+                    : hint_table_submit(&kv->hints, request_id, &h, kvcr_now_ns());
+    instance_unlock(kv);
+    hint_clear(&h);
+    return rc;
+}
+
+KVCR_API int kvcr_discard_hint(kvcr_t *kv, const char *request_id)
+{
+    GUARD(kv);
+    if (request_id == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_discard_hint: request_id must not be NULL");
+    instance_lock(kv);
+    int rc = kv->closed ? kvcr_fail(KVCR_ECLOSED, "the instance is closed") : 0;
+    if (rc == 0) hint_table_discard(&kv->hints, request_id);
+    instance_unlock(kv);
+    return rc;
+}
+
 /* ---- poll --------------------------------------------------------------- */
 
 static void deliver_notices(kvcr_t *kv, pending_event *events, const kvcr_capacity_need *needs,
@@ -415,6 +447,21 @@ uint32_t kvcr__test_running_copies(kvcr_t *kv)
     uint32_t n = kv->copier.running;
     pthread_mutex_unlock(&kv->copier.lock);
     return n;
+}
+
+int kvcr__test_hint(kvcr_t *kv, const char *request_id, const char **source, size_t *n_hashes,
+                    const uint64_t **hashes, bool *failed)
+{
+    instance_lock(kv);
+    const hint_state *st = hint_table_find(&kv->hints, request_id);
+    if (st != NULL) {
+        *source = st->hint.source;
+        *n_hashes = st->hint.n_hashes;
+        *hashes = st->hint.hashes;
+        *failed = st->failed;
+    }
+    instance_unlock(kv);
+    return st != NULL;
 }
 
 size_t kvcr__test_metadata_bytes(kvcr_t *kv, uint64_t *records)

@@ -4,6 +4,7 @@
 #ifndef KVCR_CORE_TESTING_H
 #define KVCR_CORE_TESTING_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,5 +24,9 @@ void kvcr__test_fail_copies(kvcr_t *kv, uint32_t n);
 uint32_t kvcr__test_running_copies(kvcr_t *kv);
 /* Bytes of block metadata (index, records, queues) and resident records. */
 size_t kvcr__test_metadata_bytes(kvcr_t *kv, uint64_t *records);
+
+/* The stored hint of a request: 1 with its fields, 0 if none. */
+int kvcr__test_hint(kvcr_t *kv, const char *request_id, const char **source, size_t *n_hashes,
+                    const uint64_t **hashes, bool *failed);
 
 #endif
