@@ -75,9 +75,10 @@ setup(
         Extension(
             "kvcr._native",
             sources=["python/kvcr/_native.c"],
-            include_dirs=["include"],
+            # src/ only for core/testing.h (the hint introspection hook).
+            include_dirs=["include", "src"],
             depends=["include/kvcr/kvcr.h", "include/kvcr/types.h", "include/kvcr/policy.h",
-                     "include/kvcr/stats.h", "include/kvcr/error.h"],
+                     "include/kvcr/stats.h", "include/kvcr/error.h", "src/core/testing.h"],
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra",
                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
         )

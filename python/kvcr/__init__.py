@@ -1,24 +1,63 @@
-"""KVCR, the KV Cache Runner: a KV-cache tier beside an LLM inference engine."""
+"""KVCR, the KV Cache Runner: a KV-cache tier beside an LLM inference engine.
+
+This package is a thin layer over libkvcr (C), compiled into the extension
+kvcr._native. What is built today: KVCR-owned host DRAM (tier LOCAL_G2),
+deposit / deliver / fetch / release / abort / poll_completed, built-in and
+Python policies, inventory events, capacity callbacks and telemetry.
+
+Not built yet, and how this package behaves meanwhile:
+
+* Peer-to-peer tier (REMOTE_G2). submit_hint validates the router's kv_hint
+  envelope and keeps it per request, but a hint never makes a key FETCHABLE
+  and deliver never pulls from a peer. A framework_control (the seed always
+  passes one) is accepted and kept, libkvcr's remote tier stays disabled and
+  one warning says so. KVCR without local DRAM (e.g. vLLM's
+  secondary_g2_slots=0) would need the peer tier and is refused with
+  NotImplementedError("KVCR without local DRAM needs the peer-to-peer tier,
+  which is not built yet").
+* G3 (local SSD) and the KVCR service / Guard: configuring them raises
+  NotImplementedError ("G3 tier is not built yet", "... Guard are not built
+  yet") once every validation rule has passed; G3FIFOPolicy / G3LRUPolicy
+  without G3 raise ValueError("G3LRUPolicy requires configured G3").
+
+Errors: configuration and argument rules raise ValueError / TypeError before
+anything starts (libkvcr's KVCR_EINVAL text); parts not built raise
+NotImplementedError (a RuntimeError); other libkvcr failures RuntimeError.
+"""
+from . import config, policy, types  # noqa: F401  (submodules users import)
 from .api import (DURATION_METRIC, KVCR, STATE_METRIC, TRANSFER_BLOCKS_METRIC,
                   TRANSFER_BYTES_METRIC, KVCRBindings)
-from .config import (FrameworkDramInput, G3Options, KeyAdapter, KVCRBackendConfigs, KVCRConfig,
-                     KVCRGuardConfig, LocalDramOptions, RemoteFWDramOptions)
+from .config import (FRAMEWORK_MEMORY_TYPES, FrameworkControl, FrameworkDramInput, G3Options,
+                     InventorySink, KeyAdapter, KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig,
+                     LocalDramOptions, RemoteFWDramOptions, TelemetryStats)
 from .control_channels import ZmqPeerControlChannel
 from .hints import ROUTER_HINT_CAPABILITIES, ROUTER_HINT_KEY
 from .policy import FIFOPolicy, G3FIFOPolicy, G3LRUPolicy, KVCachePolicy, LRUPolicy
-from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError, MemoryRef,
-                    OpEntryResult, OpEntryStatus, OpHandle, PinRequestId, PinResult,
-                    PlacementAction, QueryStatus, RegionDescriptor, TransferError)
+from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError,
+                    LocalDramRegions, MemoryRef, OpEntryResult, OpEntryStatus, OpHandle, OpResult,
+                    PinHandle, PinRequestId, PinResult, PlacementAction, PlacementDecision,
+                    PlacementFailure, PoolBlockLayouts, QueryStatus, RecoveryMirrorError,
+                    RegionDescriptor, ReleaseHandle, ReleaseResult, TransferError)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # kvcr
     "KVCR", "KVCRBindings", "ROUTER_HINT_KEY", "ROUTER_HINT_CAPABILITIES", "DURATION_METRIC",
-    "TRANSFER_BYTES_METRIC", "TRANSFER_BLOCKS_METRIC", "STATE_METRIC", "KVCRConfig",
-    "KVCRBackendConfigs", "LocalDramOptions", "G3Options", "RemoteFWDramOptions",
-    "KVCRGuardConfig", "KeyAdapter", "FrameworkDramInput", "BlockKey", "RegionDescriptor",
-    "MemoryRef", "QueryStatus", "CacheTier", "InventoryEvent", "OpHandle", "OpEntryStatus",
-    "OpEntryResult", "PinRequestId", "PinResult", "PlacementAction", "BlockMeta",
-    "KVCRStartupError", "TransferError", "KVCachePolicy", "FIFOPolicy", "LRUPolicy",
-    "G3FIFOPolicy", "G3LRUPolicy", "ZmqPeerControlChannel", "__version__",
+    "TRANSFER_BYTES_METRIC", "TRANSFER_BLOCKS_METRIC", "STATE_METRIC",
+    # kvcr.config
+    "KVCRConfig", "KVCRBackendConfigs", "LocalDramOptions", "G3Options", "RemoteFWDramOptions",
+    "KVCRGuardConfig", "KeyAdapter", "FrameworkDramInput", "FrameworkControl", "TelemetryStats",
+    "InventorySink", "FRAMEWORK_MEMORY_TYPES",
+    # kvcr.types
+    "BlockKey", "RegionDescriptor", "MemoryRef", "QueryStatus", "CacheTier", "InventoryEvent",
+    "OpHandle", "OpEntryStatus", "OpEntryResult", "OpResult", "PinHandle", "PinRequestId",
+    "PinResult", "PlacementAction", "PlacementDecision", "PlacementFailure", "BlockMeta",
+    "ReleaseHandle", "ReleaseResult", "LocalDramRegions", "PoolBlockLayouts",
+    "KVCRStartupError", "TransferError", "RecoveryMirrorError",
+    # kvcr.policy
+    "KVCachePolicy", "FIFOPolicy", "LRUPolicy", "G3FIFOPolicy", "G3LRUPolicy",
+    # kvcr.control_channels
+    "ZmqPeerControlChannel",
+    "__version__",
 ]

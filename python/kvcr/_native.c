@@ -1,41 +1,79 @@
 /* kvcr._native: the CPython binding of libkvcr.
  *
- * A thin layer: it converts Python values to the C API's structs and back,
- * and releases the GIL around every libkvcr call, because policy hooks and
- * log lines run under the instance lock and take the GIL themselves —
- * holding the GIL while waiting for that lock would deadlock. The Python
- * package (kvcr/api.py) validates and shapes everything else. */
+ * A thin layer. It converts Python values to the C API's structs and back,
+ * and releases the GIL around every libkvcr call that takes the instance
+ * lock: policy hooks and log lines run under that lock on the calling
+ * thread and take the GIL themselves (PyGILState_Ensure), so holding the GIL
+ * while waiting for the lock would deadlock. Every Python object whose
+ * memory libkvcr reads (key bytes, label strings) is held by a strong
+ * reference for the whole call, since other threads run while the GIL is
+ * released.
+ *
+ * Results are built from objects made once: the (QueryStatus, CacheTier)
+ * pairs and the OpEntryResult of every (status, reason) that carries no
+ * handle or slots are cached, so query and poll allocate little. The Python
+ * package (kvcr/api.py) validates configuration and shapes everything else. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/testing.h"
 #include "kvcr/kvcr.h"
+
+#define N_STATUS 4  /* kvcr_query_status */
+#define N_TIER 6    /* kvcr_tier, KVCR_TIER_NONE included */
+#define N_ENTRY 3   /* kvcr_entry_status */
+#define N_REASON 32 /* cached kvcr_reason values; larger ones are not cached */
+
+/* Set once by init() from kvcr/api.py. */
+static PyObject *g_status[N_STATUS];       /* QueryStatus members by C value */
+static PyObject *g_tier[N_TIER];           /* CacheTier members by C value; [0] is None */
+static PyObject *g_pair[N_STATUS][N_TIER]; /* (status, tier) result tuples */
+static PyObject *g_memref_type;            /* kvcr.types.MemoryRef */
+static PyObject *g_entry[N_ENTRY][N_REASON]; /* shared plain OpEntryResults */
+static PyObject *s_end_point, *s_label, *s_index; /* interned attribute names */
 
 typedef struct {
     PyObject_HEAD
     kvcr_t *kv;
-    PyObject *policy;    /* adapter object with _decide_ingest etc., or NULL */
-    PyObject *inventory; /* callable(keys tuple, tier, removed) -> bool, or NULL */
-    PyObject *capacity;  /* callable(list[(pool, slots)]) -> bool, or NULL */
-    PyObject *log;       /* callable(level, message) */
+    PyObject *policy;     /* adapter with _decide_ingest etc., or NULL */
+    PyObject *inventory;  /* callable(keys tuple, CacheTier, removed) -> bool, or NULL */
+    PyObject *capacity;   /* callable(list[(pool, slots)]) -> bool, or NULL */
+    PyObject *log;        /* callable(level, message), or NULL */
+    PyObject *make_entry; /* callable(status, reason, release_handle, slots) -> OpEntryResult */
     kvcr_policy_ops ops;
-    char policy_name[128];
+    char policy_name[KVCR_NAME_MAX];
 } Instance;
 
 static PyObject *raise_rc(int rc)
 {
     const char *msg = kvcr_last_error();
-    PyObject *type = PyExc_RuntimeError;
+    if (msg == NULL || msg[0] == '\0') msg = kvcr_strerror(rc);
+    PyObject *type = PyExc_RuntimeError; /* ECLOSED, EBUSY, ENOMEM, ESYS, ... */
     if (rc == KVCR_EINVAL) type = PyExc_ValueError;
-    else if (rc == KVCR_ENOTSUP) type = PyExc_NotImplementedError;
-    else if (rc == KVCR_ENOMEM) type = PyExc_MemoryError;
-    PyErr_Format(type, "%s", msg[0] ? msg : kvcr_strerror(rc));
+    else if (rc == KVCR_ENOTSUP) type = PyExc_NotImplementedError; /* "... is not built yet" */
+    PyErr_SetString(type, msg);
     return NULL;
 }
 
-/* ---- callbacks from C (any thread; they take the GIL) ------------------- */
+static int ready(void)
+{
+    if (g_memref_type != NULL) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "kvcr._native.init() has not been called");
+    return 0;
+}
+
+/* A new reference to a callback slot, taken with the GIL held: another
+ * thread may drop the slot (close) while this one runs Python code. */
+static PyObject *grab(PyObject *slot)
+{
+    return slot ? Py_NewRef(slot) : NULL;
+}
+
+/* ---- callbacks from C (they take the GIL) ------------------------------- */
 
 static PyObject *meta_tuple(const kvcr_block_meta *m)
 {
@@ -46,35 +84,23 @@ static PyObject *meta_tuple(const kvcr_block_meta *m)
                          last, m->resident_tiers, (long long)m->position);
 }
 
-/* Calls policy.<name>(meta, *extra); NULL (with the error cleared) when the
- * hook failed: the Python adapter already logged why. */
-static PyObject *call_policy(Instance *self, const char *name, const kvcr_block_meta *m,
-                             const char *fmt, ...)
+/* policy.<name>(meta, *extra) with a new reference, or NULL (error cleared)
+ * when the hook failed; the Python adapter has logged why. */
+static PyObject *call_policy(Instance *self, PyObject *name, const kvcr_block_meta *m,
+                             PyObject *extra)
 {
-    PyObject *meta = meta_tuple(m);
-    if (meta == NULL) {
-        PyErr_Clear();
-        return NULL;
+    PyObject *policy = grab(self->policy), *res = NULL;
+    PyObject *meta = policy && extra ? meta_tuple(m) : NULL;
+    if (meta != NULL) {
+        PyObject *args[4] = {policy, meta, NULL, NULL};
+        Py_ssize_t n = 2;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(extra) && n < 4; i++)
+            args[n++] = PyTuple_GET_ITEM(extra, i);
+        res = PyObject_VectorcallMethod(name, args, (size_t)n, NULL);
     }
-    va_list ap;
-    va_start(ap, fmt);
-    PyObject *extra = fmt ? Py_VaBuildValue(fmt, ap) : PyTuple_New(0);
-    va_end(ap);
-    PyObject *res = NULL;
-    if (extra != NULL) {
-        PyObject *args = PyTuple_New(1 + PyTuple_GET_SIZE(extra));
-        if (args != NULL) {
-            PyTuple_SET_ITEM(args, 0, Py_NewRef(meta));
-            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(extra); i++)
-                PyTuple_SET_ITEM(args, i + 1, Py_NewRef(PyTuple_GET_ITEM(extra, i)));
-            PyObject *fn = PyObject_GetAttrString(self->policy, name);
-            if (fn != NULL) res = PyObject_Call(fn, args, NULL);
-            Py_XDECREF(fn);
-            Py_DECREF(args);
-        }
-        Py_DECREF(extra);
-    }
-    Py_DECREF(meta);
+    Py_XDECREF(meta);
+    Py_XDECREF(extra);
+    Py_XDECREF(policy);
     if (res == Py_None) Py_CLEAR(res);
     if (res == NULL) PyErr_Clear();
     return res;
@@ -83,7 +109,7 @@ static PyObject *call_policy(Instance *self, const char *name, const kvcr_block_
 static int placement_from(PyObject *res, kvcr_placement *out)
 {
     int action, tier;
-    int ok = res != NULL && PyArg_ParseTuple(res, "ii", &action, &tier);
+    int ok = res != NULL && PyTuple_Check(res) && PyArg_ParseTuple(res, "ii", &action, &tier);
     Py_XDECREF(res);
     if (!ok) {
         PyErr_Clear();
@@ -94,12 +120,15 @@ static int placement_from(PyObject *res, kvcr_placement *out)
     return 0;
 }
 
+static PyObject *s_ingest, *s_score, *s_eviction, *s_on_ingest, *s_on_remove, *s_recovery;
+
 static int hook_ingest(void *ud, const kvcr_block_meta *m, kvcr_tier source, bool required,
                        kvcr_placement *out)
 {
     PyGILState_STATE g = PyGILState_Ensure();
-    int rc = placement_from(call_policy(ud, "_decide_ingest", m, "(iO)", (int)source,
-                                        required ? Py_True : Py_False), out);
+    int rc = placement_from(call_policy(ud, s_ingest, m, Py_BuildValue("(iO)", (int)source,
+                                                                    required ? Py_True : Py_False)),
+                            out);
     PyGILState_Release(g);
     return rc;
 }
@@ -107,14 +136,13 @@ static int hook_ingest(void *ud, const kvcr_block_meta *m, kvcr_tier source, boo
 static int hook_score(void *ud, const kvcr_block_meta *m, kvcr_tier source, double *out)
 {
     PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *res = call_policy(ud, "_eviction_score", m, "(i)", (int)source);
+    PyObject *res = call_policy(ud, s_score, m, Py_BuildValue("(i)", (int)source));
     int rc = -1;
-    if (res != NULL) {
-        *out = PyFloat_AsDouble(res);
-        rc = PyErr_Occurred() ? -1 : 0;
-        PyErr_Clear();
-        Py_DECREF(res);
+    if (res != NULL && PyFloat_CheckExact(res)) {
+        *out = PyFloat_AS_DOUBLE(res);
+        rc = 0;
     }
+    Py_XDECREF(res);
     PyGILState_Release(g);
     return rc;
 }
@@ -122,7 +150,7 @@ static int hook_score(void *ud, const kvcr_block_meta *m, kvcr_tier source, doub
 static int hook_eviction(void *ud, const kvcr_block_meta *m, kvcr_tier source, kvcr_placement *out)
 {
     PyGILState_STATE g = PyGILState_Ensure();
-    int rc = placement_from(call_policy(ud, "_decide_eviction", m, "(i)", (int)source), out);
+    int rc = placement_from(call_policy(ud, s_eviction, m, Py_BuildValue("(i)", (int)source)), out);
     PyGILState_Release(g);
     return rc;
 }
@@ -130,28 +158,42 @@ static int hook_eviction(void *ud, const kvcr_block_meta *m, kvcr_tier source, k
 static void hook_on_ingest(void *ud, const kvcr_block_meta *m, kvcr_tier source)
 {
     PyGILState_STATE g = PyGILState_Ensure();
-    Py_XDECREF(call_policy(ud, "_on_ingest", m, "(i)", (int)source));
+    Py_XDECREF(call_policy(ud, s_on_ingest, m, Py_BuildValue("(i)", (int)source)));
     PyGILState_Release(g);
 }
 
 static void hook_on_remove(void *ud, const kvcr_block_meta *m)
 {
     PyGILState_STATE g = PyGILState_Ensure();
-    Py_XDECREF(call_policy(ud, "_on_remove", m, NULL));
+    Py_XDECREF(call_policy(ud, s_on_remove, m, PyTuple_New(0)));
     PyGILState_Release(g);
 }
 
-/* Callbacks return a truthy value for success. */
+static int hook_recovery(void *ud, const kvcr_block_meta *m, const kvcr_placement_failure *f,
+                         kvcr_placement *out)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *failure = Py_BuildValue("(iiisI)", (int)f->attempted.action, (int)f->attempted.tier,
+                                      (int)f->source, f->reason ? f->reason : "",
+                                      (unsigned)f->failure_count);
+    int rc = placement_from(call_policy(ud, s_recovery, m,
+                                        failure ? Py_BuildValue("(N)", failure) : NULL),
+                            out);
+    PyGILState_Release(g);
+    return rc;
+}
+
+/* fn(*args) is truthy: 0, else -1. Steals args. */
 static int truthy_call(PyObject *fn, PyObject *args)
 {
-    if (args == NULL) {
-        PyErr_Clear();
-        return -1;
+    int ok = 0;
+    if (fn != NULL && args != NULL) {
+        PyObject *res = PyObject_Call(fn, args, NULL);
+        ok = res != NULL && PyObject_IsTrue(res) == 1;
+        Py_XDECREF(res);
     }
-    PyObject *res = PyObject_Call(fn, args, NULL);
-    Py_DECREF(args);
-    int ok = res != NULL && PyObject_IsTrue(res) == 1;
-    Py_XDECREF(res);
+    Py_XDECREF(args);
+    Py_XDECREF(fn);
     PyErr_Clear();
     return ok ? 0 : -1;
 }
@@ -160,16 +202,19 @@ static int cb_inventory(void *ud, const kvcr_inventory_event *ev)
 {
     Instance *self = ud;
     PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *keys = PyTuple_New((Py_ssize_t)ev->n_keys);
-    for (size_t i = 0; keys && i < ev->n_keys; i++)
-        PyTuple_SET_ITEM(keys, (Py_ssize_t)i,
-                         PyBytes_FromStringAndSize((const char *)ev->keys[i].data,
-                                                   (Py_ssize_t)ev->keys[i].len));
-    int rc = -1;
-    if (keys != NULL)
-        rc = truthy_call(self->inventory, Py_BuildValue("(NiO)", keys, (int)ev->tier,
-                                                        ev->removed ? Py_True : Py_False));
-    PyErr_Clear();
+    PyObject *fn = grab(self->inventory), *args = NULL;
+    PyObject *keys = fn ? PyTuple_New((Py_ssize_t)ev->n_keys) : NULL;
+    for (size_t i = 0; keys && i < ev->n_keys; i++) {
+        PyObject *k = PyBytes_FromStringAndSize((const char *)ev->keys[i].data,
+                                                (Py_ssize_t)ev->keys[i].len);
+        if (k == NULL) Py_CLEAR(keys);
+        else PyTuple_SET_ITEM(keys, (Py_ssize_t)i, k);
+    }
+    if (keys != NULL) {
+        PyObject *tier = (unsigned)ev->tier < N_TIER ? g_tier[ev->tier] : Py_None;
+        args = Py_BuildValue("(NOO)", keys, tier, ev->removed ? Py_True : Py_False);
+    }
+    int rc = truthy_call(fn, args);
     PyGILState_Release(g);
     return rc;
 }
@@ -178,12 +223,15 @@ static int cb_capacity(void *ud, const kvcr_capacity_need *needs, size_t n)
 {
     Instance *self = ud;
     PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; list && i < n; i++)
-        PyList_SET_ITEM(list, (Py_ssize_t)i,
-                        Py_BuildValue("(sK)", needs[i].pool, (unsigned long long)needs[i].slots));
-    int rc = list ? truthy_call(self->capacity, Py_BuildValue("(N)", list)) : -1;
-    PyErr_Clear();
+    PyObject *fn = grab(self->capacity), *args = NULL;
+    PyObject *list = fn ? PyList_New((Py_ssize_t)n) : NULL;
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *t = Py_BuildValue("(sK)", needs[i].pool, (unsigned long long)needs[i].slots);
+        if (t == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    if (list != NULL) args = Py_BuildValue("(N)", list);
+    int rc = truthy_call(fn, args);
     PyGILState_Release(g);
     return rc;
 }
@@ -192,23 +240,35 @@ static void cb_log(void *ud, kvcr_log_level level, const char *message)
 {
     Instance *self = ud;
     PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *res = PyObject_CallFunction(self->log, "is", (int)level, message);
-    Py_XDECREF(res);
-    PyErr_Clear();
+    PyObject *fn = grab(self->log);
+    if (fn != NULL) {
+        PyObject *res = PyObject_CallFunction(fn, "is", (int)level, message);
+        Py_XDECREF(res);
+        Py_DECREF(fn);
+        PyErr_Clear();
+    }
     PyGILState_Release(g);
 }
 
 /* ---- construction ------------------------------------------------------- */
 
-/* Strings borrowed from Python objects stay valid while `keep` holds them. */
-static const char *str_of(PyObject *o, PyObject *keep)
+/* UTF-8 of a str held by `keep` (so the pointer outlives the call). */
+static const char *str_of(PyObject *o, PyObject *keep, const char *what)
 {
     if (!PyUnicode_Check(o)) {
-        PyErr_SetString(PyExc_TypeError, "expected a str");
+        PyErr_Format(PyExc_TypeError, "%s must be a str", what);
         return NULL;
     }
-    if (PyList_Append(keep, o) != 0) return NULL;
-    return PyUnicode_AsUTF8(o);
+    const char *s = PyUnicode_AsUTF8(o);
+    if (s == NULL || PyList_Append(keep, o) != 0) return NULL;
+    return s;
+}
+
+static void *alloc_n(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (p == NULL) PyErr_NoMemory();
+    return p;
 }
 
 static int parse_layouts(PyObject *seq, kvcr_pool_layout **out, size_t *n, PyObject *keep)
@@ -216,19 +276,18 @@ static int parse_layouts(PyObject *seq, kvcr_pool_layout **out, size_t *n, PyObj
     PyObject *t = PySequence_Tuple(seq);
     if (t == NULL) return -1;
     *n = (size_t)PyTuple_GET_SIZE(t);
-    *out = calloc(*n ? *n : 1, sizeof **out);
-    for (size_t i = 0; i < *n; i++) {
+    int rc = (*out = alloc_n(*n, sizeof **out)) ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < *n; i++) {
         PyObject *name;
         unsigned long long bs;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "OK", &name, &bs) ||
-            ((*out)[i].name = str_of(name, keep)) == NULL) {
-            Py_DECREF(t);
-            return -1;
-        }
-        (*out)[i].block_size = (size_t)bs;
+            ((*out)[i].name = str_of(name, keep, "pool name")) == NULL)
+            rc = -1;
+        else
+            (*out)[i].block_size = (size_t)bs;
     }
     Py_DECREF(t);
-    return 0;
+    return rc;
 }
 
 static int parse_pools(PyObject *seq, kvcr_dram_pool **out, size_t *n, PyObject *keep)
@@ -239,20 +298,20 @@ static int parse_pools(PyObject *seq, kvcr_dram_pool **out, size_t *n, PyObject 
     PyObject *t = PySequence_Tuple(seq);
     if (t == NULL) return -1;
     *n = (size_t)PyTuple_GET_SIZE(t);
-    *out = calloc(*n ? *n : 1, sizeof **out);
-    for (size_t i = 0; i < *n; i++) {
+    int rc = (*out = alloc_n(*n, sizeof **out)) ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < *n; i++) {
         PyObject *name;
         unsigned long long addr, size;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "OKK", &name, &addr, &size) ||
-            ((*out)[i].name = str_of(name, keep)) == NULL) {
-            Py_DECREF(t);
-            return -1;
+            ((*out)[i].name = str_of(name, keep, "pool name")) == NULL) {
+            rc = -1;
+        } else {
+            (*out)[i].addr = (void *)(uintptr_t)addr;
+            (*out)[i].size = (size_t)size;
         }
-        (*out)[i].addr = (void *)(uintptr_t)addr;
-        (*out)[i].size = (size_t)size;
     }
     Py_DECREF(t);
-    return 0;
+    return rc;
 }
 
 static int parse_regions(PyObject *seq, kvcr_region **out, size_t *n, PyObject *keep)
@@ -260,53 +319,74 @@ static int parse_regions(PyObject *seq, kvcr_region **out, size_t *n, PyObject *
     PyObject *t = PySequence_Tuple(seq);
     if (t == NULL) return -1;
     *n = (size_t)PyTuple_GET_SIZE(t);
-    *out = calloc(*n ? *n : 1, sizeof **out);
-    for (size_t i = 0; i < *n; i++) {
+    int rc = (*out = alloc_n(*n, sizeof **out)) ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < *n; i++) {
         PyObject *label;
         unsigned long long addr, size, count, stride;
         int mem_type, device;
+        const char *l = NULL;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "KKKKOii", &addr, &size, &count, &stride,
                               &label, &mem_type, &device) ||
-            ((*out)[i].label = str_of(label, keep)) == NULL) {
-            Py_DECREF(t);
-            return -1;
+            (l = str_of(label, keep, "region label")) == NULL) {
+            rc = -1;
+        } else {
+            (*out)[i] = (kvcr_region){(void *)(uintptr_t)addr, (size_t)size, (size_t)count,
+                                      (size_t)stride, l, (kvcr_mem_type)mem_type, device};
         }
-        (*out)[i] = (kvcr_region){(void *)(uintptr_t)addr, (size_t)size, (size_t)count,
-                                  (size_t)stride, (*out)[i].label, (kvcr_mem_type)mem_type, device};
     }
     Py_DECREF(t);
-    return 0;
+    return rc;
 }
 
+static int has_flag(PyObject *o, const char *name)
+{
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int r = PyObject_IsTrue(v) == 1;
+    Py_DECREF(v);
+    return r;
+}
+
+/* policy: None (libkvcr's default), a built-in's name, or a Python adapter
+ * with _name, _required_tiers_mask, _decide_ingest, ... */
 static int set_policy(Instance *self, PyObject *policy, kvcr_config *cfg)
 {
     if (policy == Py_None) return 0;
     if (PyUnicode_Check(policy)) {
-        cfg->policy = kvcr_policy_builtin(PyUnicode_AsUTF8(policy));
+        const char *name = PyUnicode_AsUTF8(policy);
+        if (name == NULL) return -1;
+        cfg->policy = kvcr_policy_builtin(name);
         if (cfg->policy == NULL) {
-            PyErr_Format(PyExc_ValueError, "unknown built-in policy %R", policy);
+            PyErr_Format(PyExc_ValueError, "libkvcr has no built-in policy %R", policy);
             return -1;
         }
         return 0;
     }
     PyObject *name = PyObject_GetAttrString(policy, "_name");
-    PyObject *tiers = PyObject_GetAttrString(policy, "_required_tiers_mask");
-    if (name == NULL || tiers == NULL || !PyUnicode_Check(name)) {
-        Py_XDECREF(name);
-        Py_XDECREF(tiers);
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "policy adapter lacks _name");
+    PyObject *tiers = name ? PyObject_GetAttrString(policy, "_required_tiers_mask") : NULL;
+    const char *n = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+    unsigned long mask = tiers ? PyLong_AsUnsignedLong(tiers) : 0;
+    Py_XDECREF(name);
+    Py_XDECREF(tiers);
+    if (n == NULL || PyErr_Occurred()) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "not a KVCR policy adapter");
         return -1;
     }
-    snprintf(self->policy_name, sizeof self->policy_name, "%s", PyUnicode_AsUTF8(name));
-    self->ops = (kvcr_policy_ops){.name = self->policy_name,
-                                  .required_tiers = (unsigned)PyLong_AsUnsignedLong(tiers),
-                                  .decide_ingest = hook_ingest,
-                                  .eviction_score = hook_score,
-                                  .decide_eviction = hook_eviction,
-                                  .on_ingest = hook_on_ingest,
-                                  .on_remove = hook_on_remove};
-    Py_DECREF(name);
-    Py_DECREF(tiers);
+    snprintf(self->policy_name, sizeof self->policy_name, "%s", n);
+    self->ops = (kvcr_policy_ops){
+        .name = self->policy_name,
+        .required_tiers = (unsigned)mask,
+        .decide_ingest = hook_ingest,
+        .eviction_score = hook_score,
+        .decide_eviction = hook_eviction,
+        /* The optional hooks cost a GIL round trip: only when overridden. */
+        .on_ingest = has_flag(policy, "_wants_on_ingest") ? hook_on_ingest : NULL,
+        .on_remove = has_flag(policy, "_wants_on_remove") ? hook_on_remove : NULL,
+        .decide_recovery = has_flag(policy, "_wants_recovery") ? hook_recovery : NULL,
+    };
     self->policy = Py_NewRef(policy);
     cfg->policy = &self->ops;
     cfg->policy_ud = self;
@@ -318,18 +398,24 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     static char *names[] = {"agent_name", "pool_layouts", "local_dram", "local_backend",
                             "regions", "operation_timeout_ms", "abandon_timeout_ms",
                             "watermark_percent", "telemetry", "copy_threads", "policy",
-                            "inventory", "capacity", "log", NULL};
+                            "inventory", "capacity", "log", "make_entry", NULL};
     const char *agent, *backend;
-    PyObject *layouts, *dram, *regions, *policy, *inventory, *capacity, *log;
+    PyObject *layouts, *dram, *regions, *policy, *inventory, *capacity, *log, *make_entry;
     unsigned int op_ms, abandon_ms, threads;
     double watermark;
     int telemetry;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOO", names, &agent, &layouts, &dram,
+    if (!ready() ||
+        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO", names, &agent, &layouts, &dram,
                                      &backend, &regions, &op_ms, &abandon_ms, &watermark,
-                                     &telemetry, &threads, &policy, &inventory, &capacity, &log))
+                                     &telemetry, &threads, &policy, &inventory, &capacity, &log,
+                                     &make_entry))
         return -1;
-    if (self->kv != NULL) {
+    if (self->kv != NULL || self->make_entry != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "instance already initialised");
+        return -1;
+    }
+    if (!PyCallable_Check(make_entry)) {
+        PyErr_SetString(PyExc_TypeError, "make_entry must be callable");
         return -1;
     }
     PyObject *keep = PyList_New(0);
@@ -338,18 +424,18 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     kvcr_region *rg = NULL;
     size_t n_pl = 0, n_dp = 0, n_rg = 0;
     int rc = -1;
-    if (keep == NULL || parse_layouts(layouts, &pl, &n_pl, keep) || parse_pools(dram, &dp, &n_dp, keep) ||
-        parse_regions(regions, &rg, &n_rg, keep))
+    if (keep == NULL || parse_layouts(layouts, &pl, &n_pl, keep) ||
+        parse_pools(dram, &dp, &n_dp, keep) || parse_regions(regions, &rg, &n_rg, keep))
         goto out;
     kvcr_config cfg;
     kvcr_config_init(&cfg);
     cfg.agent_name = agent;
     cfg.pool_layouts = pl;
     cfg.n_pool_layouts = n_pl;
-    cfg.local_dram = dp;
+    cfg.local_dram = n_dp ? dp : NULL;
     cfg.n_local_dram = n_dp;
     cfg.local_dram_backend = backend;
-    cfg.framework_regions = rg;
+    cfg.framework_regions = n_rg ? rg : NULL;
     cfg.n_framework_regions = n_rg;
     cfg.operation_timeout_ms = op_ms;
     cfg.abandon_timeout_ms = abandon_ms;
@@ -357,11 +443,13 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     cfg.enable_telemetry = telemetry != 0;
     cfg.copy_threads = threads;
     if (set_policy(self, policy, &cfg) != 0) goto out;
-    self->log = Py_NewRef(log);
+    self->make_entry = Py_NewRef(make_entry);
+    self->log = log == Py_None ? NULL : Py_NewRef(log);
     self->inventory = inventory == Py_None ? NULL : Py_NewRef(inventory);
     self->capacity = capacity == Py_None ? NULL : Py_NewRef(capacity);
     cfg.callbacks = (kvcr_callbacks){self, self->inventory ? cb_inventory : NULL,
-                                     self->capacity ? cb_capacity : NULL, cb_log};
+                                     self->capacity ? cb_capacity : NULL,
+                                     self->log ? cb_log : NULL};
     int err;
     kvcr_t *kv = NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -369,6 +457,11 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     Py_END_ALLOW_THREADS
     if (err != 0) {
         raise_rc(err);
+        Py_CLEAR(self->policy);
+        Py_CLEAR(self->inventory);
+        Py_CLEAR(self->capacity);
+        Py_CLEAR(self->log);
+        Py_CLEAR(self->make_entry);
         goto out;
     }
     self->kv = kv;
@@ -381,6 +474,13 @@ out:
     return rc;
 }
 
+static void drop_callbacks(Instance *self)
+{
+    Py_CLEAR(self->policy);
+    Py_CLEAR(self->inventory);
+    Py_CLEAR(self->capacity);
+}
+
 static void Instance_dealloc(Instance *self)
 {
     if (self->kv != NULL) {
@@ -390,146 +490,291 @@ static void Instance_dealloc(Instance *self)
         kvcr_free(kv);
         Py_END_ALLOW_THREADS
     }
-    Py_XDECREF(self->policy);
-    Py_XDECREF(self->inventory);
-    Py_XDECREF(self->capacity);
-    Py_XDECREF(self->log);
+    drop_callbacks(self);
+    Py_CLEAR(self->log);
+    Py_CLEAR(self->make_entry);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int live(Instance *self)
 {
     if (self->kv != NULL) return 1;
-    PyErr_SetString(PyExc_RuntimeError, "KVCR instance is not initialised");
+    PyErr_SetString(PyExc_RuntimeError, "the KVCR instance is not initialised");
     return 0;
 }
 
-/* ---- keys and blocks ---------------------------------------------------- */
+/* ---- keys --------------------------------------------------------------- */
 
-/* keys: a tuple of bytes (the caller keeps it alive). */
-static kvcr_key *keys_of(PyObject *t, Py_ssize_t *n)
+#define SMALL 64
+
+/* The keys of a sequence of bytes. *held (a tuple) keeps them alive. */
+typedef struct keyset {
+    kvcr_key *keys;
+    Py_ssize_t n;
+    PyObject *held;
+    kvcr_key small[SMALL];
+} keyset;
+
+static void keyset_free(keyset *k)
 {
-    *n = PyTuple_GET_SIZE(t);
-    kvcr_key *keys = calloc(*n > 0 ? (size_t)*n : 1, sizeof *keys);
-    if (keys == NULL) return (kvcr_key *)PyErr_NoMemory();
-    for (Py_ssize_t i = 0; i < *n; i++) {
-        PyObject *k = PyTuple_GET_ITEM(t, i);
-        if (!PyBytes_Check(k)) {
-            free(keys);
-            PyErr_SetString(PyExc_TypeError, "block keys must be bytes");
-            return NULL;
-        }
-        keys[i] = (kvcr_key){(const uint8_t *)PyBytes_AS_STRING(k), (size_t)PyBytes_GET_SIZE(k)};
-    }
-    return keys;
+    if (k->keys != k->small) free(k->keys);
+    Py_CLEAR(k->held);
 }
+
+static int keyset_of(PyObject *seq, keyset *k)
+{
+    k->keys = k->small;
+    k->held = PyTuple_CheckExact(seq) ? Py_NewRef(seq) : PySequence_Tuple(seq);
+    if (k->held == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "keys must be a sequence of bytes");
+        }
+        return -1;
+    }
+    k->n = PyTuple_GET_SIZE(k->held);
+    if (k->n > SMALL && (k->keys = alloc_n((size_t)k->n, sizeof *k->keys)) == NULL) return -1;
+    for (Py_ssize_t i = 0; i < k->n; i++) {
+        PyObject *o = PyTuple_GET_ITEM(k->held, i);
+        if (!PyBytes_Check(o)) {
+            PyErr_Format(PyExc_TypeError, "block keys must be bytes, not %.80s",
+                         Py_TYPE(o)->tp_name);
+            return -1;
+        }
+        k->keys[i] = (kvcr_key){(const uint8_t *)PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o)};
+    }
+    return 0;
+}
+
+static int request_id_of(PyObject *o, const char **out)
+{
+    *out = NULL;
+    if (o == NULL || o == Py_None) return 0;
+    if (!PyUnicode_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "request_id must be a str or None");
+        return -1;
+    }
+    return (*out = PyUnicode_AsUTF8(o)) ? 0 : -1;
+}
+
+/* ---- blocks: {key: [MemoryRef, ...]} ------------------------------------ */
 
 typedef struct blockset {
     kvcr_block *blocks;
     kvcr_mem_ref *refs;
-    Py_ssize_t n;
-    PyObject *keep;
+    PyObject **held; /* keys and label / end point strings */
+    size_t n, n_refs, n_held;
+    kvcr_block sb[16];
+    kvcr_mem_ref sr[32];
+    PyObject *sh[80];
 } blockset;
 
 static void blockset_free(blockset *b)
 {
-    free(b->blocks);
-    free(b->refs);
-    Py_XDECREF(b->keep);
+    for (size_t i = 0; i < b->n_held; i++) Py_DECREF(b->held[i]);
+    if (b->blocks != b->sb) free(b->blocks);
+    if (b->refs != b->sr) free(b->refs);
+    if (b->held != b->sh) free(b->held);
 }
 
-/* items: tuple of (key bytes, tuple of (end_point str|None, label str, index int)). */
-static int blocks_of(PyObject *items, blockset *b)
+static int ref_of(blockset *b, PyObject *ref, kvcr_mem_ref *out)
 {
-    memset(b, 0, sizeof *b);
-    if (!PyTuple_Check(items)) {
-        PyErr_SetString(PyExc_TypeError, "blocks must be a tuple");
+    PyObject *ep = PyObject_GetAttr(ref, s_end_point);
+    if (ep == NULL) return -1;
+    b->held[b->n_held++] = ep;
+    PyObject *label = PyObject_GetAttr(ref, s_label);
+    if (label == NULL) return -1;
+    b->held[b->n_held++] = label;
+    if (!PyUnicode_Check(ep) || !PyUnicode_Check(label)) {
+        PyErr_SetString(PyExc_TypeError, "MemoryRef end_point_name and label must be str");
         return -1;
     }
-    b->keep = PyList_New(0);
-    b->n = PyTuple_GET_SIZE(items);
-    size_t total = 0;
-    for (Py_ssize_t i = 0; i < b->n; i++) {
-        PyObject *it = PyTuple_GET_ITEM(items, i);
-        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(it, 1))) {
-            PyErr_SetString(PyExc_TypeError, "each block must be (key, refs)");
+    PyObject *index = PyObject_GetAttr(ref, s_index);
+    if (index == NULL) return -1;
+    unsigned long long v = 0;
+    int bad = !PyLong_Check(index) || PyBool_Check(index);
+    if (!bad) {
+        v = PyLong_AsUnsignedLongLong(index);
+        bad = v == (unsigned long long)-1 && PyErr_Occurred();
+        PyErr_Clear();
+    }
+    Py_DECREF(index);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "MemoryRef element_index must be a non-negative int");
+        return -1;
+    }
+    out->end_point = PyUnicode_AsUTF8(ep);
+    out->label = PyUnicode_AsUTF8(label);
+    out->index = v;
+    return out->end_point && out->label ? 0 : -1;
+}
+
+static int blocks_of(PyObject *mapping, blockset *b)
+{
+    memset(b, 0, offsetof(blockset, sb));
+    b->blocks = b->sb;
+    b->refs = b->sr;
+    b->held = b->sh;
+    PyObject *items = NULL;
+    if (!PyDict_Check(mapping)) {
+        if (!PyMapping_Check(mapping) || (items = PyMapping_Items(mapping)) == NULL) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "blocks must be a mapping of key to descriptors");
             return -1;
         }
-        total += (size_t)PyTuple_GET_SIZE(PyTuple_GET_ITEM(it, 1));
     }
-    b->blocks = calloc(b->n > 0 ? (size_t)b->n : 1, sizeof *b->blocks);
-    b->refs = calloc(total ? total : 1, sizeof *b->refs);
-    if (b->keep == NULL || b->blocks == NULL || b->refs == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    size_t r = 0;
-    for (Py_ssize_t i = 0; i < b->n; i++) {
-        PyObject *it = PyTuple_GET_ITEM(items, i), *key = PyTuple_GET_ITEM(it, 0);
-        PyObject *refs = PyTuple_GET_ITEM(it, 1);
+    /* Pass 1: shapes and sizes. No Python code runs between the passes. */
+    Py_ssize_t pos = 0, n = items ? PyList_GET_SIZE(items) : PyDict_GET_SIZE(mapping);
+    PyObject *key, *value;
+    size_t total = 0;
+    int rc = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (items) {
+            PyObject *it = PyList_GET_ITEM(items, i);
+            key = PyTuple_GET_ITEM(it, 0);
+            value = PyTuple_GET_ITEM(it, 1);
+        } else {
+            PyDict_Next(mapping, &pos, &key, &value);
+        }
         if (!PyBytes_Check(key)) {
-            PyErr_SetString(PyExc_TypeError, "block keys must be bytes");
-            return -1;
+            PyErr_Format(PyExc_TypeError, "block keys must be bytes, not %.80s",
+                         Py_TYPE(key)->tp_name);
+            goto out;
+        }
+        if (!PyList_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "block descriptors must be a list");
+            goto out;
+        }
+        Py_ssize_t m = PyList_GET_SIZE(value);
+        if (m == 0) {
+            PyErr_SetString(PyExc_ValueError, "each block requires at least one descriptor");
+            goto out;
+        }
+        for (Py_ssize_t j = 0; j < m; j++)
+            if (!PyObject_TypeCheck(PyList_GET_ITEM(value, j), (PyTypeObject *)g_memref_type)) {
+                PyErr_SetString(PyExc_ValueError, "each block requires at least one descriptor "
+                                                  "(a list of MemoryRef)");
+                goto out;
+            }
+        total += (size_t)m;
+    }
+    b->n = (size_t)n;
+    b->n_refs = total;
+    if ((b->n > 16 && (b->blocks = alloc_n(b->n, sizeof *b->blocks)) == NULL) ||
+        (total > 32 && (b->refs = alloc_n(total, sizeof *b->refs)) == NULL) ||
+        (b->n + 2 * total > 80 && (b->held = alloc_n(b->n + 2 * total, sizeof *b->held)) == NULL))
+        goto out;
+    /* Pass 2: hold everything libkvcr will read, and fill the structs. The
+     * lists are copied first: attribute reads could run Python code. */
+    pos = 0;
+    size_t r = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (items) {
+            PyObject *it = PyList_GET_ITEM(items, i);
+            key = PyTuple_GET_ITEM(it, 0);
+            value = PyTuple_GET_ITEM(it, 1);
+        } else if (!PyDict_Next(mapping, &pos, &key, &value)) {
+            PyErr_SetString(PyExc_RuntimeError, "blocks changed during the call");
+            goto out;
+        }
+        if (!PyBytes_Check(key) || !PyList_Check(value)) {
+            PyErr_SetString(PyExc_RuntimeError, "blocks changed during the call");
+            goto out;
+        }
+        b->held[b->n_held++] = Py_NewRef(key);
+        PyObject *refs = PyList_AsTuple(value);
+        if (refs == NULL) goto out;
+        Py_ssize_t m = PyTuple_GET_SIZE(refs);
+        if ((size_t)m + r > total) { /* changed under us */
+            Py_DECREF(refs);
+            PyErr_SetString(PyExc_RuntimeError, "blocks changed during the call");
+            goto out;
         }
         b->blocks[i] = (kvcr_block){{(const uint8_t *)PyBytes_AS_STRING(key),
                                      (size_t)PyBytes_GET_SIZE(key)},
-                                    &b->refs[r], (size_t)PyTuple_GET_SIZE(refs)};
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(refs); j++, r++) {
-            PyObject *ep, *label;
-            unsigned long long index;
-            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(refs, j), "OOK", &ep, &label, &index))
-                return -1;
-            b->refs[r].end_point = ep == Py_None ? NULL : str_of(ep, b->keep);
-            b->refs[r].label = str_of(label, b->keep);
-            if ((ep != Py_None && b->refs[r].end_point == NULL) || b->refs[r].label == NULL)
-                return -1;
-            b->refs[r].index = index;
-        }
+                                    &b->refs[r], (size_t)m};
+        for (Py_ssize_t j = 0; j < m; j++, r++)
+            if (ref_of(b, PyTuple_GET_ITEM(refs, j), &b->refs[r]) != 0) {
+                Py_DECREF(refs);
+                goto out;
+            }
+        Py_DECREF(refs);
     }
-    return 0;
+    rc = 0;
+out:
+    Py_XDECREF(items);
+    return rc;
 }
 
 /* ---- methods ------------------------------------------------------------ */
 
-static PyObject *Instance_query(Instance *self, PyObject *args)
+static PyObject *pair(kvcr_query_result q)
 {
-    PyObject *t;
-    const char *rid = NULL;
-    if (!live(self) || !PyArg_ParseTuple(args, "O!|z", &PyTuple_Type, &t, &rid)) return NULL;
-    Py_ssize_t n;
-    kvcr_key *keys = keys_of(t, &n);
-    if (keys == NULL) return NULL;
-    kvcr_query_result stack[64], *out = n <= 64 ? stack : malloc((size_t)n * sizeof *out);
+    unsigned s = (unsigned)q.status, t = (unsigned)q.tier;
+    if (s >= N_STATUS || t >= N_TIER) return PyErr_Format(PyExc_RuntimeError,
+                                                          "unknown query result %u/%u", s, t);
+    if (g_pair[s][t] == NULL) g_pair[s][t] = PyTuple_Pack(2, g_status[s], g_tier[t]);
+    return Py_XNewRef(g_pair[s][t]);
+}
+
+/* query(keys, request_id) -> [(QueryStatus, CacheTier | None)] */
+static PyObject *Instance_query(Instance *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!live(self)) return NULL;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "query(keys, request_id=None)");
+        return NULL;
+    }
+    const char *rid;
+    if (request_id_of(nargs > 1 ? args[1] : NULL, &rid) != 0) return NULL;
+    keyset k;
+    if (keyset_of(args[0], &k) != 0) {
+        keyset_free(&k);
+        return NULL;
+    }
+    kvcr_query_result small[SMALL], *out = small;
+    if (k.n > SMALL && (out = alloc_n((size_t)k.n, sizeof *out)) == NULL) {
+        keyset_free(&k);
+        return NULL;
+    }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = kvcr_query(self->kv, keys, (size_t)n, rid, out);
+    rc = kvcr_query(self->kv, k.keys, (size_t)k.n, rid, out);
     Py_END_ALLOW_THREADS
-    free(keys);
-    PyObject *list = rc == 0 ? PyList_New(n) : raise_rc(rc);
-    for (Py_ssize_t i = 0; list && i < n; i++)
-        PyList_SET_ITEM(list, i, Py_BuildValue("(ii)", (int)out[i].status, (int)out[i].tier));
-    if (out != stack) free(out);
+    PyObject *list = rc == 0 ? PyList_New(k.n) : raise_rc(rc);
+    for (Py_ssize_t i = 0; list && i < k.n; i++) {
+        PyObject *p = pair(out[i]);
+        if (p == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, p);
+    }
+    if (out != small) free(out);
+    keyset_free(&k);
     return list;
 }
 
+/* deposit(blocks, flags) / deliver(blocks, request_id) -> op handle */
 static PyObject *submit_blocks(Instance *self, PyObject *args, int deliver)
 {
-    PyObject *items;
+    PyObject *mapping, *extra = Py_None;
+    if (!live(self) || !PyArg_ParseTuple(args, "O|O", &mapping, &extra)) return NULL;
     unsigned flags = 0;
     const char *rid = NULL;
-    int ok = deliver ? PyArg_ParseTuple(args, "O|z", &items, &rid)
-                     : PyArg_ParseTuple(args, "O|I", &items, &flags);
-    if (!live(self) || !ok) return NULL;
+    if (deliver) {
+        if (request_id_of(extra, &rid) != 0) return NULL;
+    } else if (extra != Py_None) {
+        flags = (unsigned)PyLong_AsUnsignedLong(extra);
+        if (PyErr_Occurred()) return NULL;
+    }
     blockset b;
-    if (blocks_of(items, &b) != 0) {
+    if (blocks_of(mapping, &b) != 0) {
         blockset_free(&b);
         return NULL;
     }
     kvcr_op_handle op = 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = deliver ? kvcr_deliver(self->kv, b.blocks, (size_t)b.n, rid, &op)
-                 : kvcr_deposit(self->kv, b.blocks, (size_t)b.n, flags, &op);
+    rc = deliver ? kvcr_deliver(self->kv, b.blocks, b.n, rid, &op)
+                 : kvcr_deposit(self->kv, b.blocks, b.n, flags, &op);
     Py_END_ALLOW_THREADS
     blockset_free(&b);
     return rc == 0 ? PyLong_FromUnsignedLongLong(op) : raise_rc(rc);
@@ -545,64 +790,76 @@ static PyObject *Instance_deliver(Instance *self, PyObject *args)
     return submit_blocks(self, args, 1);
 }
 
+/* fetch(keys, request_id, layout | None) -> op handle */
 static PyObject *Instance_fetch(Instance *self, PyObject *args)
 {
-    PyObject *t, *layout = Py_None;
-    const char *rid = NULL;
-    if (!live(self) || !PyArg_ParseTuple(args, "O!|zO", &PyTuple_Type, &t, &rid, &layout))
-        return NULL;
-    Py_ssize_t n;
-    kvcr_key *keys = keys_of(t, &n);
-    if (keys == NULL) return NULL;
-    PyObject *keep = PyList_New(0);
+    PyObject *seq, *rid_o = Py_None, *layout = Py_None;
+    if (!live(self) || !PyArg_ParseTuple(args, "O|OO", &seq, &rid_o, &layout)) return NULL;
+    const char *rid;
+    if (request_id_of(rid_o, &rid) != 0) return NULL;
+    PyObject *lt = NULL, *keep = PyList_New(0), *result = NULL;
     const char **names = NULL;
     Py_ssize_t n_names = 0;
-    PyObject *lt = layout == Py_None ? NULL : PySequence_Tuple(layout);
-    if (lt != NULL) {
+    keyset k;
+    if (keyset_of(seq, &k) != 0 || keep == NULL) goto out;
+    if (layout != Py_None) {
+        if ((lt = PySequence_Tuple(layout)) == NULL) goto out;
         n_names = PyTuple_GET_SIZE(lt);
-        names = calloc(n_names ? (size_t)n_names : 1, sizeof *names);
+        if ((names = alloc_n((size_t)n_names, sizeof *names)) == NULL) goto out;
         for (Py_ssize_t i = 0; i < n_names; i++)
-            if ((names[i] = str_of(PyTuple_GET_ITEM(lt, i), keep)) == NULL) break;
+            if ((names[i] = str_of(PyTuple_GET_ITEM(lt, i), keep, "expected_layout entry")) ==
+                NULL)
+                goto out;
+        if (n_names == 0) {
+            PyErr_SetString(PyExc_ValueError, "expected layout must use configured pools");
+            goto out;
+        }
     }
-    PyObject *result = NULL;
-    if (!PyErr_Occurred()) {
-        kvcr_op_handle op = 0;
-        int rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = kvcr_fetch(self->kv, keys, (size_t)n, rid, names, (size_t)n_names, &op);
-        Py_END_ALLOW_THREADS
-        result = rc == 0 ? PyLong_FromUnsignedLongLong(op) : raise_rc(rc);
-    }
-    free(keys);
+    kvcr_op_handle op = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvcr_fetch(self->kv, k.keys, (size_t)k.n, rid, names, (size_t)n_names, &op);
+    Py_END_ALLOW_THREADS
+    result = rc == 0 ? PyLong_FromUnsignedLongLong(op) : raise_rc(rc);
+out:
+    keyset_free(&k);
     free(names);
     Py_XDECREF(lt);
     Py_XDECREF(keep);
     return result;
 }
 
-static PyObject *Instance_release(Instance *self, PyObject *args)
+/* release(handles) -> [(handle, bool)] */
+static PyObject *Instance_release(Instance *self, PyObject *seq)
 {
-    PyObject *seq;
-    if (!live(self) || !PyArg_ParseTuple(args, "O", &seq)) return NULL;
+    if (!live(self)) return NULL;
     PyObject *t = PySequence_Tuple(seq);
     if (t == NULL) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(t);
-    kvcr_release_handle *h = calloc(n > 0 ? (size_t)n : 1, sizeof *h);
-    bool *rel = calloc(n > 0 ? (size_t)n : 1, sizeof *rel);
-    for (Py_ssize_t i = 0; i < n && !PyErr_Occurred(); i++) {
-        PyObject *v = PyTuple_GET_ITEM(t, i);
-        /* Anything that is not a live handle simply is not released. */
-        h[i] = PyLong_Check(v) ? PyLong_AsUnsignedLongLongMask(v) : 0;
-    }
+    kvcr_release_handle *h = alloc_n((size_t)n, sizeof *h);
+    bool *rel = alloc_n((size_t)n, sizeof *rel);
     PyObject *list = NULL;
-    if (!PyErr_Occurred()) {
+    if (h != NULL && rel != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *v = PyTuple_GET_ITEM(t, i);
+            /* Anything that is not a live handle simply is not released. */
+            h[i] = 0;
+            if (PyLong_Check(v) && !PyBool_Check(v)) {
+                unsigned long long x = PyLong_AsUnsignedLongLong(v);
+                if (!(x == (unsigned long long)-1 && PyErr_Occurred())) h[i] = x;
+                PyErr_Clear();
+            }
+        }
         int rc;
         Py_BEGIN_ALLOW_THREADS
         rc = kvcr_release(self->kv, h, (size_t)n, rel);
         Py_END_ALLOW_THREADS
         list = rc == 0 ? PyList_New(n) : raise_rc(rc);
-        for (Py_ssize_t i = 0; list && i < n; i++)
-            PyList_SET_ITEM(list, i, PyBool_FromLong(rel[i]));
+        for (Py_ssize_t i = 0; list && i < n; i++) {
+            PyObject *p = PyTuple_Pack(2, PyTuple_GET_ITEM(t, i), rel[i] ? Py_True : Py_False);
+            if (p == NULL) Py_CLEAR(list);
+            else PyList_SET_ITEM(list, i, p);
+        }
     }
     free(h);
     free(rel);
@@ -610,38 +867,67 @@ static PyObject *Instance_release(Instance *self, PyObject *args)
     return list;
 }
 
+/* abort(op, keys | None) -> bool: whether any entry was cancelled */
 static PyObject *Instance_abort(Instance *self, PyObject *args)
 {
-    unsigned long long op;
-    PyObject *t = Py_None;
-    if (!live(self) || !PyArg_ParseTuple(args, "K|O", &op, &t)) return NULL;
-    Py_ssize_t n = 0;
-    kvcr_key *keys = NULL;
-    if (t != Py_None && (keys = keys_of(t, &n)) == NULL) return NULL;
+    PyObject *op_o, *seq = Py_None;
+    if (!live(self) || !PyArg_ParseTuple(args, "O|O", &op_o, &seq)) return NULL;
+    if (!PyLong_Check(op_o) || PyBool_Check(op_o)) {
+        PyErr_SetString(PyExc_TypeError, "abort: the operation handle must be an int");
+        return NULL;
+    }
+    unsigned long long op = PyLong_AsUnsignedLongLong(op_o);
+    if (op == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_FALSE; /* never a handle */
+    }
+    keyset k = {0};
+    if (seq != Py_None && keyset_of(seq, &k) != 0) {
+        keyset_free(&k);
+        return NULL;
+    }
     size_t aborted = 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = kvcr_abort(self->kv, op, keys, (size_t)n, &aborted);
+    rc = kvcr_abort(self->kv, op, seq != Py_None ? k.keys : NULL, (size_t)k.n, &aborted);
     Py_END_ALLOW_THREADS
-    free(keys);
-    if (rc == KVCR_ENOENT) return PyLong_FromLong(0);
-    return rc == 0 ? PyLong_FromSize_t(aborted) : raise_rc(rc);
+    keyset_free(&k);
+    if (rc == KVCR_ENOENT) Py_RETURN_FALSE;
+    if (rc != 0) return raise_rc(rc);
+    return PyBool_FromLong(aborted > 0);
 }
 
-static PyObject *entry_tuple(const kvcr_entry_result *e)
+static PyObject *entry_object(Instance *self, const kvcr_entry_result *e)
 {
-    PyObject *slots = PyList_New((Py_ssize_t)e->n_slots);
-    for (size_t s = 0; slots && s < e->n_slots; s++)
-        PyList_SET_ITEM(slots, (Py_ssize_t)s,
-                        Py_BuildValue("(IKKK)", e->slots[s].pool, (unsigned long long)e->slots[s].slot,
-                                      (unsigned long long)(uintptr_t)e->slots[s].addr,
-                                      (unsigned long long)e->slots[s].size));
-    if (slots == NULL) return NULL;
-    return Py_BuildValue("(y#isKN)", (const char *)e->key.data, (Py_ssize_t)e->key.len,
-                         (int)e->status, kvcr_reason_name(e->reason),
-                         (unsigned long long)e->release_handle, slots);
+    unsigned st = (unsigned)e->status, why = (unsigned)e->reason;
+    int plain = e->release_handle == 0 && e->n_slots == 0;
+    if (plain && st < N_ENTRY && why < N_REASON && g_entry[st][why] != NULL)
+        return Py_NewRef(g_entry[st][why]);
+    PyObject *slots = Py_None, *res;
+    if (e->n_slots > 0) {
+        slots = PyTuple_New((Py_ssize_t)e->n_slots);
+        for (size_t s = 0; slots && s < e->n_slots; s++) {
+            PyObject *t = Py_BuildValue("(IKKK)", e->slots[s].pool,
+                                        (unsigned long long)e->slots[s].slot,
+                                        (unsigned long long)(uintptr_t)e->slots[s].addr,
+                                        (unsigned long long)e->slots[s].size);
+            if (t == NULL) Py_CLEAR(slots);
+            else PyTuple_SET_ITEM(slots, (Py_ssize_t)s, t);
+        }
+        if (slots == NULL) return NULL;
+    } else {
+        Py_INCREF(slots);
+    }
+    const char *reason = e->reason == KVCR_REASON_NONE ? NULL : kvcr_reason_name(e->reason);
+    res = PyObject_CallFunction(self->make_entry, "IzKO", st, reason,
+                                (unsigned long long)e->release_handle, slots);
+    Py_DECREF(slots);
+    if (res != NULL && plain && st < N_ENTRY && why < N_REASON && g_entry[st][why] == NULL)
+        g_entry[st][why] = Py_NewRef(res); /* immutable: shared from now on */
+    return res;
 }
 
+/* poll() -> [(op handle, {key: OpEntryResult})] */
 static PyObject *Instance_poll(Instance *self, PyObject *noargs)
 {
     (void)noargs;
@@ -655,23 +941,32 @@ static PyObject *Instance_poll(Instance *self, PyObject *noargs)
     if (rc != 0) return raise_rc(rc);
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list && i < n; i++) {
-        PyObject *entries = PyList_New((Py_ssize_t)res[i].n_entries);
+        PyObject *entries = PyDict_New();
         for (size_t j = 0; entries && j < res[i].n_entries; j++) {
-            PyObject *e = entry_tuple(&res[i].entries[j]);
-            if (e == NULL) Py_CLEAR(entries);
-            else PyList_SET_ITEM(entries, (Py_ssize_t)j, e);
+            const kvcr_entry_result *e = &res[i].entries[j];
+            PyObject *key = PyBytes_FromStringAndSize((const char *)e->key.data,
+                                                      (Py_ssize_t)e->key.len);
+            PyObject *value = key ? entry_object(self, e) : NULL;
+            if (value == NULL || PyDict_SetItem(entries, key, value) != 0) Py_CLEAR(entries);
+            Py_XDECREF(key);
+            Py_XDECREF(value);
         }
-        if (entries == NULL) Py_CLEAR(list);
-        else PyList_SET_ITEM(list, (Py_ssize_t)i, Py_BuildValue("(KN)", (unsigned long long)res[i].op, entries));
+        PyObject *item = entries ? Py_BuildValue("(KN)", (unsigned long long)res[i].op, entries)
+                                 : NULL;
+        if (item == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, (Py_ssize_t)i, item);
     }
     kvcr_results_free(res);
     return list;
 }
 
-static PyObject *Instance_stats(Instance *self, PyObject *noargs)
+/* stats(render) -> None | {"gauges": [(resource, value)], "counters": [(name,
+ * operation, value)], "observations": [(scope, result, seconds)],
+ * "observations_dropped": int, "prometheus": str | None} */
+static PyObject *Instance_stats(Instance *self, PyObject *args)
 {
-    (void)noargs;
-    if (!live(self)) return NULL;
+    int render = 0;
+    if (!live(self) || !PyArg_ParseTuple(args, "|p", &render)) return NULL;
     kvcr_stats *s = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -680,29 +975,45 @@ static PyObject *Instance_stats(Instance *self, PyObject *noargs)
     if (rc != 0) return raise_rc(rc);
     if (s == NULL) Py_RETURN_NONE;
     PyObject *g = PyList_New((Py_ssize_t)s->n_gauges), *c = PyList_New((Py_ssize_t)s->n_counters);
-    PyObject *o = PyList_New((Py_ssize_t)s->n_observations);
-    for (size_t i = 0; g && i < s->n_gauges; i++)
-        PyList_SET_ITEM(g, (Py_ssize_t)i, Py_BuildValue("(sd)", s->gauges[i].resource, s->gauges[i].value));
-    for (size_t i = 0; c && i < s->n_counters; i++)
-        PyList_SET_ITEM(c, (Py_ssize_t)i, Py_BuildValue("(ssd)", s->counters[i].name,
-                                                        s->counters[i].operation, s->counters[i].value));
-    for (size_t i = 0; o && i < s->n_observations; i++)
-        PyList_SET_ITEM(o, (Py_ssize_t)i, Py_BuildValue("(ssd)", s->observations[i].scope,
-                                                        s->observations[i].result, s->observations[i].seconds));
-    char *text = NULL;
-    size_t len = 0;
-    PyObject *prom = kvcr_stats_render_prometheus(s, &text, &len) == 0
-                         ? PyUnicode_FromStringAndSize(text, (Py_ssize_t)len) : Py_NewRef(Py_None);
-    free(text);
+    PyObject *o = PyList_New((Py_ssize_t)s->n_observations), *prom = NULL;
+    int ok = g && c && o;
+    for (size_t i = 0; ok && i < s->n_gauges; i++) {
+        PyObject *t = Py_BuildValue("(sd)", s->gauges[i].resource, s->gauges[i].value);
+        if ((ok = t != NULL)) PyList_SET_ITEM(g, (Py_ssize_t)i, t);
+    }
+    for (size_t i = 0; ok && i < s->n_counters; i++) {
+        PyObject *t = Py_BuildValue("(ssd)", s->counters[i].name, s->counters[i].operation,
+                                    s->counters[i].value);
+        if ((ok = t != NULL)) PyList_SET_ITEM(c, (Py_ssize_t)i, t);
+    }
+    for (size_t i = 0; ok && i < s->n_observations; i++) {
+        PyObject *t = Py_BuildValue("(ssd)", s->observations[i].scope, s->observations[i].result,
+                                    s->observations[i].seconds);
+        if ((ok = t != NULL)) PyList_SET_ITEM(o, (Py_ssize_t)i, t);
+    }
+    if (ok && render) {
+        char *text = NULL;
+        size_t len = 0;
+        int r = kvcr_stats_render_prometheus(s, &text, &len);
+        prom = r == 0 ? PyUnicode_FromStringAndSize(text, (Py_ssize_t)len) : raise_rc(r);
+        free(text);
+        ok = prom != NULL;
+    } else if (ok) {
+        prom = Py_NewRef(Py_None);
+    }
+    unsigned long long dropped = s->observations_dropped;
     kvcr_stats_free(s);
-    if (g == NULL || c == NULL || o == NULL || prom == NULL) {
+    if (!ok) {
         Py_XDECREF(g), Py_XDECREF(c), Py_XDECREF(o), Py_XDECREF(prom);
         return NULL;
     }
-    return Py_BuildValue("{sNsNsNsN}", "gauges", g, "counters", c, "observations", o,
-                         "prometheus", prom);
+    return Py_BuildValue("{sNsNsNsKsN}", "gauges", g, "counters", c, "observations", o,
+                         "observations_dropped", dropped, "prometheus", prom);
 }
 
+/* close(): stops the instance; afterwards no callback runs again, so the
+ * references to them are dropped (they may form cycles through the
+ * framework's objects). */
 static PyObject *Instance_close(Instance *self, PyObject *noargs)
 {
     (void)noargs;
@@ -712,16 +1023,66 @@ static PyObject *Instance_close(Instance *self, PyObject *noargs)
     rc = kvcr_close(self->kv);
     Py_END_ALLOW_THREADS
     if (rc != 0) return raise_rc(rc);
+    drop_callbacks(self);
     Py_RETURN_NONE;
 }
 
-static PyObject *Instance_pool_name(Instance *self, PyObject *args)
+/* submit_hint(request_id | None, json bytes): libkvcr validates the kv_hint
+ * envelope and keeps it for the request. */
+static PyObject *Instance_submit_hint(Instance *self, PyObject *args)
 {
-    unsigned int pool;
-    if (!live(self) || !PyArg_ParseTuple(args, "I", &pool)) return NULL;
-    const char *name = kvcr_pool_name(self->kv, pool);
-    if (name == NULL) return PyErr_Format(PyExc_IndexError, "no pool %u", pool);
-    return PyUnicode_FromString(name);
+    PyObject *rid_o;
+    const char *rid, *json;
+    Py_ssize_t len;
+    if (!live(self) || !PyArg_ParseTuple(args, "Oy#", &rid_o, &json, &len) ||
+        request_id_of(rid_o, &rid) != 0)
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvcr_submit_hint(self->kv, rid, json, (size_t)len);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Instance_discard_hint(Instance *self, PyObject *rid_o)
+{
+    const char *rid;
+    if (!live(self) || request_id_of(rid_o, &rid) != 0) return NULL;
+    if (rid == NULL) Py_RETURN_NONE;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvcr_discard_hint(self->kv, rid);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return raise_rc(rc);
+    Py_RETURN_NONE;
+}
+
+/* For tests and diagnostics: (source, hashes, failed) of the hint stored for
+ * a request, or None (libkvcr's test hook, src/core/testing.h). */
+static PyObject *Instance_hint(Instance *self, PyObject *rid_o)
+{
+    const char *rid, *source = NULL;
+    size_t n = 0;
+    const uint64_t *hashes = NULL;
+    bool failed = false;
+    if (!live(self) || request_id_of(rid_o, &rid) != 0) return NULL;
+    if (rid == NULL) Py_RETURN_NONE;
+    int found;
+    /* The hook takes the instance lock: release the GIL like every other
+     * call. (It returns pointers into the state after unlocking, so a
+     * concurrent discard_hint of the same request must not race this.) */
+    Py_BEGIN_ALLOW_THREADS
+    found = kvcr__test_hint(self->kv, rid, &source, &n, &hashes, &failed);
+    Py_END_ALLOW_THREADS
+    if (!found) Py_RETURN_NONE;
+    PyObject *h = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; h && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(hashes[i]);
+        if (v == NULL) Py_CLEAR(h);
+        else PyTuple_SET_ITEM(h, (Py_ssize_t)i, v);
+    }
+    return h ? Py_BuildValue("(sNO)", source, h, failed ? Py_True : Py_False) : NULL;
 }
 
 static PyObject *Instance_fd(Instance *self, PyObject *noargs)
@@ -731,17 +1092,23 @@ static PyObject *Instance_fd(Instance *self, PyObject *noargs)
 }
 
 static PyMethodDef Instance_methods[] = {
-    {"query", (PyCFunction)Instance_query, METH_VARARGS, "query(keys, request_id)"},
-    {"deposit", (PyCFunction)Instance_deposit, METH_VARARGS, "deposit(blocks, flags)"},
-    {"deliver", (PyCFunction)Instance_deliver, METH_VARARGS, "deliver(blocks, request_id)"},
-    {"fetch", (PyCFunction)Instance_fetch, METH_VARARGS, "fetch(keys, request_id, layout)"},
-    {"release", (PyCFunction)Instance_release, METH_VARARGS, "release(handles)"},
-    {"abort", (PyCFunction)Instance_abort, METH_VARARGS, "abort(op, keys)"},
-    {"poll", (PyCFunction)Instance_poll, METH_NOARGS, "poll()"},
-    {"stats", (PyCFunction)Instance_stats, METH_NOARGS, "stats()"},
+    {"query", (PyCFunction)(void (*)(void))Instance_query, METH_FASTCALL,
+     "query(keys, request_id=None) -> [(QueryStatus, CacheTier | None)]"},
+    {"deposit", (PyCFunction)Instance_deposit, METH_VARARGS, "deposit(blocks, flags=0) -> op"},
+    {"deliver", (PyCFunction)Instance_deliver, METH_VARARGS,
+     "deliver(blocks, request_id=None) -> op"},
+    {"fetch", (PyCFunction)Instance_fetch, METH_VARARGS,
+     "fetch(keys, request_id=None, layout=None) -> op"},
+    {"release", (PyCFunction)Instance_release, METH_O, "release(handles) -> [(handle, bool)]"},
+    {"abort", (PyCFunction)Instance_abort, METH_VARARGS, "abort(op, keys=None) -> bool"},
+    {"poll", (PyCFunction)Instance_poll, METH_NOARGS, "poll() -> [(op, {key: entry})]"},
+    {"stats", (PyCFunction)Instance_stats, METH_VARARGS, "stats(render=False) -> dict | None"},
     {"close", (PyCFunction)Instance_close, METH_NOARGS, "close()"},
-    {"pool_name", (PyCFunction)Instance_pool_name, METH_VARARGS, "pool_name(index)"},
-    {"fd", (PyCFunction)Instance_fd, METH_NOARGS, "fd()"},
+    {"submit_hint", (PyCFunction)Instance_submit_hint, METH_VARARGS,
+     "submit_hint(request_id, json_bytes)"},
+    {"discard_hint", (PyCFunction)Instance_discard_hint, METH_O, "discard_hint(request_id)"},
+    {"hint", (PyCFunction)Instance_hint, METH_O, "hint(request_id) -> (source, hashes, failed)"},
+    {"fd", (PyCFunction)Instance_fd, METH_NOARGS, "fd() -> readable while poll has work"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -750,22 +1117,73 @@ static PyTypeObject InstanceType = {
     .tp_name = "kvcr._native.Instance",
     .tp_basicsize = sizeof(Instance),
     .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One libkvcr instance (kvcr_t).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Instance_init,
     .tp_dealloc = (destructor)Instance_dealloc,
     .tp_methods = Instance_methods,
 };
 
+/* init(query_statuses, tiers, memory_ref_type): the Python values of the C
+ * enums, by C value (tiers[0] is None, for KVCR_TIER_NONE). */
+static PyObject *mod_init(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *statuses, *tiers, *memref;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyTuple_Type, &statuses, &PyTuple_Type, &tiers,
+                          &PyType_Type, &memref))
+        return NULL;
+    if (PyTuple_GET_SIZE(statuses) != N_STATUS || PyTuple_GET_SIZE(tiers) != N_TIER) {
+        PyErr_Format(PyExc_ValueError, "init needs %d statuses and %d tiers", N_STATUS, N_TIER);
+        return NULL;
+    }
+    if (g_memref_type != NULL) Py_RETURN_NONE; /* once per process */
+    for (int i = 0; i < N_STATUS; i++) g_status[i] = Py_NewRef(PyTuple_GET_ITEM(statuses, i));
+    for (int i = 0; i < N_TIER; i++) g_tier[i] = Py_NewRef(PyTuple_GET_ITEM(tiers, i));
+    g_memref_type = Py_NewRef(memref);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_reason_name(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    return PyUnicode_FromString(kvcr_reason_name((kvcr_reason)v));
+}
+
+static PyMethodDef module_methods[] = {
+    {"init", mod_init, METH_VARARGS, "init(query_statuses, tiers, MemoryRef)"},
+    {"reason_name", mod_reason_name, METH_O, "reason_name(value) -> kvcr_reason_name(value)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvcr._native",
-                                    "CPython binding of libkvcr.", -1, NULL};
+                                    "CPython binding of libkvcr.", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&InstanceType) < 0) return NULL;
+    s_end_point = PyUnicode_InternFromString("end_point_name");
+    s_label = PyUnicode_InternFromString("label");
+    s_index = PyUnicode_InternFromString("element_index");
+    s_ingest = PyUnicode_InternFromString("_decide_ingest");
+    s_score = PyUnicode_InternFromString("_eviction_score");
+    s_eviction = PyUnicode_InternFromString("_decide_eviction");
+    s_on_ingest = PyUnicode_InternFromString("_on_ingest");
+    s_on_remove = PyUnicode_InternFromString("_on_remove");
+    s_recovery = PyUnicode_InternFromString("_decide_recovery");
+    if (!s_end_point || !s_label || !s_index || !s_ingest || !s_score || !s_eviction ||
+        !s_on_ingest || !s_on_remove || !s_recovery)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&InstanceType);
-    PyModule_AddObject(m, "Instance", (PyObject *)&InstanceType);
-    PyModule_AddStringConstant(m, "LIBRARY_VERSION", kvcr_version_string());
+    if (PyModule_AddObject(m, "Instance", (PyObject *)&InstanceType) != 0 ||
+        PyModule_AddStringConstant(m, "LIBRARY_VERSION", kvcr_version_string()) != 0 ||
+        PyModule_AddIntConstant(m, "NO_EVICT", KVCR_NO_EVICT) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

@@ -1,53 +1,41 @@
 """Configuration records (frozen dataclasses) with the reference's fields,
-defaults and messages. Record types are checked here; value rules are
-checked by libkvcr when KVCR is constructed, in the reference's order and
-with the same messages."""
+defaults and messages.
+
+The records themselves do not validate: `KVCR(...)` checks everything, in
+the reference's order, before anything starts (api_spec §3.1). Rules that
+libkvcr knows are checked by libkvcr again with the same messages; the
+ones it cannot see (G3, the guard, the NIXL listen port, Python types) are
+checked only here."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Protocol, Tuple
+from typing import Any, Callable, Mapping, Optional, Protocol, Tuple
 
-from .types import RegionDescriptor
+from .types import BlockKey, CacheTier, InventoryEvent, RegionDescriptor
 
-
-def _is_int(value: Any) -> bool:
-    return type(value) is int  # bool is rejected on purpose
+_U32_MAX = 2**32 - 1
+FRAMEWORK_MEMORY_TYPES = frozenset({"DRAM", "VRAM"})
 
 
 @dataclass(frozen=True)
 class KVCRConfig:
     nixl_agent_name: str
-    pool_layouts: list
+    pool_layouts: list  # [(pool_name, block_size_bytes)]
     enable_telemetry: bool = False
     operation_timeout_ms: int = 1000
     abandon_timeout_ms: int = 5000
     capacity_low_watermark_percent: float = 0
     nixl_listen_port: Optional[int] = None
+    # Not in the reference: libkvcr's copy threads (1..64).
     copy_threads: int = 2
 
 
 @dataclass(frozen=True)
 class LocalDramOptions:
-    pools: list
+    pools: list  # [(pool_name, address, size_bytes)], one per pool_layouts entry
     backend: str = "UCX"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.backend, str) or not self.backend:
-            raise ValueError("local DRAM NIXL backend must be non-empty")
-        for entry in self.pools:
-            if not isinstance(entry, tuple) or len(entry) != 3:
-                raise TypeError("local DRAM pools must be (name, address, size) tuples")
-            name, address, size = entry
-            if not isinstance(name, str):
-                raise ValueError("local DRAM pool name must be a string")
-            if not _is_int(address) or address <= 0:
-                raise ValueError("local DRAM address must be a positive integer")
-            if not _is_int(size) or size <= 0:
-                raise ValueError("local DRAM pool size must be a positive integer")
-        names = [p[0] for p in self.pools]
-        if len(set(names)) != len(names):
-            raise ValueError("local DRAM pool names must be unique")
 
 
 @dataclass(frozen=True)
@@ -56,12 +44,6 @@ class RemoteFWDramOptions:
     opportunistic_query: bool = False
     metadata_retry_interval_ms: int = 100
     backend: str = "UCX"
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.metadata_retry_interval_ms) or self.metadata_retry_interval_ms <= 0:
-            raise ValueError("metadata_retry_interval_ms must be positive")
-        if not isinstance(self.backend, str) or not self.backend:
-            raise ValueError("remote framework DRAM NIXL backend must be non-empty")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +56,9 @@ class G3Options:
 
 @dataclass(frozen=True)
 class FrameworkDramInput:
+    """Legacy single framework region (address, length). Not supported by
+    this build: register framework_regions of RegionDescriptor instead."""
+
     address: int
     length: int
 
@@ -81,7 +66,7 @@ class FrameworkDramInput:
 @dataclass(frozen=True)
 class KVCRBackendConfigs:
     framework_dram: Optional[FrameworkDramInput] = None
-    framework_regions: tuple = ()
+    framework_regions: tuple = ()  # RegionDescriptor values
     local_dram: Optional[LocalDramOptions] = None
     g3: Optional[G3Options] = None
     remote_fw_dram: RemoteFWDramOptions = field(default_factory=RemoteFWDramOptions)
@@ -95,9 +80,9 @@ class KVCRGuardConfig:
 
 
 class KeyAdapter(Protocol):
-    def encode(self, framework_key: Any) -> bytes: ...
+    def encode(self, framework_key: Any) -> BlockKey: ...
 
-    def decode(self, key: bytes) -> Any: ...
+    def decode(self, key: BlockKey) -> "int | bytes": ...
 
 
 class FrameworkControl(Protocol):
@@ -114,22 +99,178 @@ class TelemetryStats(Protocol):
     def observe_histogram(self, name: str, value: float, labelvalues: tuple = ()) -> None: ...
 
 
+InventorySink = Callable[[InventoryEvent], None]
+
+
+# ---- validation (called by KVCR before anything starts) --------------------
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # bool is rejected on purpose
+
+
+def check_config(config: KVCRConfig) -> None:
+    """api_spec §3.1 rules 1-8, plus the agent name and the listen port."""
+    name = config.nixl_agent_name
+    if not isinstance(name, str) or not name:
+        raise ValueError("nixl_agent_name must be a non-empty string")
+    if len(name.encode()) >= 128 or "\0" in name:
+        raise ValueError("nixl_agent_name must be shorter than 128 bytes, without NUL")
+    layouts = config.pool_layouts
+    if not isinstance(layouts, (list, tuple)) or not layouts:
+        raise ValueError("pool_layouts must contain at least one pool")
+    for entry in layouts:
+        if not isinstance(entry, tuple) or len(entry) != 2:
+            raise ValueError("pool_layouts entries must be (pool name, block size) tuples")
+        if not isinstance(entry[0], str):
+            raise ValueError("pool_layouts pool name must be a string")
+        if len(entry[0].encode()) >= 128 or "\0" in entry[0]:
+            raise ValueError("pool_layouts pool name must be shorter than 128 bytes, without NUL")
+    for _, size in layouts:
+        if not _is_int(size) or size <= 0:
+            raise ValueError("pool_layouts block size must be a positive integer")
+    names = [n for n, _ in layouts]
+    if len(set(names)) != len(names):
+        raise ValueError("pool_layouts pool names must be unique")
+    if len(names) > 1 and "" in names:
+        raise ValueError("pool_layouts cannot use an empty name with multiple pools")
+    if len(names) > 64:
+        raise ValueError("pool_layouts may hold at most 64 pools")
+    op = config.operation_timeout_ms
+    if not _is_int(op) or op <= 0:
+        raise ValueError("operation_timeout_ms must be positive")
+    if op > _U32_MAX:
+        raise ValueError(f"operation_timeout_ms must be at most {_U32_MAX}")
+    ab = config.abandon_timeout_ms
+    if not _is_int(ab) or ab < 2 * op:
+        raise ValueError("abandon_timeout_ms must be at least twice operation_timeout_ms")
+    if ab > _U32_MAX:
+        raise ValueError(f"abandon_timeout_ms must be at most {_U32_MAX}")
+    w = config.capacity_low_watermark_percent
+    if type(w) not in (int, float) or not (0 <= w <= 100):  # NaN fails the range
+        raise ValueError("capacity_low_watermark_percent must be between 0 and 100")
+    port = config.nixl_listen_port
+    if port is not None and (not _is_int(port) or not 1 <= port <= 65535):
+        raise ValueError("nixl_listen_port must be between 1 and 65535")
+    if not _is_int(config.copy_threads) or not 1 <= config.copy_threads <= 64:
+        raise ValueError("copy_threads must be between 1 and 64")
+
+
+def check_local_dram(local: LocalDramOptions, layouts: list) -> list:
+    """LocalDramOptions rules (api_spec §3.2), in the reference's order.
+    Returns the pools in pool_layouts order, as libkvcr wants them."""
+    if not isinstance(local, LocalDramOptions):
+        raise TypeError("backend_configs.local_dram must be a LocalDramOptions")
+    if not isinstance(local.backend, str) or not local.backend:
+        raise ValueError("local DRAM NIXL backend must be non-empty")
+    pools = local.pools
+    if not isinstance(pools, (list, tuple)) or not all(
+            isinstance(p, tuple) and len(p) == 3 for p in pools):
+        raise TypeError("local DRAM pools must be (name, address, size) tuples")
+    if not all(isinstance(p[0], str) for p in pools):
+        raise ValueError("local DRAM pool name must be a string")
+    names = [p[0] for p in pools]
+    if len(set(names)) != len(names):
+        raise ValueError("local DRAM pool names must be unique")
+    if set(names) != {n for n, _ in layouts}:
+        raise ValueError("local DRAM pool names must exactly match pool_layouts")
+    for _, address, size in pools:
+        if not _is_int(address) or address <= 0:
+            raise ValueError("local DRAM address must be a positive integer")
+        if not _is_int(size) or size <= 0:
+            raise ValueError("local DRAM pool size must be a positive integer")
+    spans = sorted((a, a + s) for _, a, s in pools)
+    if any(prev[1] > nxt[0] for prev, nxt in zip(spans, spans[1:])):
+        raise ValueError("local DRAM pool memory regions must not overlap")
+    by_name = {p[0]: p for p in pools}
+    for name, block in layouts:
+        size = by_name[name][2]
+        if size % block:
+            raise ValueError(f"local DRAM pool '{name}' size must contain complete blocks")
+        if size // block == 0:
+            raise ValueError(f"local DRAM pool '{name}' must hold at least one block")
+    return [by_name[name] for name, _ in layouts]
+
+
 def check_region(region: Any) -> RegionDescriptor:
-    """The record-level rules for one framework region."""
+    """The record-level rules for one framework region. Labels naming a
+    pool, duplicates and overlaps are libkvcr's (same messages)."""
     if not isinstance(region, RegionDescriptor):
         raise TypeError("framework_regions must contain RegionDescriptor values")
     if not _is_int(region.addr) or region.addr <= 0:
         raise ValueError("framework region address must be a positive integer")
-    for name in ("size", "count"):
-        if not _is_int(getattr(region, name)) or getattr(region, name) <= 0:
-            raise ValueError(f"framework region {name} must be a positive integer")
-    if not _is_int(region.stride) or region.stride < 0:
+    if not _is_int(region.size) or region.size <= 0:
+        raise ValueError("framework region size must be a positive integer")
+    if not _is_int(region.count) or region.count <= 0:
+        raise ValueError("framework region count must be a positive integer")
+    if not _is_int(region.stride) or (region.stride != 0 and region.stride < region.size):
         raise ValueError("framework region stride must be 0 or at least its size")
-    if region.mem_type not in ("DRAM", "VRAM"):
-        raise ValueError(
-            f"framework region mem_type must be one of ['DRAM', 'VRAM'], got '{region.mem_type}'")
+    if region.mem_type not in FRAMEWORK_MEMORY_TYPES:
+        raise ValueError("framework region mem_type must be one of ['DRAM', 'VRAM'], "
+                         f"got '{region.mem_type}'")
     if not _is_int(region.device_Id) or region.device_Id < 0:
         raise ValueError("framework region device_id must be a non-negative int")
-    if not isinstance(region.label, str):
-        raise ValueError("framework region label must be a string")
+    if not isinstance(region.label, str) or len(region.label.encode()) >= 128 \
+            or "\0" in region.label:
+        raise ValueError("framework region label must be a string shorter than 128 bytes")
+    span = (region.stride or region.size) * (region.count - 1) + region.size
+    if region.addr + span > 2**64:
+        raise ValueError("framework region does not fit in the address space")
     return region
+
+
+def check_regions(backends: KVCRBackendConfigs) -> list:
+    if backends.framework_dram is not None and backends.framework_regions:
+        raise ValueError("configure either framework_dram or framework_regions, not both")
+    regions = backends.framework_regions
+    if isinstance(regions, (str, bytes)) or not hasattr(regions, "__iter__"):
+        raise TypeError("framework_regions must contain RegionDescriptor values")
+    return [check_region(r) for r in regions]
+
+
+def check_remote(remote: RemoteFWDramOptions) -> None:
+    if not isinstance(remote, RemoteFWDramOptions):
+        raise TypeError("backend_configs.remote_fw_dram must be a RemoteFWDramOptions")
+    if not _is_int(remote.metadata_retry_interval_ms) or remote.metadata_retry_interval_ms <= 0:
+        raise ValueError("metadata_retry_interval_ms must be positive")
+    if not isinstance(remote.backend, str) or not remote.backend:
+        raise ValueError("remote framework DRAM NIXL backend must be non-empty")
+
+
+def check_g3(g3: G3Options, layouts: list) -> None:
+    """The G3 record rules that need no file system (api_spec §3.2)."""
+    if not isinstance(g3, G3Options):
+        raise TypeError("backend_configs.g3 must be a G3Options")
+    paths = tuple(g3.paths) if isinstance(g3.paths, (list, tuple)) else None
+    if not paths:
+        raise ValueError("G3 requires at least one file path")
+    expanded = [os.path.expanduser(os.fspath(p)) for p in paths]
+    if len(set(expanded)) != len(expanded):
+        raise ValueError("G3 file paths must be unique")
+    resolved = [os.path.realpath(p) for p in expanded]
+    if len(set(resolved)) != len(resolved):
+        raise ValueError("G3 file paths must not alias the same file")
+    slot = layouts[0][1]
+    if slot <= 0 or slot % (os.sysconf("SC_PAGE_SIZE") or 4096):
+        raise ValueError("G3 slot size must be positive and page aligned")
+    cap = g3.capacity_bytes_per_file
+    if not _is_int(cap) or cap <= 0 or cap % slot:
+        raise ValueError("G3 file capacity must contain complete slots")
+    if not isinstance(g3.backend, str) or not g3.backend:
+        raise ValueError("G3 NIXL backend must be non-empty")
+    opts = g3.backend_options
+    if not isinstance(opts, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
+        raise TypeError("G3 backend_options must map str to str")
+
+
+def check_policy_tiers(policy: Any, has_local_dram: bool, has_g3: bool) -> None:
+    """api_spec §7.1: "<PolicyClassName> requires configured <values>"."""
+    configured = set()
+    if has_local_dram:
+        configured.add(CacheTier.LOCAL_G2)
+    if has_g3:
+        configured.add(CacheTier.G3)
+    missing = set(getattr(policy, "required_tiers", ())) - configured
+    if missing:
+        values = ", ".join(sorted(t.value for t in missing))
+        raise ValueError(f"{type(policy).__name__} requires configured {values}")

@@ -1,46 +1,35 @@
-"""The router's kv_hint envelope (protocol 0.1, action kv.fetch 1.0)."""
+"""The router's kv_hint envelope (protocol 0.1, action kv.fetch 1.0).
+
+libkvcr validates the envelope (as JSON) and keeps the request-scoped hint
+state. This module checks the Python side first, with the same rules and
+messages (api_spec §6.1), so that Python-only shapes (tuples instead of
+lists, bools or floats as hashes, objects JSON cannot carry) are refused
+rather than silently converted. Version mismatches only warn; libkvcr logs
+those, once per process."""
 from __future__ import annotations
 
-import logging
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-
-logger = logging.getLogger("kvcr")
 
 ROUTER_HINT_KEY = "kv_hint"
 ROUTER_HINT_CAPABILITIES = frozenset({"router_hint"})
 
-_warned: set = set()
+INVALID = "invalid router hint"
 
 
-def _warn_once(kind: str, message: str) -> None:
-    if kind not in _warned:
-        _warned.add(kind)
-        logger.warning(message)
-
-
-@dataclass(frozen=True)
-class ParsedHint:
-    source: str
-    block_hashes: frozenset
-
-
-def parse_router_hint(hints) -> ParsedHint:
-    """Validates the envelope; every refusal is a ValueError."""
+def check_router_hint(hints) -> None:
+    """Raises ValueError for an envelope libkvcr would refuse, or one whose
+    Python types JSON would blur."""
     if not isinstance(hints, Mapping):
-        raise ValueError("invalid router hint")
-    if hints.get("protocol_version") != "0.1":
-        _warn_once("protocol", f"router hint protocol {hints.get('protocol_version')!r} is not 0.1")
+        raise ValueError(INVALID)
     actions = hints.get("actions")
     if not isinstance(actions, list):
-        raise ValueError("invalid router hint")
+        raise ValueError(INVALID)
     action = next((a for a in actions
                    if isinstance(a, Mapping) and a.get("action_type") == "kv.fetch"), None)
-    if action is not None and action.get("action_version") != "1.0":
-        _warn_once("action", f"kv.fetch action version {action.get('action_version')!r} is not 1.0")
     payload = action.get("payload") if action is not None else None
     if not isinstance(payload, Mapping):
-        raise ValueError("invalid router hint")
+        raise ValueError(INVALID)
     if "no_retain" in payload:
         raise ValueError("no_retain is not currently supported")
     if payload.get("mode", "copy") != "copy":
@@ -49,24 +38,28 @@ def parse_router_hint(hints) -> ParsedHint:
     if source is None:
         raise ValueError("source-less hints are not currently supported")
     if not isinstance(source, str) or not source:
-        raise ValueError("invalid router hint")
+        raise ValueError(INVALID)
     hashes = payload.get("block_hashes")
-    if not isinstance(hashes, list):
-        raise ValueError("invalid router hint")
+    if not isinstance(hashes, list) or not hashes:
+        raise ValueError(INVALID)
     for h in hashes:
         if type(h) is not int or not 0 <= h < 2**64:
-            raise ValueError("invalid router hint")
-    if not hashes:
-        raise ValueError("invalid router hint")
-    return ParsedHint(source, frozenset(hashes))
+            raise ValueError(INVALID)
 
 
-@dataclass
-class HintState:
-    """Request-scoped hint state (api_spec §6.2)."""
+def _plain(obj):
+    """Mappings that are not dicts become dicts, for json.dumps."""
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    return obj
 
-    source: str
-    block_hashes: frozenset
-    submitted: float
-    failed: bool = False
-    missing: set = field(default_factory=set)
+
+def encode_router_hint(hints) -> bytes:
+    """The envelope as the JSON text libkvcr reads."""
+    check_router_hint(hints)
+    try:
+        return json.dumps(_plain(hints), allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        raise ValueError(INVALID) from None

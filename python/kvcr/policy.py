@@ -1,20 +1,35 @@
 """Placement and eviction policies.
 
-The built-in FIFOPolicy and LRUPolicy run as libkvcr's C built-ins, with no
-Python in the hot path. Any other KVCachePolicy — a subclass of a built-in
-that overrides a hook included — is consulted through its Python methods."""
+FIFOPolicy and LRUPolicy run as libkvcr's C built-ins ("fifo", "lru"), with
+no Python in the hot path. Any other KVCachePolicy — including a subclass of
+a built-in that overrides one of its hooks — drives libkvcr's policy vtable
+through its Python methods: each hook takes the GIL, runs on the thread of
+the KVCR call that needs the decision, under the instance lock (so a hook
+must not block and must not call back into the same KVCR: such a call
+raises RuntimeError). A hook that raises or returns something invalid is
+logged on the "kvcr" logger and KVCR falls back to the reference's rule
+(admit, keep the previous score, keep the block, drop after a failed move).
+
+G3FIFOPolicy and G3LRUPolicy need the G3 tier, which is not built yet: they
+are refused with "G3FIFOPolicy requires configured G3" (or, with G3
+configured, "G3 tier is not built yet")."""
 from __future__ import annotations
 
 import logging
-import math
+import sys
 from typing import Optional
 
 from .types import BlockMeta, CacheTier, PlacementAction, PlacementDecision, PlacementFailure
 
 logger = logging.getLogger("kvcr")
 
+_MOST_NEGATIVE = -sys.float_info.max
+
 
 class KVCachePolicy:
+    """Base class. Lower eviction scores are evicted first; ties go to the
+    block that entered the evictable set first."""
+
     required_tiers: frozenset = frozenset()
 
     def decide_ingest(self, meta: BlockMeta, source: CacheTier, required_local: bool,
@@ -31,6 +46,9 @@ class KVCachePolicy:
         pass
 
     def on_remove(self, meta: BlockMeta) -> None:
+        pass
+
+    def on_align_sequence(self, blocks: list, use_current_time: bool) -> None:
         pass
 
     def decide_recovery(self, meta: BlockMeta, failure: PlacementFailure) -> PlacementDecision:
@@ -53,7 +71,8 @@ class FIFOPolicy(KVCachePolicy):
 
 class LRUPolicy(FIFOPolicy):
     def eviction_score(self, meta, source):
-        return meta.last_access if meta.last_access is not None else -math.inf
+        # The same score as libkvcr's built-in "lru".
+        return meta.last_access if meta.last_access is not None else _MOST_NEGATIVE
 
 
 class _SpillToG3:
@@ -78,13 +97,27 @@ class G3LRUPolicy(_SpillToG3, LRUPolicy):
 BUILTIN_POLICIES = {"fifo": FIFOPolicy, "lru": LRUPolicy, "g3_fifo": G3FIFOPolicy,
                     "g3_lru": G3LRUPolicy}
 
+HOOKS = ("decide_ingest", "eviction_score", "decide_eviction", "on_ingest", "on_remove",
+         "on_align_sequence", "decide_recovery")
+
+_NATIVE = {FIFOPolicy: "fifo", LRUPolicy: "lru"}
+
 
 def native_builtin(policy: Optional[KVCachePolicy]) -> Optional[str]:
-    """The C built-in that behaves exactly like `policy`, if there is one."""
+    """The name of the C built-in that behaves exactly like `policy`, or
+    None when the policy must be consulted through Python. An exact
+    FIFOPolicy / LRUPolicy qualifies; so does a subclass that changes no
+    hook (in its class or on the instance)."""
     if policy is None:
-        return None  # libkvcr's default: LRU
-    if type(policy) is FIFOPolicy:
-        return "fifo"
-    if type(policy) is LRUPolicy:
-        return "lru"
+        return "lru"  # the reference's default without G3
+    own = getattr(policy, "__dict__", {})
+    if any(h in own for h in HOOKS):
+        return None  # a hook replaced on the instance
+    for cls, name in _NATIVE.items():
+        if type(policy) is cls:
+            return name
+    for cls, name in _NATIVE.items():
+        if (isinstance(policy, cls) and type(policy).required_tiers == cls.required_tiers
+                and all(getattr(type(policy), h) is getattr(cls, h) for h in HOOKS)):
+            return name
     return None

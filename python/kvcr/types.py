@@ -11,8 +11,8 @@ PinRequestId = NewType("PinRequestId", int)
 OpHandle = int
 ReleaseHandle = NewType("ReleaseHandle", int)
 ReleaseResult = Tuple[ReleaseHandle, bool]
-LocalDramRegions = list
-PoolBlockLayouts = list
+LocalDramRegions = list  # [(pool_name, address, size_bytes)]
+PoolBlockLayouts = list  # [(pool_name, block_size_bytes)]
 
 
 class QueryStatus(enum.Enum):
@@ -46,9 +46,9 @@ class PlacementAction(enum.Enum):
 PlacementDecision = Tuple[PlacementAction, Optional[CacheTier]]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RegionDescriptor:
-    """A registered region: `count` elements of `size` bytes at `addr`.
+    """A registered region: `count` elements of `size` bytes from `addr`.
 
     `stride` 0 means the elements are contiguous; `label` names the pool the
     elements belong to and is unique among registrations."""
@@ -62,9 +62,11 @@ class RegionDescriptor:
     label: str = ""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryRef:
-    """One element of a registered region (or of a KVCR pool)."""
+    """One element of a registered region (or, in fetch results, of a KVCR
+    pool): `end_point_name` is the owning instance's agent name, `label` the
+    region (pool) name and `element_index` the element (slot)."""
 
     end_point_name: str
     label: str = ""
@@ -74,12 +76,25 @@ class MemoryRef:
 PinResult = Optional[Tuple[PinHandle, Mapping[BlockKey, Optional[list]]]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpEntryResult:
+    """The result of one key of an operation.
+
+    * fetch success: `descriptors` are MemoryRefs of the KVCR-owned slots
+      (end_point_name = this agent, label = pool name, element_index = slot)
+      in layout order, valid until `release_handle` is released;
+      `addresses` holds the matching (address, size) of each slot.
+    * no_evict deposit success: `release_handle` is set.
+    * otherwise both are None.
+
+    `reason` (extra, not compared) is libkvcr's reason for a failure, e.g.
+    "NOT_FOUND", "NO_CAPACITY", "TIMEOUT"; None on success."""
+
     status: OpEntryStatus
     descriptors: Optional[list] = None
     release_handle: Optional[ReleaseHandle] = None
     reason: Optional[str] = field(default=None, compare=False)
+    addresses: Optional[list] = field(default=None, compare=False, repr=False)
 
     @property
     def success(self) -> bool:
@@ -120,9 +135,11 @@ class RecoveryMirrorError(RuntimeError):
 
 class KVCRStartupError(RuntimeError):
     """Start-up failed and native work could not be stopped: keep every
-    registered buffer alive until the process exits. (libkvcr's own start-up
-    always stops what it began, so this build raises it only if that promise
-    is broken.)"""
+    buffer registered with KVCR alive until the process exits.
+
+    libkvcr's own start-up stops everything it began when it fails, so this
+    build raises it only when stopping an instance that had already started
+    failed (see KVCR.__init__)."""
 
 
 class TransferError(RuntimeError):

@@ -1,134 +1,386 @@
-"""Configuration rules, one by one, with their messages."""
+"""Configuration rules, one by one, with their messages and their order
+(api_spec §3, §5.1, §7.1), and what is not built yet."""
 import dataclasses
 import mmap
+from pathlib import Path
 
 import pytest
 
 import kvcr
-from conftest import address_of
+from conftest import address_of, thread_count
 
 BLOCK = 4096
 
 
 @pytest.fixture
-def parts():
+def mem():
     fw = bytearray(BLOCK * 4)
-    pool = mmap.mmap(-1, BLOCK * 2)
+    pool = mmap.mmap(-1, BLOCK * 4)
     yield fw, pool
     pool.close()
 
 
-def build(parts, config=None, bindings=None, backends=None, guard=None, **cfg):
-    fw, pool = parts
-    config = config or kvcr.KVCRConfig(nixl_agent_name="v", pool_layouts=[("", BLOCK)], **cfg)
-    bindings = bindings or kvcr.KVCRBindings(None, None, None)
-    backends = backends or kvcr.KVCRBackendConfigs(
+def parts(mem, layouts=(("", BLOCK),), **cfg):
+    fw, pool = mem
+    config = kvcr.KVCRConfig(nixl_agent_name="v", pool_layouts=list(layouts), **cfg)
+    bindings = kvcr.KVCRBindings(None, None, None)
+    backends = kvcr.KVCRBackendConfigs(
         framework_regions=[kvcr.RegionDescriptor(addr=address_of(fw), size=BLOCK, count=4)],
         local_dram=kvcr.LocalDramOptions(pools=[("", address_of(pool), BLOCK * 2)]))
+    return config, bindings, backends
+
+
+def build(config, bindings, backends, guard=None):
     k = kvcr.KVCR(config, bindings, backends, guard)
     k.close()
     return k
 
 
-CASES = [
-    (dict(pool_layouts=[]), ValueError, "pool_layouts must contain at least one pool"),
-    (dict(pool_layouts=[(1, BLOCK)]), ValueError, "pool_layouts pool name must be a string"),
-    (dict(pool_layouts=[("", True)]), ValueError, "pool_layouts block size must be a positive integer"),
-    (dict(pool_layouts=[("", 0)]), ValueError, "pool_layouts block size must be a positive integer"),
-    (dict(operation_timeout_ms=0), ValueError, "operation_timeout_ms must be positive"),
-    (dict(abandon_timeout_ms=1999), ValueError, "abandon_timeout_ms must be at least twice operation_timeout_ms"),
-    (dict(capacity_low_watermark_percent=101), ValueError, "capacity_low_watermark_percent must be between 0 and 100"),
-    (dict(nixl_listen_port=70000), ValueError, "nixl_listen_port must be between 1 and 65535"),
-    (dict(nixl_agent_name=""), ValueError, "nixl_agent_name must be a non-empty string"),
+def refused(exc, config, bindings, backends, guard=None):
+    before = thread_count()
+    with pytest.raises(exc) as info:
+        build(config, bindings, backends, guard)
+    assert thread_count() == before  # nothing started
+    return str(info.value)
+
+
+def test_a_valid_configuration_starts_copy_threads_and_close_stops_them(mem):
+    config, bindings, backends = parts(mem, copy_threads=3)
+    before = thread_count()
+    k = kvcr.KVCR(config, bindings, backends)
+    assert thread_count() == before + 3
+    assert k.config is config
+    k.close()
+    assert thread_count() == before
+    k.close()  # idempotent
+
+
+CONFIG_CASES = [
+    (dict(nixl_agent_name=""), "nixl_agent_name must be a non-empty string"),
+    (dict(nixl_agent_name=7), "nixl_agent_name must be a non-empty string"),
+    (dict(pool_layouts=[]), "pool_layouts must contain at least one pool"),
+    (dict(pool_layouts=[(1, BLOCK)]), "pool_layouts pool name must be a string"),
+    (dict(pool_layouts=[("", True)]), "pool_layouts block size must be a positive integer"),
+    (dict(pool_layouts=[("", 0)]), "pool_layouts block size must be a positive integer"),
+    (dict(pool_layouts=[("", 4096.0)]), "pool_layouts block size must be a positive integer"),
+    (dict(pool_layouts=[("a", BLOCK), ("a", BLOCK)]), "pool_layouts pool names must be unique"),
+    (dict(pool_layouts=[("", BLOCK), ("b", BLOCK)]),
+     "pool_layouts cannot use an empty name with multiple pools"),
+    (dict(operation_timeout_ms=0), "operation_timeout_ms must be positive"),
+    (dict(operation_timeout_ms=True), "operation_timeout_ms must be positive"),
+    (dict(abandon_timeout_ms=1999), "abandon_timeout_ms must be at least twice operation_timeout_ms"),
+    (dict(capacity_low_watermark_percent=101),
+     "capacity_low_watermark_percent must be between 0 and 100"),
+    (dict(capacity_low_watermark_percent=-0.5),
+     "capacity_low_watermark_percent must be between 0 and 100"),
+    (dict(capacity_low_watermark_percent=float("nan")),
+     "capacity_low_watermark_percent must be between 0 and 100"),
+    (dict(nixl_listen_port=0), "nixl_listen_port must be between 1 and 65535"),
+    (dict(nixl_listen_port=65536), "nixl_listen_port must be between 1 and 65535"),
+    (dict(nixl_listen_port=True), "nixl_listen_port must be between 1 and 65535"),
+    (dict(copy_threads=0), "copy_threads must be between 1 and 64"),
 ]
 
 
-@pytest.mark.parametrize("change,exc,message", CASES)
-def test_config_rule(parts, change, exc, message):
-    base = kvcr.KVCRConfig(nixl_agent_name="v", pool_layouts=[("", BLOCK)])
-    with pytest.raises(exc) as info:
-        build(parts, config=dataclasses.replace(base, **change))
-    assert str(info.value) == message
+@pytest.mark.parametrize("change,message", CONFIG_CASES)
+def test_config_rule(mem, change, message):
+    config, bindings, backends = parts(mem)
+    assert refused(ValueError, dataclasses.replace(config, **change), bindings, backends) == message
 
 
-def test_pool_names_must_match_local_dram(parts):
-    base = kvcr.KVCRConfig(nixl_agent_name="v", pool_layouts=[("k", BLOCK)])
-    with pytest.raises(ValueError, match="local DRAM pool names must exactly match pool_layouts"):
-        build(parts, config=base)
+def test_listen_port_is_accepted_when_in_range(mem):
+    config, bindings, backends = parts(mem, nixl_listen_port=65535)
+    build(config, bindings, backends)
 
 
-def test_local_dram_record_rules():
-    with pytest.raises(ValueError, match="local DRAM address must be a positive integer"):
-        kvcr.LocalDramOptions(pools=[("", 0, BLOCK)])
-    with pytest.raises(ValueError, match="local DRAM pool size must be a positive integer"):
-        kvcr.LocalDramOptions(pools=[("", 4096, True)])
-    with pytest.raises(ValueError, match="local DRAM pool names must be unique"):
-        kvcr.LocalDramOptions(pools=[("", 4096, 1), ("", 8192, 1)])
-    with pytest.raises(ValueError, match="local DRAM NIXL backend must be non-empty"):
-        kvcr.LocalDramOptions(pools=[], backend="")
-    with pytest.raises(ValueError, match="metadata_retry_interval_ms must be positive"):
-        kvcr.RemoteFWDramOptions(metadata_retry_interval_ms=0)
-    with pytest.raises(ValueError, match="remote framework DRAM NIXL backend must be non-empty"):
-        kvcr.RemoteFWDramOptions(backend="")
+def test_config_rules_are_checked_in_the_reference_order(mem):
+    config, bindings, backends = parts(mem)
+    bad = dataclasses.replace(config, pool_layouts=[("", 0)], operation_timeout_ms=0,
+                              capacity_low_watermark_percent=200)
+    assert refused(ValueError, bad, bindings, backends) == \
+        "pool_layouts block size must be a positive integer"
+    bad = dataclasses.replace(bad, pool_layouts=[("", BLOCK)])
+    assert refused(ValueError, bad, bindings, backends) == "operation_timeout_ms must be positive"
+    bad = dataclasses.replace(bad, operation_timeout_ms=10)
+    assert refused(ValueError, bad, bindings, backends) == \
+        "capacity_low_watermark_percent must be between 0 and 100"
 
 
-def test_partial_pool_and_overlap_are_refused_by_the_core(parts):
-    fw, pool = parts
-    regions = [kvcr.RegionDescriptor(addr=address_of(fw), size=BLOCK, count=4)]
-    with pytest.raises(ValueError, match=r"local DRAM pool '' size must contain complete blocks"):
-        build(parts, backends=kvcr.KVCRBackendConfigs(
-            framework_regions=regions,
-            local_dram=kvcr.LocalDramOptions(pools=[("", address_of(pool), BLOCK + 1)])))
-    with pytest.raises(ValueError, match="overlaps local DRAM pool"):
-        build(parts, backends=kvcr.KVCRBackendConfigs(
-            framework_regions=[kvcr.RegionDescriptor(addr=address_of(pool), size=BLOCK, count=1)],
-            local_dram=kvcr.LocalDramOptions(pools=[("", address_of(pool), BLOCK * 2)])))
+def local(pools, backend="UCX"):
+    return kvcr.LocalDramOptions(pools=pools, backend=backend)
 
 
-def test_region_rules(parts):
-    fw, _ = parts
-    with pytest.raises(TypeError, match="framework_regions must contain RegionDescriptor"):
-        build(parts, backends=kvcr.KVCRBackendConfigs(framework_regions=[(1, 2)]))
+def test_local_dram_rules(mem):
+    fw, pool = mem
+    a = address_of(pool)
+    config, bindings, backends = parts(mem)
+    cases = [
+        (local([("", a, BLOCK)], backend=""), ValueError, "local DRAM NIXL backend must be non-empty"),
+        (local([("", a)]), TypeError, "local DRAM pools must be (name, address, size) tuples"),
+        (local([("", a, BLOCK), ("", a + BLOCK, BLOCK)]), ValueError,
+         "local DRAM pool names must be unique"),
+        (local([("x", a, BLOCK)]), ValueError, "local DRAM pool names must exactly match pool_layouts"),
+        (local([("", 0, BLOCK)]), ValueError, "local DRAM address must be a positive integer"),
+        (local([("", -4096, BLOCK)]), ValueError, "local DRAM address must be a positive integer"),
+        (local([("", a, True)]), ValueError, "local DRAM pool size must be a positive integer"),
+        (local([("", a, BLOCK + 1)]), ValueError, "local DRAM pool '' size must contain complete blocks"),
+    ]
+    for dram, exc, message in cases:
+        got = refused(exc, config, bindings, dataclasses.replace(backends, local_dram=dram))
+        assert got == message, (dram, got)
+
+
+def test_local_dram_pools_match_layouts_as_a_set_and_must_not_overlap(mem):
+    fw, pool = mem
+    a = address_of(pool)
+    config, bindings, backends = parts(mem, layouts=(("k", BLOCK), ("v", 2 * BLOCK)))
+    regions = [kvcr.RegionDescriptor(addr=address_of(fw), size=BLOCK, count=4, label="k")]
+    # Given in another order than pool_layouts: accepted (the names are a set).
+    ok = kvcr.KVCRBackendConfigs(framework_regions=regions,
+                                 local_dram=local([("v", a + BLOCK, 2 * BLOCK), ("k", a, BLOCK)]))
+    build(config, bindings, ok)
+    overlapping = dataclasses.replace(ok, local_dram=local([("v", a, 2 * BLOCK), ("k", a, BLOCK)]))
+    assert refused(ValueError, config, bindings, overlapping) == \
+        "local DRAM pool memory regions must not overlap"
+
+
+def region(fw, **kw):
+    return kvcr.RegionDescriptor(**{**dict(addr=address_of(fw), size=BLOCK, count=4), **kw})
+
+
+def test_region_record_rules(mem):
+    fw, _ = mem
+    config, bindings, backends = parts(mem)
+    assert refused(TypeError, config, bindings,
+                   dataclasses.replace(backends, framework_regions=[(1, 2)])) == \
+        "framework_regions must contain RegionDescriptor values"
     for bad, message in [
         (dict(addr=0), "framework region address must be a positive integer"),
         (dict(size=0), "framework region size must be a positive integer"),
+        (dict(count=0), "framework region count must be a positive integer"),
+        (dict(stride=BLOCK - 1), "framework region stride must be 0 or at least its size"),
         (dict(mem_type="FILE"), "framework region mem_type must be one of ['DRAM', 'VRAM'], got 'FILE'"),
         (dict(device_Id=-1), "framework region device_id must be a non-negative int"),
     ]:
-        region = dataclasses.replace(
-            kvcr.RegionDescriptor(addr=address_of(fw), size=BLOCK, count=4), **bad)
-        with pytest.raises(ValueError) as info:
-            build(parts, backends=kvcr.KVCRBackendConfigs(framework_regions=[region]))
-        assert str(info.value) == message
+        got = refused(ValueError, config, bindings,
+                      dataclasses.replace(backends, framework_regions=[region(fw, **bad)]))
+        assert got == message, (bad, got)
 
 
-def test_backends_that_are_not_built_say_so(parts):
-    fw, pool = parts
-    local = kvcr.LocalDramOptions(pools=[("", address_of(pool), BLOCK * 2)])
-    with pytest.raises(NotImplementedError, match="G3 tier is not built yet"):
-        build(parts, backends=kvcr.KVCRBackendConfigs(
-            local_dram=local, g3=kvcr.G3Options(paths=("/tmp/x",), capacity_bytes_per_file=BLOCK)))
-    guard = kvcr.KVCRGuardConfig("/tmp/sock", 0, "digest")
-    with pytest.raises(ValueError, match="guard_config conflicts with backend_configs.local_dram"):
-        build(parts, guard=guard)
-    with pytest.raises(NotImplementedError, match="service and Guard are not built yet"):
-        build(parts, backends=kvcr.KVCRBackendConfigs(), guard=guard)
+def test_rules_only_libkvcr_checks_arrive_as_value_errors_with_its_text(mem):
+    """KVCR_EINVAL -> ValueError(kvcr_last_error()); KVCR_ENOTSUP -> NotImplementedError."""
+    fw, pool = mem
+    config, bindings, backends = parts(mem)
+
+    def with_regions(*regions):
+        return dataclasses.replace(backends, framework_regions=list(regions))
+
+    assert refused(ValueError, config, bindings, with_regions(region(fw, label="nope"))) == \
+        "framework region label 'nope' must name a configured pool"
+    lo = address_of(fw)
+    got = refused(ValueError, config, bindings,
+                  with_regions(region(fw, count=2), region(fw, addr=lo + BLOCK, count=2, stride=BLOCK)))
+    assert got == "framework region labels must be unique ('')"
+    got = refused(ValueError, config, bindings,
+                  with_regions(kvcr.RegionDescriptor(addr=address_of(pool), size=BLOCK, count=1)))
+    assert got == "framework region '' overlaps local DRAM pool ''"
+    got = refused(NotImplementedError, config, bindings, with_regions(region(fw, mem_type="VRAM")))
+    assert "VRAM framework regions need a CUDA build" in got
+    # Exact duplicates collapse to one registration.
+    build(config, bindings, with_regions(region(fw), region(fw)))
+
+
+def test_remote_options_rules(mem):
+    config, bindings, backends = parts(mem)
+    for opts, message in [
+        (kvcr.RemoteFWDramOptions(metadata_retry_interval_ms=0), "metadata_retry_interval_ms must be positive"),
+        (kvcr.RemoteFWDramOptions(backend=""), "remote framework DRAM NIXL backend must be non-empty"),
+    ]:
+        assert refused(ValueError, config, bindings,
+                       dataclasses.replace(backends, remote_fw_dram=opts)) == message
+    assert kvcr.KVCRBackendConfigs() == kvcr.KVCRBackendConfigs()  # a default is valid
+
+
+def g3(paths=("/tmp/kvcr-g3-a",), capacity=2 * BLOCK, **kw):
+    return kvcr.G3Options(paths=tuple(Path(p) for p in paths), capacity_bytes_per_file=capacity, **kw)
+
+
+def test_g3_is_validated_then_refused_as_not_built(mem):
+    config, bindings, backends = parts(mem)
+    two_pools = dataclasses.replace(config, pool_layouts=[("k", BLOCK), ("v", BLOCK)])
+    assert refused(ValueError, two_pools, bindings, dataclasses.replace(backends, g3=g3())) == \
+        "G3 does not support multiple pools"
+    assert refused(ValueError, config, bindings,
+                   dataclasses.replace(backends, local_dram=None, g3=g3())) == \
+        "G3 requires configured local DRAM"
+    for opts, exc, message in [
+        (g3(paths=()), ValueError, "G3 requires at least one file path"),
+        (g3(paths=("/tmp/x", "/tmp/x")), ValueError, "G3 file paths must be unique"),
+        (g3(paths=("/tmp/x", "/tmp/../tmp/x")), ValueError, "G3 file paths must not alias the same file"),
+        (g3(capacity=BLOCK + 1), ValueError, "G3 file capacity must contain complete slots"),
+        (g3(backend=""), ValueError, "G3 NIXL backend must be non-empty"),
+        (g3(backend_options={"a": 1}), TypeError, "G3 backend_options must map str to str"),
+    ]:
+        got = refused(exc, config, bindings, dataclasses.replace(backends, g3=opts))
+        assert got == message, (opts, got)
+    small = dataclasses.replace(config, pool_layouts=[("", 16)])
+    fw, pool = mem
+    small_backends = kvcr.KVCRBackendConfigs(
+        local_dram=local([("", address_of(pool), 64)]), g3=g3(capacity=64))
+    assert refused(ValueError, small, bindings, small_backends) == \
+        "G3 slot size must be positive and page aligned"
+    got = refused(NotImplementedError, config, bindings, dataclasses.replace(backends, g3=g3()))
+    assert "G3 tier is not built yet" in got
+    # With G3 configured the G3 policies pass their tier check and reach the same refusal.
+    g3_bindings = dataclasses.replace(bindings, policy=kvcr.G3LRUPolicy())
+    got = refused(NotImplementedError, config, g3_bindings, dataclasses.replace(backends, g3=g3()))
+    assert "G3 tier is not built yet" in got
+
+
+@pytest.mark.parametrize("policy,message", [
+    (kvcr.G3LRUPolicy(), "G3LRUPolicy requires configured G3"),
+    (kvcr.G3FIFOPolicy(), "G3FIFOPolicy requires configured G3"),
+])
+def test_policies_need_their_tiers(mem, policy, message):
+    config, bindings, backends = parts(mem)
+    assert refused(ValueError, config, dataclasses.replace(bindings, policy=policy), backends) == message
+
+
+def test_a_policy_requiring_dram_and_g3_names_both_sorted(mem):
+    class Needy(kvcr.LRUPolicy):
+        required_tiers = frozenset({kvcr.CacheTier.G3, kvcr.CacheTier.LOCAL_G2})
+
+    config, bindings, backends = parts(mem)
+    control = kvcr.ZmqPeerControlChannel("127.0.0.1", 5555)
+    got = refused(ValueError, config,
+                  dataclasses.replace(bindings, policy=Needy(), framework_control=control),
+                  dataclasses.replace(backends, local_dram=None))
+    assert got == "Needy requires configured DRAM, G3"
+
+
+def test_policy_must_be_a_kvcache_policy(mem):
+    config, bindings, backends = parts(mem)
+    assert refused(TypeError, config, dataclasses.replace(bindings, policy=object()), backends) == \
+        "bindings.policy must be a KVCachePolicy"
+
+
+def test_dram_backends_and_the_missing_peer_tier(mem, caplog):
+    config, bindings, backends = parts(mem)
+    no_dram = dataclasses.replace(backends, local_dram=None)
+    assert refused(ValueError, config, bindings, no_dram) == \
+        "at least one DRAM backend must be configured"
     control = kvcr.ZmqPeerControlChannel("127.0.0.1", 5555, None)
-    with pytest.raises(NotImplementedError, match="without local DRAM needs the peer-to-peer tier"):
-        build(parts, bindings=kvcr.KVCRBindings(None, None, None, framework_control=control),
-              backends=kvcr.KVCRBackendConfigs())
-    with pytest.raises(ValueError, match="at least one DRAM backend must be configured"):
-        build(parts, backends=kvcr.KVCRBackendConfigs())
-    with pytest.raises(ValueError, match="G3LRUPolicy requires configured G3"):
-        build(parts, bindings=kvcr.KVCRBindings(None, None, None, policy=kvcr.G3LRUPolicy()))
+    with_control = dataclasses.replace(bindings, framework_control=control)
+    assert refused(NotImplementedError, config, with_control, no_dram) == \
+        "KVCR without local DRAM needs the peer-to-peer tier, which is not built yet"
+    # With local DRAM the control channel is kept, REMOTE_G2 stays off, one warning says so.
+    caplog.clear()
+    k = kvcr.KVCR(config, with_control, backends)
+    warnings = [r for r in caplog.records if "REMOTE_G2" in r.getMessage()]
+    assert len(warnings) == 1 and "not built yet" in warnings[0].getMessage()
+    assert k.bindings.framework_control is control
+    k.close()
 
 
-def test_bindings_keep_the_reference_field_order():
+def test_guard_config(mem):
+    config, bindings, backends = parts(mem)
+    guard = kvcr.KVCRGuardConfig("/tmp/sock", 0, "digest")
+    assert refused(ValueError, config, bindings, backends, guard) == \
+        "guard_config conflicts with backend_configs.local_dram"
+    got = refused(NotImplementedError, config, bindings, kvcr.KVCRBackendConfigs(), guard)
+    assert "KVCR service and Guard are not built yet" in got
+    assert kvcr.KVCRGuardConfig("/s", 1, "d") == kvcr.KVCRGuardConfig(
+        kvcr_service_socket_path="/s", guard_index=1, compatibility_digest="d")
+
+
+def test_legacy_framework_dram(mem):
+    fw, _ = mem
+    config, bindings, backends = parts(mem)
+    legacy = kvcr.FrameworkDramInput(address_of(fw), len(fw))
+    assert refused(ValueError, config, bindings, dataclasses.replace(backends, framework_dram=legacy)) \
+        == "configure either framework_dram or framework_regions, not both"
+    got = refused(NotImplementedError, config, bindings,
+                  dataclasses.replace(backends, framework_dram=legacy, framework_regions=()))
+    assert "framework_dram" in got and "framework_regions" in got
+
+
+def test_argument_types(mem):
+    config, bindings, backends = parts(mem)
+    assert refused(TypeError, object(), bindings, backends) == "config must be a KVCRConfig"
+    assert refused(TypeError, config, object(), backends) == "bindings must be a KVCRBindings"
+    assert refused(TypeError, config, bindings, object()) == \
+        "backend_configs must be a KVCRBackendConfigs"
+
+
+def test_records_are_frozen_dataclasses_with_the_reference_fields():
     fields = [f.name for f in dataclasses.fields(kvcr.KVCRBindings)]
-    assert fields[:11] == ["request_pin", "poll_pin_results", "release_pin", "cancel_pin_request",
-                           "framework_control", "key_adapter", "inventory_sink",
-                           "capacity_needed_callback", "stats_factory", "policy",
-                           "on_resilience_event"]
-    assert kvcr.KVCRBackendConfigs() == kvcr.KVCRBackendConfigs()
-    assert kvcr.__version__ == "0.1.0"
+    assert fields == ["request_pin", "poll_pin_results", "release_pin", "cancel_pin_request",
+                      "framework_control", "key_adapter", "inventory_sink",
+                      "capacity_needed_callback", "stats_factory", "policy",
+                      "on_resilience_event", "resize_g2_memory"]
+    c = kvcr.KVCRConfig(nixl_agent_name="a", pool_layouts=[("", 1)])
+    assert (c.enable_telemetry, c.operation_timeout_ms, c.abandon_timeout_ms,
+            c.capacity_low_watermark_percent, c.nixl_listen_port) == (False, 1000, 5000, 0, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.operation_timeout_ms = 5
+    r = kvcr.RemoteFWDramOptions()
+    assert (r.eager_ctrl_connect, r.opportunistic_query, r.metadata_retry_interval_ms, r.backend) \
+        == (True, False, 100, "UCX")
+    assert kvcr.LocalDramOptions(pools=[]).backend == "UCX"
+    g = kvcr.G3Options(paths=(Path("/a"),), capacity_bytes_per_file=1)
+    assert (g.backend, dict(g.backend_options)) == ("GDS_MT", {})
+    with pytest.raises(TypeError):
+        kvcr.G3Options((Path("/a"),), 1)  # keyword-only
+    rd = kvcr.RegionDescriptor(addr=1, size=2)
+    assert (rd.mem_type, rd.device_Id, rd.stride, rd.count, rd.label) == ("DRAM", 0, 0, 1, "")
+    with pytest.raises(TypeError):
+        kvcr.RegionDescriptor(1, 2)  # keyword-only
+    m = kvcr.MemoryRef(end_point_name="a", element_index=3)
+    assert m == kvcr.MemoryRef(end_point_name="a", label="", element_index=3) and m.label == ""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.element_index = 4
+
+
+def test_public_names_import_from_their_modules_and_the_top_level():
+    import kvcr.config
+    import kvcr.control_channels
+    import kvcr.policy
+    import kvcr.types
+    modules = {
+        kvcr: ["KVCR", "KVCRBindings", "ROUTER_HINT_KEY", "ROUTER_HINT_CAPABILITIES",
+               "DURATION_METRIC", "TRANSFER_BYTES_METRIC", "TRANSFER_BLOCKS_METRIC", "STATE_METRIC"],
+        kvcr.config: ["KVCRConfig", "KVCRBackendConfigs", "LocalDramOptions", "G3Options",
+                      "RemoteFWDramOptions", "KVCRGuardConfig", "KeyAdapter"],
+        kvcr.types: ["BlockKey", "RegionDescriptor", "MemoryRef", "QueryStatus", "CacheTier",
+                     "InventoryEvent", "OpHandle", "OpEntryStatus", "OpEntryResult",
+                     "PinRequestId", "PinResult", "PlacementAction", "BlockMeta",
+                     "KVCRStartupError", "TransferError"],
+        kvcr.policy: ["KVCachePolicy", "FIFOPolicy", "LRUPolicy", "G3FIFOPolicy", "G3LRUPolicy"],
+        kvcr.control_channels: ["ZmqPeerControlChannel"],
+    }
+    for module, names in modules.items():
+        for name in names:
+            assert getattr(kvcr, name) is getattr(module, name), name
+            assert name in kvcr.__all__
+    assert kvcr.__version__ == "0.1.0" == kvcr._native.LIBRARY_VERSION
+    assert kvcr.ROUTER_HINT_KEY == "kv_hint"
     assert kvcr.ROUTER_HINT_CAPABILITIES == frozenset({"router_hint"})
+    assert (kvcr.DURATION_METRIC, kvcr.TRANSFER_BYTES_METRIC, kvcr.TRANSFER_BLOCKS_METRIC,
+            kvcr.STATE_METRIC) == ("kvcr_duration_seconds", "kvcr_transfer_bytes",
+                                   "kvcr_transfer_blocks", "kvcr_state")
+    assert [t.value for t in kvcr.CacheTier] == ["HBM", "FW_DRAM", "DRAM", "REMOTE_G2", "G3"]
+    assert issubclass(kvcr.KVCRStartupError, RuntimeError)
+    assert issubclass(kvcr.TransferError, RuntimeError)
+    err = kvcr.TransferError("copy failed", 7, state="quiesced", source_blocks={b"k": []})
+    assert str(err) == "copy failed: state=quiesced, op=7, sources={b'k': []}, destinations=None"
+
+
+def test_control_channel_stand_in():
+    c = kvcr.ZmqPeerControlChannel("0.0.0.0", 7001, "10.0.0.1")
+    assert c.endpoint == "tcp://10.0.0.1:7001"
+    assert c.send("tcp://x:1", b"m") is False and c.recv() == []
+    c.close()
+    assert c.closed
+    assert kvcr.ZmqPeerControlChannel("::", 7001, "fe80::1").endpoint == "tcp://[fe80::1]:7001"
+    with pytest.raises(ValueError, match="between 1 and 65535"):
+        kvcr.ZmqPeerControlChannel("0.0.0.0", 0)

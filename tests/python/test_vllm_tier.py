@@ -1,5 +1,7 @@
-"""The vLLM secondary tier (the seed's adapter) over real KVCR DRAM."""
+"""The vLLM secondary tier (the seed's adapter, unchanged) over real KVCR DRAM."""
 import dataclasses
+import enum
+import mmap
 import time
 from types import SimpleNamespace
 
@@ -10,7 +12,7 @@ import kvcr
 from kvcr.integrations import vllm as tier_module
 from kvcr.integrations.vllm import KVCRSecondaryTierManager
 
-ROW = 16
+ROW = 4096  # one primary row = one KV block
 
 
 def spec(rank=None, events=True, self_describing=True):
@@ -28,19 +30,22 @@ def make(view=None, s=None, **kw):
     args = dict(router_capabilities=["router_hint"], control_ports=[7001],
                 control_advertise_host="127.0.0.1", secondary_g2_slots=2)
     args.update(kw)
-    return KVCRSecondaryTierManager(s or spec(), view if view is not None else primary(), "kvcr", **args)
+    return KVCRSecondaryTierManager(s or spec(), view if view is not None else primary(),
+                                    "kvcr", **args)
 
 
 def key(i, group=0):
     return v.make_offload_key(bytes([i]) * 8, group)
 
 
-def finished(tier, want, timeout=10.0):
+def finished(tier, want, timeout=10.0, rounds=100_000):
     deadline = time.monotonic() + timeout
     got = []
-    while time.monotonic() < deadline and len(got) < want:
+    for _ in range(rounds):
         got.extend(tier.get_finished_jobs())
-        time.sleep(0.0005)
+        if len(got) >= want or time.monotonic() > deadline:
+            break
+        time.sleep(0.0002)
     assert len(got) == want, got
     return got
 
@@ -49,16 +54,26 @@ def job(job_id, keys, rows, promotion=False, req="req"):
     return v.TransferJob(job_id, keys, rows, promotion, v.ReqContext(req_id=req))
 
 
+def row(view, i):
+    return bytes(view.obj[i * ROW:(i + 1) * ROW])
+
+
+def set_row(view, i, data):
+    view.obj[i * ROW:(i + 1) * ROW] = data
+
+
 def test_store_lookup_load_round_trip_with_inventory_events():
     view = primary()
-    raw = view.obj
-    raw[0:ROW] = b"A" * ROW
-    raw[ROW:2 * ROW] = b"B" * ROW
+    a, b = b"A" * ROW, bytes(range(256)) * (ROW // 256)
+    set_row(view, 0, a)
+    set_row(view, 1, b)
     tier = make(view)
+    assert tier._kvcr.config.pool_layouts == [("", ROW)]
+    assert tier._kvcr.config.nixl_agent_name.startswith("KVCR-")
     tier.submit_store(job(1, [key(1), key(2)], [0, 1]))
     assert finished(tier, 1) == [v.JobResult(1, True)]
     events = tier.take_events()
-    assert [sorted(e.keys) for e in events] == [sorted([key(1), key(2)])]
+    assert [e.keys for e in events] == [[key(1), key(2)]]
     assert events[0].medium is v.Medium.CPU and not events[0].removed
     assert events[0].ownership == "kvcr" and events[0].removal_expected
     assert tier.take_events() == []
@@ -66,130 +81,267 @@ def test_store_lookup_load_round_trip_with_inventory_events():
     assert tier.lookup(key(1), ctx) is v.LookupResult.HIT
     assert tier.lookup(key(9), ctx) is v.LookupResult.MISS
 
+    set_row(view, 0, bytes(ROW))  # the sources may be reused once stored
+    set_row(view, 1, bytes(ROW))
     tier.submit_load(job(2, [key(1), key(2)], [4, 5], promotion=True))
     assert finished(tier, 1) == [v.JobResult(2, True)]
-    assert bytes(raw[4 * ROW:5 * ROW]) == b"A" * ROW
-    assert bytes(raw[5 * ROW:6 * ROW]) == b"B" * ROW
+    assert row(view, 4) == a and row(view, 5) == b
 
     # One key missing: the load fails and names the keys that did arrive.
     tier.submit_load(job(3, [key(1), key(9)], [2, 3], promotion=True))
     assert finished(tier, 1) == [v.JobResult(3, False, {key(1)})]
-    assert bytes(raw[2 * ROW:3 * ROW]) == b"A" * ROW
+    assert row(view, 2) == a
 
-    # A third block evicts the oldest: a removal event for it.
-    raw[3 * ROW:4 * ROW] = b"C" * ROW
+    # A third block evicts the oldest (two KVCR slots): its removal is an event.
+    set_row(view, 3, b"C" * ROW)
     tier.submit_store(job(4, [key(3)], [3]))
-    finished(tier, 1)
-    removed = [e for e in tier.take_events() if e.removed]
-    assert len(removed) == 1 and len(removed[0].keys) == 1
+    assert finished(tier, 1) == [v.JobResult(4, True)]
+    events = tier.take_events()
+    removed = [e for e in events if e.removed]
+    # LRU: key(1) was read again by job 3, so key(2) is the least recent.
+    assert [e.keys for e in removed] == [[key(2)]]
+    assert removed[0].medium is v.Medium.CPU and removed[0].removal_expected
+    assert [e.keys for e in events if not e.removed] == [[key(3)]]
+    assert tier.lookup(key(2), ctx) is v.LookupResult.MISS
+    assert [tier.lookup(key(i), ctx) for i in (1, 3)] == [v.LookupResult.HIT] * 2
+
     tier.submit_store(job(5, [], []))
-    assert finished(tier, 1) == [v.JobResult(5, True)]
+    tier.submit_load(job(6, [], []))
+    assert finished(tier, 2) == [v.JobResult(5, True), v.JobResult(6, True)]
     tier.drain_jobs()
     tier.shutdown()
+    assert tier._local_dram_mmap is None
+
+
+def test_drain_waits_for_every_key_of_a_job():
+    view = primary()
+    tier = make(view, secondary_g2_slots=4)
+    tier.submit_store(job(1, [key(1), key(2), key(3)], [0, 1, 2]))
+    tier.drain_jobs()
+    assert tier._jobs_by_op == {}
+    assert tier.get_finished_jobs() == [v.JobResult(1, True)]
+    tier.shutdown()
+
+
+def test_no_events_without_kv_cache_events(caplog):
+    tier = make(s=spec(events=False))
+    assert "inventory will not be published" in caplog.text
+    tier.submit_store(job(1, [key(1)], [0]))
+    assert finished(tier, 1) == [v.JobResult(1, True)]
+    assert tier.take_events() == []
+    tier.shutdown()
+
+
+class Action(msgspec_like := type("Struct", (), {})):
+    """A msgspec-like struct (declares __struct_fields__)."""
+    __struct_fields__ = ("action_type", "action_version", "payload")
+
+    def __init__(self, action_type, action_version, payload):
+        self.action_type, self.action_version, self.payload = action_type, action_version, payload
+
+
+class Version(enum.Enum):
+    V01 = "0.1"
 
 
 @dataclasses.dataclass
 class Envelope:
-    protocol_version: str
+    protocol_version: Version
     actions: list
 
 
 def test_hints_from_the_request_context_are_submitted_and_discarded():
     tier = make()
-    env = Envelope("0.1", [{"action_type": "kv.fetch", "action_version": "1.0",
-                            "payload": {"source_control_endpoint": "tcp://127.0.0.1:9",
-                                        "block_hashes": [7]}}])
+    env = Envelope(Version.V01, [Action("kv.fetch", "1.0", {
+        "source_control_endpoint": "tcp://127.0.0.1:9", "block_hashes": (7, 8)})])
     ctx = v.ReqContext(req_id="r1", kv_hints=env)
-    tier.on_new_request(ctx)
-    assert "r1" in tier._kvcr._hints
+    assert tier.on_new_request(ctx) == v.RequestOffloadingContext()
+    assert tier._kvcr.stored_hint("r1") == ("tcp://127.0.0.1:9", (7, 8), False)
+    # Not built yet: the hinted keys are not fetchable from the peer.
+    assert tier.lookup(v.make_offload_key((7).to_bytes(8, "big"), 0), ctx) is v.LookupResult.MISS
     tier.on_request_finished(ctx)
-    assert "r1" not in tier._kvcr._hints
+    assert tier._kvcr.stored_hint("r1") is None
     tier.on_new_request(v.ReqContext(req_id="r2"))  # no hint: nothing submitted
-    assert tier._kvcr._hints == {}
+    assert tier._kvcr.stored_hint("r2") is None
+    bad = v.ReqContext(req_id="r3", kv_hints={"actions": []})
+    with pytest.raises(ValueError, match="invalid router hint"):
+        tier.on_new_request(bad)
     assert tier.has_pending_work()
     tier.shutdown()
 
 
+def test_msgspec_fallback_converts_recursively():
+    to_builtins = tier_module.msgspec.to_builtins
+    env = Envelope(Version.V01, [Action("kv.fetch", "1.0", {"h": (1, 2), "s": {3}})])
+    assert to_builtins(env) == {"protocol_version": "0.1", "actions": [
+        {"action_type": "kv.fetch", "action_version": "1.0", "payload": {"h": [1, 2], "s": [3]}}]}
+
+
 def test_key_adapter_strips_the_group_and_reads_the_hash():
     adapter = tier_module._VllmKeyAdapter()
+    assert adapter.encode(key(5)) == key(5) and type(adapter.encode(key(5))) is bytes
     assert adapter.decode(adapter.encode(key(5, group=0))) == adapter.decode(key(5, group=3))
     assert adapter.decode(key(1)) == int.from_bytes(b"\x01" * 8, "big")
     with pytest.raises(TypeError):
         adapter.encode("not bytes")
 
 
+def test_constructor_errors_come_in_the_seeds_order():
+    """Start with every rule broken, then repair them one at a time: each
+    step must report the next rule of the seed's constructor, then KVCR's."""
+    g3 = {"paths": ["/tmp/kvcr-g3-order"], "capacity_bytes_per_file": 4 * ROW}
+    kw = dict(policy="nope", kvcr_service_socket_path="/tmp/s", router_capabilities=[],
+              control_ports=[1, 2], secondary_g2_slots=-1, g3=g3)
+    s = spec(rank=None, events=True, self_describing=False)
+    steps = [
+        (dict(), ValueError, "unknown KVCR policy 'nope'"),
+        (dict(policy="lru"), ValueError, "must be configured together"),
+        (dict(kvcr_service_socket_path=None), ValueError,
+         "requires router capabilities: ['router_hint']"),
+        (dict(router_capabilities=["router_hint", "other"]), ValueError,
+         "KVCR local G2/G3 inventory requires self_describing_kv_events"),
+        ("self-describing", ValueError, "exactly one port when data_parallel_rank_local is unset"),
+        (dict(control_ports=[0]), ValueError, "control_ports must be between 1 and 65535"),
+        (dict(control_ports=[7001]), ValueError, "secondary_g2_slots must be non-negative"),
+        (dict(secondary_g2_slots=0), ValueError, "G3 requires configured local DRAM"),
+        (dict(secondary_g2_slots=2), NotImplementedError, "G3 tier is not built yet"),
+        (dict(g3=None, secondary_g2_slots=0), NotImplementedError,
+         "KVCR without local DRAM needs the peer-to-peer tier, which is not built yet"),
+    ]
+    for change, exc, message in steps:
+        if change == "self-describing":
+            s = spec(rank=None, events=True, self_describing=True)
+        else:
+            kw.update(change)
+        with pytest.raises(exc) as info:
+            make(s=s, **kw)
+        assert message in str(info.value), (change, str(info.value))
+    kw.update(secondary_g2_slots=2)
+    make(s=s, **kw).shutdown()  # everything repaired: it starts
+
+
 @pytest.mark.parametrize("kw,exc,message", [
-    (dict(policy="nope"), ValueError, "unknown KVCR policy 'nope'"),
     (dict(policy="kvcr.types.MemoryRef"), TypeError, "is not a KVCachePolicy subclass"),
-    (dict(kvcr_service_socket_path="/tmp/s"), ValueError, "configured together"),
-    (dict(router_capabilities=[]), ValueError, "requires router capabilities"),
-    (dict(control_ports=[1, 2]), ValueError, "exactly one port"),
-    (dict(control_ports=[0]), ValueError, "between 1 and 65535"),
-    (dict(secondary_g2_slots=-1), ValueError, "must be non-negative"),
-    (dict(secondary_g2_slots=0), NotImplementedError, "peer-to-peer tier"),
-    (dict(g3={"paths": ["/tmp/g3"], "capacity_bytes_per_file": 4096}), NotImplementedError, "G3 tier is not built yet"),
-    (dict(kvcr_service_socket_path="/tmp/s", compatibility_digest="d"), NotImplementedError, "not built yet"),
+    (dict(compatibility_digest="d"), ValueError, "configured together"),
+    (dict(kvcr_service_socket_path="/tmp/s", compatibility_digest="d"), NotImplementedError,
+     "KVCR service and Guard are not built yet"),
+    (dict(policy="g3_lru"), ValueError, "G3LRUPolicy requires configured G3"),
+    (dict(policy="g3_fifo"), ValueError, "G3FIFOPolicy requires configured G3"),
+    (dict(g3={"paths": ["/tmp/kvcr-g3"], "capacity_bytes_per_file": 4 * ROW}), NotImplementedError,
+     "G3 tier is not built yet"),
+    (dict(g3={"paths": [], "capacity_bytes_per_file": 4 * ROW}), ValueError,
+     "G3 requires at least one file path"),
+    (dict(g3={"paths": ["/tmp/kvcr-g3"], "capacity": 1}), TypeError, "capacity"),
 ])
 def test_constructor_errors(kw, exc, message):
     with pytest.raises(exc, match=message):
         make(**kw)
 
 
-def test_constructor_order_and_event_rules():
-    # Policy is resolved before the service pair is checked (the seed's order).
-    with pytest.raises(ValueError, match="unknown KVCR policy"):
-        make(policy="nope", kvcr_service_socket_path="/tmp/s")
-    with pytest.raises(ValueError, match="requires self_describing_kv_events"):
-        make(s=spec(self_describing=False))
+def test_rank_selects_the_control_port():
     with pytest.raises(ValueError, match="local data-parallel rank 2"):
         make(s=spec(rank=2), control_ports=[7001, 7002])
+    tier = make(s=spec(rank=1), control_ports=[7001, 7002])
+    assert tier._kvcr.bindings.framework_control.endpoint == "tcp://127.0.0.1:7002"
+    tier.shutdown()
+
+
+def test_a_failed_start_closes_the_control_channel_and_the_mapping(monkeypatch):
+    made = []
+
+    class Recorded(kvcr.ZmqPeerControlChannel):
+        def __init__(self, *a):
+            super().__init__(*a)
+            made.append(self)
+
+    maps = []
+    real_mmap = mmap.mmap
+
+    def recording_mmap(*a, **kw):
+        maps.append(real_mmap(*a, **kw))
+        return maps[-1]
+
+    monkeypatch.setattr(tier_module, "ZmqPeerControlChannel", Recorded)
+    monkeypatch.setattr(tier_module.mmap, "mmap", recording_mmap)
+    with pytest.raises(NotImplementedError):
+        make(g3={"paths": ["/tmp/kvcr-g3"], "capacity_bytes_per_file": 4 * ROW})
+    assert made and made[0].closed
+    assert maps and maps[0].closed
+    assert tier_module._RETAINED_NATIVE_BUFFERS == []
 
 
 class CustomPolicy(kvcr.LRUPolicy):
-    pass
+    def eviction_score(self, meta, source):
+        return -super().eviction_score(meta, source)  # most recent first
 
 
 @pytest.mark.parametrize("name,cls", [("fifo", kvcr.FIFOPolicy), ("lru", kvcr.LRUPolicy),
                                        (f"{__name__}.CustomPolicy", CustomPolicy)])
 def test_selected_policy_reaches_the_bindings(name, cls):
     tier = make(policy=name)
-    assert type(tier._kvcr._bindings.policy) is cls
+    assert type(tier._kvcr.bindings.policy) is cls
+    tier.shutdown()
+
+
+def test_a_dotted_policy_really_decides_evictions():
+    view = primary()
+    for i in range(3):
+        set_row(view, i, bytes([i + 1]) * ROW)
+    tier = make(view, policy=f"{__name__}.CustomPolicy")
+    for i in range(3):
+        tier.submit_store(job(i, [key(i)], [i]))
+        assert finished(tier, 1) == [v.JobResult(i, True)]
+    ctx = v.ReqContext(req_id="r")
+    # Most-recent-first: key(1) went when key(2) arrived; LRU would drop key(0).
+    assert [tier.lookup(key(i), ctx) for i in range(3)] == [
+        v.LookupResult.HIT, v.LookupResult.MISS, v.LookupResult.HIT]
     tier.shutdown()
 
 
 def test_telemetry_is_opt_in_and_namespaced():
     assert KVCRSecondaryTierManager.build_metric_definitions({}) == {}
     defs = KVCRSecondaryTierManager.build_metric_definitions({"enable_telemetry": True})
-    assert "vllm:kvcr_duration_seconds" in defs and "vllm:kvcr_state" in defs
+    assert set(defs) == {"vllm:kvcr_duration_seconds", "vllm:kvcr_transfer_bytes",
+                         "vllm:kvcr_transfer_blocks", "vllm:kvcr_state"}
+    assert defs["vllm:kvcr_duration_seconds"].labelnames == ("scope", "result")
+    assert isinstance(defs["vllm:kvcr_duration_seconds"], v.OffloadingHistogramMetadata)
+    tier = make(enable_telemetry=False)
+    assert tier.get_stats() is None
+    tier.shutdown()
     view = primary()
     tier = make(view, enable_telemetry=True)
     tier.submit_store(job(1, [key(1)], [0]))
     finished(tier, 1)
     stats = tier.get_stats()
+    assert isinstance(stats, v.OffloadingConnectorStats)
     assert stats.data["counters"]["vllm:kvcr_transfer_blocks"][("local_fill",)] == 1
-    assert "vllm:kvcr_state" in stats.data["gauges"]
+    assert stats.data["counters"]["vllm:kvcr_transfer_bytes"][("local_fill",)] == ROW
+    assert len(stats.data["histograms"]["vllm:kvcr_duration_seconds"][("local_fill", "success")]) == 1
+    assert stats.data["gauges"]["vllm:kvcr_state"][("local_g2_allocated_slots",)] == 1
+    assert all(name.startswith("vllm:") for section in stats.metric_sections() for name in section)
     tier.shutdown()
+
+
+class Parent:
+    def __init__(self, job_id=11):
+        self.calls = []
+        self.job_id = job_id
+
+    def on_new_request(self, ctx):
+        self.calls.append(("new", ctx.req_id))
+
+    def lookup(self, k, ctx):
+        return v.LookupResult.HIT if k != key(9) else v.LookupResult.MISS
+
+    def create_store_job(self, keys, ctx):
+        return v.TransferJob(self.job_id, keys, [3, 4][:len(keys)], False, ctx)
+
+    def on_request_finished(self, ctx):
+        self.calls.append(("finished", ctx.req_id))
 
 
 def test_pin_adapter_serves_hits_and_releases_once():
     tier = make()
-
-    class Parent:
-        def __init__(self):
-            self.calls = []
-
-        def on_new_request(self, ctx):
-            self.calls.append(("new", ctx.req_id))
-
-        def lookup(self, k, ctx):
-            return v.LookupResult.HIT if k != key(9) else v.LookupResult.MISS
-
-        def create_store_job(self, keys, ctx):
-            return v.TransferJob(11, keys, [3, 4][:len(keys)], False, ctx)
-
-        def on_request_finished(self, ctx):
-            self.calls.append(("finished", ctx.req_id))
-
     pins = tier._framework_pin_adapter
     rid = pins.request_pin([key(1), key(9)])
     parent = Parent()
@@ -204,9 +356,23 @@ def test_pin_adapter_serves_hits_and_releases_once():
     assert pins.release_pin(handle) is True
     assert pins.release_pin(handle) is True  # idempotent: no second job result
     assert tier.get_finished_jobs() == [v.JobResult(11, True)]
+    assert not pins.has_active_pins()
+    # A request the parent cannot serve: None, and the lifecycle still closes.
+    rid2 = pins.request_pin([key(9)])
+    tier.serve_external_requests(parent)
+    assert pins.poll_pin_results() == [(rid2, None)]
+    pins.cancel_pin_request(pins.request_pin([key(1)]))
+    tier.serve_external_requests(parent)
+    assert pins.poll_pin_results() == []
+    tier.drain_jobs()
     tier.shutdown()
 
 
-def test_tier_is_loadable_by_qualified_name():
+def test_tier_is_loadable_by_qualified_name_and_defines_the_seed_helpers():
     cls = v.resolve_obj_by_qualname("kvcr.integrations.vllm.KVCRSecondaryTierManager")
     assert cls is KVCRSecondaryTierManager
+    assert tier_module._REQUIRED_ROUTER_CAPABILITIES == kvcr.ROUTER_HINT_CAPABILITIES
+    assert tier_module._vllm_metric_name("kvcr_state") == "vllm:kvcr_state"
+    assert tier_module._resolve_policy(None) is None
+    assert isinstance(tier_module._resolve_policy("g3_lru"), kvcr.G3LRUPolicy)
+    assert tier_module.JobResult is v.JobResult

@@ -1,8 +1,20 @@
 """KVCR as a vLLM secondary offloading tier.
 
 The KVCRSecondaryTierManager class below is vLLM's adapter (the project's
-contract) with its imports filled in from this package. Load it through
-vLLM's tier factory as `kvcr.integrations.vllm.KVCRSecondaryTierManager`.
+contract), unchanged, with its imports filled in from this package and the
+helpers it references defined here. Load it through vLLM's tier factory as
+`kvcr.integrations.vllm.KVCRSecondaryTierManager`.
+
+With this build of KVCR (see the kvcr package docstring):
+* `secondary_g2_slots > 0` is required: the tier stores into and loads from
+  KVCR-owned DRAM. With 0 slots KVCR would need the peer-to-peer tier and
+  the constructor raises NotImplementedError.
+* Router hints from `req_context.kv_hints` are validated and kept per
+  request, but do not make peer blocks loadable yet (lookups stay MISS).
+* `g3` and `kvcr_service_socket_path` are validated, then refused as not
+  built yet.
+* `msgspec` is optional: without it a minimal `to_builtins` stand-in converts
+  dataclasses, msgspec-like structs, mappings, sequences and enums.
 """
 from __future__ import annotations
 

@@ -129,6 +129,30 @@ class OffloadingConnectorStats:
     def metric_sections(self):
         return list(self.data.values())
 
+    def reduce(self) -> dict:
+        out = {}
+        for section in ("counters", "gauges"):
+            for name, by_label in self.data[section].items():
+                for labels, value in by_label.items():
+                    out[f"{name}:{labels}"] = value
+        for name, by_label in self.data["histograms"].items():
+            for labels, values in by_label.items():
+                out[f"{name}:{labels}"] = sum(values)
+        return out
+
+    def aggregate(self, other: "OffloadingConnectorStats") -> "OffloadingConnectorStats":
+        for name, by_label in other.data["counters"].items():
+            for labels, value in by_label.items():
+                self.increase_counter(name, value, labels)
+        for name, by_label in other.data["gauges"].items():
+            for labels, value in by_label.items():
+                self.set_gauge(name, value, labels)
+        for name, by_label in other.data["histograms"].items():
+            for labels, values in by_label.items():
+                for v in values:
+                    self.observe_histogram(name, v, labels)
+        return self
+
     def is_empty(self) -> bool:
         return not any(self.data.values())
 
