@@ -79,7 +79,7 @@ typedef struct kvcr_config {
     const kvcr_pool_layout *pool_layouts;   /* required, >= 1 */
     size_t n_pool_layouts;
 
-    const kvcr_dram_pool *local_dram;       /* KVCR-owned DRAM, one per pool, or NULL */
+    const kvcr_dram_pool *local_dram;       /* KVCR-owned DRAM, one per pool (any order), or NULL */
     size_t n_local_dram;
     const char *local_dram_backend;         /* default "UCX"; copies are memcpy */
 

@@ -91,7 +91,7 @@ static int check_remote(const kvcr_remote_options *r)
     if (r->metadata_retry_interval_ms == 0)
         return kvcr_fail(KVCR_EINVAL, "metadata_retry_interval_ms must be positive");
     if (r->backend == NULL || r->backend[0] == '\0')
-        return kvcr_fail(KVCR_EINVAL, "remote framework DRAM backend must be non-empty");
+        return kvcr_fail(KVCR_EINVAL, "remote framework DRAM NIXL backend must be non-empty");
     return kvcr_fail(KVCR_ENOTSUP, "the peer-to-peer tier (REMOTE_G2) is not built yet");
 }
 
@@ -100,13 +100,27 @@ static bool spans_overlap(uintptr_t a, size_t alen, uintptr_t b, size_t blen)
     return a < b + blen && b < a + alen;
 }
 
+static int pool_by_name(const kvcr_config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_pool_layouts; i++)
+        if (strcmp(cfg->pool_layouts[i].name, name) == 0) return (int)i;
+    return -1;
+}
+
+const kvcr_dram_pool *dram_pool_for(const kvcr_config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_local_dram; i++)
+        if (strcmp(cfg->local_dram[i].name, name) == 0) return &cfg->local_dram[i];
+    return NULL;
+}
+
 static int check_local_dram(const kvcr_config *cfg)
 {
     if (cfg->local_dram == NULL && cfg->n_local_dram == 0) return 0;
     if (cfg->local_dram == NULL || cfg->n_local_dram == 0)
         return kvcr_fail(KVCR_EINVAL, "local_dram and n_local_dram must be set together");
     if (cfg->local_dram_backend == NULL || cfg->local_dram_backend[0] == '\0')
-        return kvcr_fail(KVCR_EINVAL, "local DRAM backend must be non-empty");
+        return kvcr_fail(KVCR_EINVAL, "local DRAM NIXL backend must be non-empty");
     const kvcr_dram_pool *d = cfg->local_dram;
     size_t n = cfg->n_local_dram;
     for (size_t i = 0; i < n; i++)
@@ -116,9 +130,11 @@ static int check_local_dram(const kvcr_config *cfg)
         for (size_t j = i + 1; j < n; j++)
             if (strcmp(d[i].name, d[j].name) == 0)
                 return kvcr_fail(KVCR_EINVAL, "local DRAM pool names must be unique");
+    /* The same set of names as pool_layouts, in any order (names are unique
+     * on both sides, so equal counts and every name found means equal sets). */
     bool match = n == cfg->n_pool_layouts;
     for (size_t i = 0; match && i < n; i++)
-        match = strcmp(d[i].name, cfg->pool_layouts[i].name) == 0;
+        match = dram_pool_for(cfg, cfg->pool_layouts[i].name) != NULL;
     if (!match)
         return kvcr_fail(KVCR_EINVAL, "local DRAM pool names must exactly match pool_layouts");
     for (size_t i = 0; i < n; i++) {
@@ -132,7 +148,7 @@ static int check_local_dram(const kvcr_config *cfg)
             if (spans_overlap((uintptr_t)d[i].addr, d[i].size, (uintptr_t)d[j].addr, d[j].size))
                 return kvcr_fail(KVCR_EINVAL, "local DRAM pool memory regions must not overlap");
     for (size_t i = 0; i < n; i++) {
-        size_t bs = cfg->pool_layouts[i].block_size;
+        size_t bs = cfg->pool_layouts[pool_by_name(cfg, d[i].name)].block_size;
         if (d[i].size % bs != 0)
             return kvcr_fail(KVCR_EINVAL, "local DRAM pool '%s' size must contain complete blocks",
                              d[i].name);
@@ -141,13 +157,6 @@ static int check_local_dram(const kvcr_config *cfg)
                              d[i].name, UINT32_MAX - 1);
     }
     return 0;
-}
-
-static int pool_by_name(const kvcr_config *cfg, const char *name)
-{
-    for (size_t i = 0; i < cfg->n_pool_layouts; i++)
-        if (strcmp(cfg->pool_layouts[i].name, name) == 0) return (int)i;
-    return -1;
 }
 
 static size_t region_span(const kvcr_region *r)

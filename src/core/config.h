@@ -10,4 +10,7 @@
 int conf_build(const kvcr_config *cfg, kvcr_conf *out);
 void conf_destroy(kvcr_conf *c);
 
+/* The local DRAM memory configured for the named pool, or NULL. */
+const kvcr_dram_pool *dram_pool_for(const kvcr_config *cfg, const char *name);
+
 #endif

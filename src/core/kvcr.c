@@ -75,8 +75,9 @@ static void release_parts(kvcr_t *kv)
 static int init_pools(kvcr_t *kv, const kvcr_config *cfg)
 {
     for (uint32_t p = 0; p < kv->conf.n_pools; p++) {
-        void *base = kv->conf.has_local_dram ? cfg->local_dram[p].addr : NULL;
-        size_t size = kv->conf.has_local_dram ? cfg->local_dram[p].size : 0;
+        const kvcr_dram_pool *mem = dram_pool_for(cfg, cfg->pool_layouts[p].name);
+        void *base = mem ? mem->addr : NULL;
+        size_t size = mem ? mem->size : 0;
         if (dram_pool_init(&kv->pools[p], cfg->pool_layouts[p].name,
                            cfg->pool_layouts[p].block_size, base, size,
                            kv->conf.watermark_percent) != 0)

@@ -109,9 +109,9 @@ static const rule rules[] = {
     {"policy tiers", g3_policy, KVCR_EINVAL, "G3LRUPolicy requires configured G3"},
     {"policy hooks", hookless_policy, KVCR_EINVAL, "policy 'half' must provide decide_ingest, eviction_score and decide_eviction"},
     {"retry interval", remote_bad_interval, KVCR_EINVAL, "metadata_retry_interval_ms must be positive"},
-    {"remote backend", remote_empty_backend, KVCR_EINVAL, "remote framework DRAM backend must be non-empty"},
+    {"remote backend", remote_empty_backend, KVCR_EINVAL, "remote framework DRAM NIXL backend must be non-empty"},
     {"remote", remote_not_built, KVCR_ENOTSUP, "the peer-to-peer tier (REMOTE_G2) is not built yet"},
-    {"dram backend", dram_empty_backend, KVCR_EINVAL, "local DRAM backend must be non-empty"},
+    {"dram backend", dram_empty_backend, KVCR_EINVAL, "local DRAM NIXL backend must be non-empty"},
     {"dram unique", dram_dup_names, KVCR_EINVAL, "local DRAM pool names must be unique"},
     {"dram names", dram_names_differ, KVCR_EINVAL, "local DRAM pool names must exactly match pool_layouts"},
     {"dram addr", dram_null_addr, KVCR_EINVAL, "local DRAM address must be a positive integer"},
@@ -178,6 +178,51 @@ static void test_exact_duplicate_regions_collapse_and_touching_ones_are_fine(voi
     s.regions[1].addr = region_mem(&s, 0) + 2 * BS;
     assert_int_equal(kvcr_create(&s.cfg, &kv), 0);
     kvcr_free(kv);
+    free(s.mem);
+}
+
+static void test_local_dram_pools_may_come_in_any_order(void **state)
+{
+    (void)state;
+    setup s;
+    base(&s);
+    two_pools(&s);
+    kvcr_dram_pool k = s.pools[0];
+    s.pools[0] = s.pools[1];
+    s.pools[1] = k;
+    s.layouts[1].block_size = 2 * BS; /* "v": its 2-block memory holds 1 slot */
+    s.regions[1].element_size = 2 * BS;
+    s.regions[1].count = 1;
+    rig r = {0};
+    assert_int_equal(kvcr_create(&s.cfg, &r.kv), 0);
+    /* Each pool got its own memory: "v" has one slot of 2 blocks' size. */
+    kvcr_mem_ref refs[] = {{NULL, "k", 0}, {NULL, "v", 0}};
+    kvcr_block b = {key_of("kv"), refs, 2};
+    kvcr_op_handle op;
+    assert_int_equal(kvcr_deposit(r.kv, &b, 1, 0, &op), 0);
+    kvcr_entry_status st;
+    rig_wait(&r, op, &st, NULL, NULL);
+    assert_int_equal(st, KVCR_ENTRY_SUCCESS);
+    kvcr_key key = key_of("kv");
+    const char *layout[] = {"k", "v"};
+    kvcr_release_handle h;
+    assert_int_equal(kvcr_fetch(r.kv, &key, 1, NULL, layout, 2, &op), 0);
+    kvcr_op_result *res = NULL;
+    size_t n = 0;
+    for (int i = 0; i < 10000 && n == 0; i++) {
+        assert_int_equal(kvcr_poll(r.kv, &res, &n), 0);
+        if (n == 0) kvcr_results_free(res);
+    }
+    assert_int_equal(n, 1);
+    assert_ptr_equal(res[0].entries[0].slots[0].addr, pool_mem(&s, 0)); /* "k" */
+    assert_ptr_equal(res[0].entries[0].slots[1].addr, pool_mem(&s, 1)); /* "v" */
+    assert_int_equal(res[0].entries[0].slots[1].size, 2 * BS);
+    h = res[0].entries[0].release_handle;
+    kvcr_results_free(res);
+    bool rel;
+    kvcr_release(r.kv, &h, 1, &rel);
+    kvcr_free(r.kv);
+    free(r.stash);
     free(s.mem);
 }
 
@@ -248,6 +293,7 @@ int main(void)
         cmocka_unit_test(test_each_rule_is_refused_with_its_message),
         cmocka_unit_test(test_overlapping_regions_message_names_both_spans),
         cmocka_unit_test(test_exact_duplicate_regions_collapse_and_touching_ones_are_fine),
+        cmocka_unit_test(test_local_dram_pools_may_come_in_any_order),
         cmocka_unit_test(test_defaults_and_null_arguments),
         cmocka_unit_test(test_calls_on_null_or_closed_instances_fail_cleanly),
     };
