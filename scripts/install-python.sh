@@ -15,17 +15,8 @@ DEBIAN_PY=/usr/bin/python3
 PACKAGES=(python3-dev python3-pytest python3-pip python3-setuptools
           build-essential cmake ninja-build pkg-config libxxhash-dev)
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  echo "install-python: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+source scripts/debian-packages.sh
+ensure_debian_packages install-python "${PACKAGES[@]}"
 
 # One CMake build of libkvcr serves every interpreter; one compile job.
 work=$(mktemp -d)

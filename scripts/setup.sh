@@ -11,17 +11,8 @@ PACKAGES=(
   python3-dev python3-pytest python3-pip python3-setuptools
 )
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+source scripts/debian-packages.sh
+ensure_debian_packages setup "${PACKAGES[@]}"
 
 build() { # build DIR [cmake args...]
   local dir=$1; shift
