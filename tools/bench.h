@@ -1,4 +1,5 @@
-/* Shared pieces of the `kvcr` benchmarks: timing and result lines. */
+/* Shared pieces of the `kvcr` benchmarks: timing, error checks and the
+ * result lines every case prints the same way. */
 #ifndef KVCR_TOOLS_BENCH_H
 #define KVCR_TOOLS_BENCH_H
 
@@ -7,17 +8,32 @@
 typedef struct bench_out {
     const char *bench; /* "local", ... */
     bool json;
+    bool header_done;  /* the human table's header is printed once */
 } bench_out;
 
+/* One figure. Units are exactly "ns", "GB/s", "B" or "s". */
+typedef struct bench_figure {
+    const char *name;       /* the case, e.g. "query_1m" */
+    double value;
+    const char *unit;
+    const char *baseline;   /* NULL: no baseline was measured in this run */
+    double baseline_value;  /* in the figure's unit */
+    bool lower_is_better;   /* a latency: the ratio is then baseline / value */
+    const char *goal;       /* NULL: none */
+} bench_figure;
+
+/* Seconds on a monotonic clock. */
 double bench_now(void);
 
-/* One figure. baseline NULL: no baseline was measured. goal: text or NULL. */
-void bench_report(const bench_out *o, const char *name, double value, const char *unit,
-                  const char *baseline, double baseline_value, bool higher_is_better,
-                  const char *goal);
+/* Prints a figure: a table row, or with --json one object per line whose
+ * ratio (when a baseline exists) is always "higher is better". */
+void bench_report(bench_out *o, const bench_figure *f);
 
 /* Exits 1 with the library's message when rc is an error. */
 void bench_check(int rc, const char *what);
+
+/* Exits 1 after printing what failed; for checks the library cannot make. */
+_Noreturn void bench_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 int bench_local(int argc, char **argv);
 

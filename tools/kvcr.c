@@ -1,6 +1,8 @@
-/* The `kvcr` command: benchmarks now; demo, service and stats arrive with
- * their tiers. */
+/* The `kvcr` command. Commands and benchmark cases are rows of two tables,
+ * so demo, service, stats, bench peer and bench g3 are one line each when
+ * their tiers arrive. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,8 @@
 
 #include "bench.h"
 #include "kvcr/kvcr.h"
+
+/* ---- shared benchmark pieces (bench.h) ----------------------------------- */
 
 double bench_now(void)
 {
@@ -24,32 +28,53 @@ void bench_check(int rc, const char *what)
     exit(1);
 }
 
-void bench_report(const bench_out *o, const char *name, double value, const char *unit,
-                  const char *baseline, double baseline_value, bool higher_is_better,
-                  const char *goal)
+_Noreturn void bench_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvcr: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+void bench_report(bench_out *o, const bench_figure *f)
 {
     double ratio = 0;
-    if (baseline)
-        ratio = higher_is_better ? value / baseline_value : baseline_value / value;
+    if (f->baseline)
+        ratio = f->lower_is_better ? f->baseline_value / f->value : f->value / f->baseline_value;
     if (o->json) {
-        printf("{\"bench\":\"%s\",\"case\":\"%s\",\"value\":%.6g,\"unit\":\"%s\"", o->bench, name,
-               value, unit);
-        if (baseline)
-            printf(",\"baseline\":\"%s\",\"baseline_value\":%.6g,\"ratio\":%.4g", baseline,
-                   baseline_value, ratio);
+        printf("{\"bench\":\"%s\",\"case\":\"%s\",\"value\":%.6g,\"unit\":\"%s\"", o->bench,
+               f->name, f->value, f->unit);
+        if (f->baseline)
+            printf(",\"baseline\":\"%s\",\"baseline_value\":%.6g,\"ratio\":%.4g", f->baseline,
+                   f->baseline_value, ratio);
         printf("}\n");
-    } else {
-        printf("%-28s %12.2f %-5s", name, value, unit);
-        if (baseline) printf("  %s %10.2f  ratio %.2f", baseline, baseline_value, ratio);
-        if (goal) printf("  (goal %s)", goal);
-        printf("\n");
+        fflush(stdout);
+        return;
     }
+    if (!o->header_done) {
+        printf("%-18s %10s %-5s  %-19s %6s  %s\n", "case", "value", "unit", "baseline (this run)",
+               "ratio", "goal");
+        o->header_done = true;
+    }
+    char base[64] = "-", rat[16] = "-";
+    if (f->baseline) {
+        snprintf(base, sizeof base, "%s %.2f", f->baseline, f->baseline_value);
+        snprintf(rat, sizeof rat, "%.2f", ratio);
+    }
+    printf("%-18s %10.2f %-5s  %-19s %6s  %s\n", f->name, f->value, f->unit, base, rat,
+           f->goal ? f->goal : "-");
     fflush(stdout);
 }
 
+/* ---- commands ------------------------------------------------------------ */
+
 typedef struct command {
     const char *name;
-    int (*run)(int argc, char **argv);
+    int (*run)(int argc, char **argv); /* argv[0] is the first argument after the name */
+    const char *args;
     const char *help;
 } command;
 
@@ -66,40 +91,88 @@ static int bench_python(int argc, char **argv)
 }
 
 static const command benches[] = {
-    {"local", bench_local, "query latency, deposit/deliver bandwidth vs memcpy, metadata size"},
-    {"python", bench_python, "query and poll_completed cost from Python (needs the package)"},
+    {"local", bench_local, "[--json] [--quick]",
+     "query latency, deposit/deliver bandwidth vs memcpy, metadata size"},
+    {"python", bench_python, "[--json] [--quick]",
+     "query and poll_completed cost from Python (needs the package)"},
 };
 
-static int usage(FILE *f)
+static int cmd_bench(int argc, char **argv);
+static int cmd_version(int argc, char **argv);
+static int cmd_help(int argc, char **argv);
+
+static const command commands[] = {
+    {"bench", cmd_bench, "<case> [options]", "run a benchmark (`kvcr bench` lists them)"},
+    {"version", cmd_version, "", "print the library version"},
+    {"help", cmd_help, "", "this text"},
+};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static void list(FILE *f, const char *prefix, const command *t, size_t n)
 {
-    fprintf(f, "usage: kvcr <command> [options]\n\n"
-               "commands:\n"
-               "  bench <case> [--json] [--quick]   run a benchmark\n"
-               "  version                           print the library version\n"
-               "  help                              this text\n\nbenchmarks:\n");
-    for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
-        fprintf(f, "  %-8s %s\n", benches[i].name, benches[i].help);
-    return f == stderr ? 2 : 0;
+    for (size_t i = 0; i < n; i++) {
+        char head[64];
+        snprintf(head, sizeof head, "%s%s %s", prefix, t[i].name, t[i].args);
+        fprintf(f, "  %-34s %s\n", head, t[i].help);
+    }
 }
 
-static int run_bench(int argc, char **argv)
+static void usage(FILE *f)
 {
-    if (argc < 1) return usage(stderr);
-    for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
-        if (strcmp(argv[0], benches[i].name) == 0) return benches[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "kvcr: unknown benchmark '%s'\n", argv[0]);
-    return usage(stderr);
+    fprintf(f, "usage: kvcr <command> [arguments]\n\ncommands:\n");
+    list(f, "", commands, COUNT(commands));
+    fprintf(f, "\nbenchmarks:\n");
+    list(f, "bench ", benches, COUNT(benches));
+}
+
+/* Runs the row of t named argv[0]; an unknown name is a usage error. */
+static int dispatch(const command *t, size_t n, const char *what, int argc, char **argv)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(argv[0], t[i].name) == 0) return t[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvcr: unknown %s '%s'\n\n", what, argv[0]);
+    usage(stderr);
+    return 2;
+}
+
+/* Commands without arguments refuse any, so a typo is never ignored. */
+static int no_args(const char *name, int argc, char **argv)
+{
+    if (argc == 0) return 0;
+    fprintf(stderr, "kvcr: %s takes no arguments (got '%s')\n\n", name, argv[0]);
+    usage(stderr);
+    return 2;
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+    if (argc > 0) return dispatch(benches, COUNT(benches), "benchmark", argc, argv);
+    printf("usage: kvcr bench <case> [options]\n\ncases:\n");
+    list(stdout, "bench ", benches, COUNT(benches));
+    return 0;
+}
+
+static int cmd_version(int argc, char **argv)
+{
+    int rc = no_args("version", argc, argv);
+    if (rc == 0) printf("kvcr %s\n", kvcr_version_string());
+    return rc;
+}
+
+static int cmd_help(int argc, char **argv)
+{
+    int rc = no_args("help", argc, argv);
+    if (rc == 0) usage(stdout);
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) return usage(stderr);
-    if (strcmp(argv[1], "bench") == 0) return run_bench(argc - 2, argv + 2);
-    if (strcmp(argv[1], "version") == 0) {
-        printf("kvcr %s\n", kvcr_version_string());
-        return 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
     }
-    if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) return usage(stdout);
-    fprintf(stderr, "kvcr: unknown command '%s'\n", argv[1]);
-    return usage(stderr);
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) return cmd_help(0, NULL);
+    return dispatch(commands, COUNT(commands), "command", argc - 1, argv + 1);
 }

@@ -121,8 +121,10 @@ int kvcr_close(kvcr_t *kv);
  * fine. */
 void kvcr_free(kvcr_t *kv);
 
-/* A file descriptor that is readable while kvcr_poll() has work to do
- * (completions to collect). For event loops; polling blindly also works. */
+/* A file descriptor that becomes readable when copies or operations
+ * complete. Deadline expiry is found by kvcr_poll() itself and does not make
+ * the fd readable: an event loop should wait on it with a timeout no longer
+ * than operation_timeout_ms. */
 int kvcr_fd(const kvcr_t *kv);
 
 /* ---- operations ---------------------------------------------------------- */
