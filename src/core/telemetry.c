@@ -1,6 +1,14 @@
+/* Telemetry for one interval, its snapshots and their Prometheus text.
+ *
+ * While recording, histograms keep per-bucket (not cumulative) counts and
+ * every string by pointer: callers pass literals, so the pointer compare
+ * usually settles a lookup before strcmp. A take turns the interval into one
+ * self-contained allocation (struct, arrays, string copies) so that the
+ * caller can keep it past the instance and release it with a single free(). */
 #include "core/telemetry.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,13 +19,13 @@
 
 KVCR_API const double kvcr_histogram_bounds[KVCR_HISTOGRAM_BUCKETS] = {
     0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.0025, 0.005,
-    0.01,    0.025,   0.05,   0.1,    0.5,   1,     5};
+    0.01,    0.025,   0.05,   0.1,    0.5,   1,      5};
 
 typedef struct hist {
     const char *scope, *result;
     uint64_t count;
     double sum;
-    uint64_t in_bucket[KVCR_HISTOGRAM_BUCKETS]; /* not cumulative while recording */
+    uint64_t in_bucket[KVCR_HISTOGRAM_BUCKETS]; /* above the last bound: count only */
 } hist;
 
 typedef struct transfer {
@@ -25,12 +33,19 @@ typedef struct transfer {
     uint64_t blocks, bytes;
 } transfer;
 
+/* A raw observation names its histogram by index, so a snapshot can point
+ * the observation's strings at that histogram's copies. */
+typedef struct raw_obs {
+    size_t hist;
+    double seconds;
+} raw_obs;
+
 struct kvcr_telemetry {
     hist *hists;
     size_t n_hists, cap_hists;
     transfer *transfers;
     size_t n_transfers, cap_transfers;
-    kvcr_observation *obs;
+    raw_obs *obs;
     size_t n_obs, cap_obs;
     uint64_t dropped;
 };
@@ -49,35 +64,55 @@ void telemetry_free(kvcr_telemetry *t)
     free(t);
 }
 
-/* Grows *arr (of elements of size sz) to hold one more. */
-static int grow(void **arr, size_t *cap, size_t n, size_t sz)
+/* Returns arr with room for element n (of size sz), or NULL with arr intact. */
+static void *grow(void *arr, size_t *cap, size_t n, size_t sz)
 {
-    if (n < *cap) return 0;
+    if (n < *cap) return arr;
     size_t ncap = *cap ? *cap * 2 : 16;
-    void *p = realloc(*arr, ncap * sz);
-    if (p == NULL) return -1;
-    *arr = p;
-    *cap = ncap;
-    return 0;
+    void *p = realloc(arr, ncap * sz);
+    if (p != NULL) *cap = ncap;
+    return p;
 }
 
+static bool same(const char *a, const char *b)
+{
+    return a == b || strcmp(a, b) == 0;
+}
+
+/* The histogram of (scope, result), created empty on first use; NULL when out
+ * of memory. */
 static hist *find_hist(kvcr_telemetry *t, const char *scope, const char *result)
 {
     for (size_t i = 0; i < t->n_hists; i++)
-        if (strcmp(t->hists[i].scope, scope) == 0 && strcmp(t->hists[i].result, result) == 0)
+        if (same(t->hists[i].scope, scope) && same(t->hists[i].result, result))
             return &t->hists[i];
-    if (grow((void **)&t->hists, &t->cap_hists, t->n_hists, sizeof *t->hists) != 0) return NULL;
-    hist *h = &t->hists[t->n_hists++];
-    memset(h, 0, sizeof *h);
-    h->scope = scope;
-    h->result = result;
+    hist *p = grow(t->hists, &t->cap_hists, t->n_hists, sizeof *p);
+    if (p == NULL) return NULL;
+    t->hists = p;
+    hist *h = &p[t->n_hists++];
+    *h = (hist){.scope = scope, .result = result};
     return h;
+}
+
+/* Keeps the raw sample unless the interval is full (or memory is short):
+ * then only the histogram has it, and the drop is counted. */
+static void keep_observation(kvcr_telemetry *t, size_t hist_index, double seconds)
+{
+    raw_obs *p = NULL;
+    if (t->n_obs < KVCR_STATS_MAX_OBSERVATIONS)
+        p = grow(t->obs, &t->cap_obs, t->n_obs, sizeof *p);
+    if (p == NULL) {
+        t->dropped++;
+        return;
+    }
+    t->obs = p;
+    p[t->n_obs++] = (raw_obs){hist_index, seconds};
 }
 
 void telemetry_observe(kvcr_telemetry *t, const char *scope, const char *result, double seconds)
 {
     hist *h = find_hist(t, scope, result);
-    if (h == NULL) return; /* out of memory: the sample is lost, nothing else */
+    if (h == NULL) return; /* out of memory: this sample is lost, nothing else */
     h->count++;
     h->sum += seconds;
     for (int b = 0; b < KVCR_HISTOGRAM_BUCKETS; b++)
@@ -85,97 +120,104 @@ void telemetry_observe(kvcr_telemetry *t, const char *scope, const char *result,
             h->in_bucket[b]++;
             break;
         }
-    if (t->n_obs >= KVCR_STATS_MAX_OBSERVATIONS ||
-        grow((void **)&t->obs, &t->cap_obs, t->n_obs, sizeof *t->obs) != 0) {
-        t->dropped++;
-        return;
-    }
-    t->obs[t->n_obs++] = (kvcr_observation){scope, result, seconds};
+    keep_observation(t, (size_t)(h - t->hists), seconds);
 }
 
 void telemetry_count(kvcr_telemetry *t, const char *operation, uint64_t blocks, uint64_t bytes)
 {
     for (size_t i = 0; i < t->n_transfers; i++)
-        if (strcmp(t->transfers[i].operation, operation) == 0) {
+        if (same(t->transfers[i].operation, operation)) {
             t->transfers[i].blocks += blocks;
             t->transfers[i].bytes += bytes;
             return;
         }
-    if (grow((void **)&t->transfers, &t->cap_transfers, t->n_transfers, sizeof *t->transfers))
-        return;
-    t->transfers[t->n_transfers++] = (transfer){operation, blocks, bytes};
+    transfer *p = grow(t->transfers, &t->cap_transfers, t->n_transfers, sizeof *p);
+    if (p == NULL) return; /* out of memory: this count is lost, nothing else */
+    t->transfers = p;
+    p[t->n_transfers++] = (transfer){operation, blocks, bytes};
 }
 
-/* ---- snapshots: one allocation, strings copied into its tail ------------ */
+/* ---- snapshots ----------------------------------------------------------- */
 
-typedef struct strpool {
-    char *next;
-} strpool;
+/* Bytes of string copies a snapshot needs: each distinct string once. */
+static size_t strings_size(const kvcr_telemetry *t, const kvcr_gauge *gauges, size_t n_gauges)
+{
+    size_t n = sizeof KVCR_TRANSFER_BLOCKS_METRIC + sizeof KVCR_TRANSFER_BYTES_METRIC;
+    for (size_t i = 0; i < n_gauges; i++) n += strlen(gauges[i].resource) + 1;
+    for (size_t i = 0; i < t->n_transfers; i++) n += strlen(t->transfers[i].operation) + 1;
+    for (size_t i = 0; i < t->n_hists; i++)
+        n += strlen(t->hists[i].scope) + strlen(t->hists[i].result) + 2;
+    return n;
+}
 
-static const char *keep(strpool *p, const char *s)
+/* Copies s to the cursor *next and advances it. */
+static const char *keep_string(char **next, const char *s)
 {
     size_t n = strlen(s) + 1;
-    memcpy(p->next, s, n);
-    const char *out = p->next;
-    p->next += n;
+    char *out = memcpy(*next, s, n);
+    *next += n;
     return out;
 }
 
-static size_t align8(size_t x)
+static size_t align_up(size_t x, size_t a)
 {
-    return (x + 7) & ~(size_t)7;
+    return (x + a - 1) / a * a;
 }
 
-int telemetry_take(kvcr_telemetry *t, const kvcr_gauge *gauges, size_t n_gauges, kvcr_stats **out)
+static void copy_counters(const kvcr_telemetry *t, kvcr_counter *c, char **next)
 {
-    size_t n_counters = 2 * t->n_transfers;
-    size_t strings = 0;
-    for (size_t i = 0; i < n_gauges; i++) strings += strlen(gauges[i].resource) + 1;
-    for (size_t i = 0; i < t->n_transfers; i++)
-        strings += 2 * (strlen(t->transfers[i].operation) + 1) + sizeof KVCR_TRANSFER_BYTES_METRIC +
-                   sizeof KVCR_TRANSFER_BLOCKS_METRIC;
-    for (size_t i = 0; i < t->n_hists; i++)
-        strings += strlen(t->hists[i].scope) + strlen(t->hists[i].result) + 2;
-    for (size_t i = 0; i < t->n_obs; i++)
-        strings += strlen(t->obs[i].scope) + strlen(t->obs[i].result) + 2;
-
-    size_t off_g = align8(sizeof(kvcr_stats));
-    size_t off_c = align8(off_g + n_gauges * sizeof(kvcr_gauge));
-    size_t off_h = align8(off_c + n_counters * sizeof(kvcr_counter));
-    size_t off_o = align8(off_h + t->n_hists * sizeof(kvcr_histogram));
-    size_t off_s = align8(off_o + t->n_obs * sizeof(kvcr_observation));
-    uint8_t *mem = malloc(off_s + strings + 1);
-    if (mem == NULL) return KVCR_ENOMEM;
-
-    kvcr_stats *s = (kvcr_stats *)mem;
-    kvcr_gauge *g = (kvcr_gauge *)(mem + off_g);
-    kvcr_counter *c = (kvcr_counter *)(mem + off_c);
-    kvcr_histogram *h = (kvcr_histogram *)(mem + off_h);
-    kvcr_observation *o = (kvcr_observation *)(mem + off_o);
-    strpool pool = {(char *)(mem + off_s)};
-
-    for (size_t i = 0; i < n_gauges; i++) g[i] = (kvcr_gauge){keep(&pool, gauges[i].resource), gauges[i].value};
+    const char *blocks = keep_string(next, KVCR_TRANSFER_BLOCKS_METRIC);
+    const char *bytes = keep_string(next, KVCR_TRANSFER_BYTES_METRIC);
     for (size_t i = 0; i < t->n_transfers; i++) {
         const transfer *x = &t->transfers[i];
-        c[2 * i] = (kvcr_counter){keep(&pool, KVCR_TRANSFER_BLOCKS_METRIC),
-                                  keep(&pool, x->operation), (double)x->blocks};
-        c[2 * i + 1] = (kvcr_counter){keep(&pool, KVCR_TRANSFER_BYTES_METRIC),
-                                      keep(&pool, x->operation), (double)x->bytes};
+        const char *op = keep_string(next, x->operation);
+        c[2 * i] = (kvcr_counter){blocks, op, (double)x->blocks};
+        c[2 * i + 1] = (kvcr_counter){bytes, op, (double)x->bytes};
     }
+}
+
+static void copy_histograms(const kvcr_telemetry *t, kvcr_histogram *h, char **next)
+{
     for (size_t i = 0; i < t->n_hists; i++) {
         const hist *src = &t->hists[i];
-        h[i].scope = keep(&pool, src->scope);
-        h[i].result = keep(&pool, src->result);
+        h[i].scope = keep_string(next, src->scope);
+        h[i].result = keep_string(next, src->result);
         h[i].count = src->count;
         h[i].sum = src->sum;
         uint64_t run = 0;
         for (int b = 0; b < KVCR_HISTOGRAM_BUCKETS; b++) h[i].buckets[b] = run += src->in_bucket[b];
     }
-    for (size_t i = 0; i < t->n_obs; i++)
-        o[i] = (kvcr_observation){keep(&pool, t->obs[i].scope), keep(&pool, t->obs[i].result),
-                                  t->obs[i].seconds};
+}
+
+int telemetry_take(kvcr_telemetry *t, const kvcr_gauge *gauges, size_t n_gauges, kvcr_stats **out)
+{
+    size_t n_counters = 2 * t->n_transfers;
+    size_t off_g = align_up(sizeof(kvcr_stats), _Alignof(kvcr_gauge));
+    size_t off_c = align_up(off_g + n_gauges * sizeof(kvcr_gauge), _Alignof(kvcr_counter));
+    size_t off_h = align_up(off_c + n_counters * sizeof(kvcr_counter), _Alignof(kvcr_histogram));
+    size_t off_o =
+        align_up(off_h + t->n_hists * sizeof(kvcr_histogram), _Alignof(kvcr_observation));
+    size_t off_s = off_o + t->n_obs * sizeof(kvcr_observation);
+    char *mem = malloc(off_s + strings_size(t, gauges, n_gauges));
+    if (mem == NULL) return KVCR_ENOMEM;
+
+    kvcr_gauge *g = (kvcr_gauge *)(mem + off_g);
+    kvcr_counter *c = (kvcr_counter *)(mem + off_c);
+    kvcr_histogram *h = (kvcr_histogram *)(mem + off_h);
+    kvcr_observation *o = (kvcr_observation *)(mem + off_o);
+    char *next = mem + off_s;
+    for (size_t i = 0; i < n_gauges; i++)
+        g[i] = (kvcr_gauge){keep_string(&next, gauges[i].resource), gauges[i].value};
+    copy_counters(t, c, &next);
+    copy_histograms(t, h, &next);
+    for (size_t i = 0; i < t->n_obs; i++) {
+        const kvcr_histogram *of = &h[t->obs[i].hist];
+        o[i] = (kvcr_observation){of->scope, of->result, t->obs[i].seconds};
+    }
+    kvcr_stats *s = (kvcr_stats *)mem;
     *s = (kvcr_stats){n_gauges, g, n_counters, c, t->n_hists, h, t->n_obs, o, t->dropped};
 
+    /* A new interval; the arrays keep their capacity for it. */
     t->n_hists = t->n_transfers = t->n_obs = 0;
     t->dropped = 0;
     *out = s;
@@ -187,8 +229,37 @@ KVCR_API void kvcr_stats_free(kvcr_stats *stats)
     free(stats);
 }
 
-/* ---- Prometheus text exposition format 0.0.4 --------------------------- */
+/* ---- Prometheus text exposition format 0.0.4 ----------------------------- */
 
+/* Every double from 2^53 up is an integer; below that the cast is exact. The
+ * range stops at 2^64 so that any uint64_t counter still prints in full. */
+static bool is_integral(double v)
+{
+    if (!(v >= -0x1p64 && v <= 0x1p64)) return false;
+    return v >= 0x1p53 || v <= -0x1p53 || v == (double)(int64_t)v;
+}
+
+/* Integral values print as integers; the others in the shortest %g form that
+ * reads back as the same double (%.17g always does), so that bucket bounds
+ * read le="1e-05" as client libraries write them rather than
+ * le="1.0000000000000001e-05". */
+static void format_number(char *buf, size_t size, double v)
+{
+    if (isnan(v)) {
+        snprintf(buf, size, "NaN");
+    } else if (isinf(v)) {
+        snprintf(buf, size, "%s", v > 0 ? "+Inf" : "-Inf");
+    } else if (is_integral(v)) {
+        snprintf(buf, size, "%.0f", v);
+    } else {
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(buf, size, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+    }
+}
+
+/* A label value escapes backslash, double quote and newline. */
 static void put_escaped(FILE *f, const char *v)
 {
     for (; *v; v++) {
@@ -203,18 +274,6 @@ static void put_escaped(FILE *f, const char *v)
     }
 }
 
-static void put_number(FILE *f, double v)
-{
-    if (isinf(v))
-        fputs(v > 0 ? "+Inf" : "-Inf", f);
-    else if (isnan(v))
-        fputs("NaN", f);
-    else if (v == floor(v) && fabs(v) < 1e15)
-        fprintf(f, "%.0f", v);
-    else
-        fprintf(f, "%.17g", v);
-}
-
 static void put_label(FILE *f, const char *name, const char *value, bool first)
 {
     fprintf(f, "%s%s=\"", first ? "" : ",", name);
@@ -222,57 +281,64 @@ static void put_label(FILE *f, const char *name, const char *value, bool first)
     fputc('"', f);
 }
 
+/* Ends a sample line: "} <value>\n". */
+static void put_value(FILE *f, double v)
+{
+    char num[40];
+    format_number(num, sizeof num, v);
+    fprintf(f, "} %s\n", num);
+}
+
+static void put_header(FILE *f, const char *name, const char *help, const char *type)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
 static void render_gauges(FILE *f, const kvcr_stats *s)
 {
     if (s->n_gauges == 0) return;
-    fputs("# HELP " KVCR_STATE_METRIC " KVCR resource state.\n# TYPE " KVCR_STATE_METRIC
-          " gauge\n", f);
+    put_header(f, KVCR_STATE_METRIC, "KVCR resource state.", "gauge");
     for (size_t i = 0; i < s->n_gauges; i++) {
         fputs(KVCR_STATE_METRIC "{", f);
         put_label(f, "resource", s->gauges[i].resource, true);
-        fputs("} ", f);
-        put_number(f, s->gauges[i].value);
-        fputc('\n', f);
+        put_value(f, s->gauges[i].value);
     }
 }
 
+/* One counter family: the counters named name, under one header. */
 static void render_counters(FILE *f, const kvcr_stats *s, const char *name, const char *help)
 {
     bool header = false;
     for (size_t i = 0; i < s->n_counters; i++) {
         if (strcmp(s->counters[i].name, name) != 0) continue;
-        if (!header) fprintf(f, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+        if (!header) put_header(f, name, help, "counter");
         header = true;
         fprintf(f, "%s{", name);
         put_label(f, "operation", s->counters[i].operation, true);
-        fputs("} ", f);
-        put_number(f, s->counters[i].value);
-        fputc('\n', f);
+        put_value(f, s->counters[i].value);
     }
 }
 
+/* One histogram sample; le NULL for _sum and _count. */
 static void render_sample(FILE *f, const char *suffix, const kvcr_histogram *h, const char *le,
                           double value)
 {
     fprintf(f, KVCR_DURATION_METRIC "%s{", suffix);
     put_label(f, "scope", h->scope, true);
     put_label(f, "result", h->result, false);
-    if (le) put_label(f, "le", le, false);
-    fputs("} ", f);
-    put_number(f, value);
-    fputc('\n', f);
+    if (le != NULL) put_label(f, "le", le, false);
+    put_value(f, value);
 }
 
 static void render_histograms(FILE *f, const kvcr_stats *s)
 {
     if (s->n_histograms == 0) return;
-    fputs("# HELP " KVCR_DURATION_METRIC " KVCR operation durations in seconds.\n# TYPE "
-          KVCR_DURATION_METRIC " histogram\n", f);
+    put_header(f, KVCR_DURATION_METRIC, "KVCR operation durations in seconds.", "histogram");
     for (size_t i = 0; i < s->n_histograms; i++) {
         const kvcr_histogram *h = &s->histograms[i];
         for (int b = 0; b < KVCR_HISTOGRAM_BUCKETS; b++) {
-            char le[32];
-            snprintf(le, sizeof le, "%g", kvcr_histogram_bounds[b]);
+            char le[40];
+            format_number(le, sizeof le, kvcr_histogram_bounds[b]);
             render_sample(f, "_bucket", h, le, (double)h->buckets[b]);
         }
         render_sample(f, "_bucket", h, "+Inf", (double)h->count);
@@ -281,10 +347,40 @@ static void render_histograms(FILE *f, const kvcr_stats *s)
     }
 }
 
+#define RENDER "kvcr_stats_render_prometheus: "
+
+/* A snapshot may be built by the caller, so check what rendering relies on:
+ * the arrays and label values are there, and every counter is one of the
+ * families rendered (none would be left out silently). */
+static int check_stats(const kvcr_stats *s)
+{
+    if ((s->n_gauges && s->gauges == NULL) || (s->n_counters && s->counters == NULL) ||
+        (s->n_histograms && s->histograms == NULL))
+        return kvcr_fail(KVCR_EINVAL, RENDER "an array with entries is NULL");
+    for (size_t i = 0; i < s->n_gauges; i++)
+        if (s->gauges[i].resource == NULL)
+            return kvcr_fail(KVCR_EINVAL, RENDER "gauges[%zu].resource is NULL", i);
+    for (size_t i = 0; i < s->n_counters; i++) {
+        const kvcr_counter *c = &s->counters[i];
+        if (c->name == NULL || c->operation == NULL ||
+            (strcmp(c->name, KVCR_TRANSFER_BYTES_METRIC) != 0 &&
+             strcmp(c->name, KVCR_TRANSFER_BLOCKS_METRIC) != 0))
+            return kvcr_fail(KVCR_EINVAL,
+                             RENDER "counters[%zu] needs an operation and the name "
+                             KVCR_TRANSFER_BYTES_METRIC " or " KVCR_TRANSFER_BLOCKS_METRIC, i);
+    }
+    for (size_t i = 0; i < s->n_histograms; i++)
+        if (s->histograms[i].scope == NULL || s->histograms[i].result == NULL)
+            return kvcr_fail(KVCR_EINVAL, RENDER "histograms[%zu] needs a scope and a result", i);
+    return 0;
+}
+
 KVCR_API int kvcr_stats_render_prometheus(const kvcr_stats *stats, char **text, size_t *len)
 {
     if (stats == NULL || text == NULL || len == NULL)
-        return kvcr_fail(KVCR_EINVAL, "kvcr_stats_render_prometheus: arguments must not be NULL");
+        return kvcr_fail(KVCR_EINVAL, RENDER "stats, text and len must not be NULL");
+    int rc = check_stats(stats);
+    if (rc != 0) return rc;
     char *buf = NULL;
     size_t size = 0;
     FILE *f = open_memstream(&buf, &size);
@@ -293,7 +389,9 @@ KVCR_API int kvcr_stats_render_prometheus(const kvcr_stats *stats, char **text, 
     render_counters(f, stats, KVCR_TRANSFER_BYTES_METRIC, "Bytes moved by KVCR transfers.");
     render_counters(f, stats, KVCR_TRANSFER_BLOCKS_METRIC, "Blocks moved by KVCR transfers.");
     render_histograms(f, stats);
-    if (fclose(f) != 0) {
+    /* A failed write (the stream could not grow) only sets the error flag. */
+    bool failed = ferror(f) != 0;
+    if (fclose(f) != 0 || failed) {
         free(buf);
         return kvcr_fail(KVCR_ENOMEM, "out of memory rendering stats");
     }
