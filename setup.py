@@ -52,10 +52,11 @@ class BuildWithLibkvcr(build_ext):
                 sys.exit(f"kvcr: the CMake build did not produce {lib}")
             for ext in self.extensions:
                 ext.extra_objects = [lib]
-                ext.libraries = [l[2:] for l in _pkg_config("--libs-only-l", "libxxhash")] \
-                    or ["xxhash"]
+                deps = ["libxxhash", "ucx", "libzmq", "msgpack"]
+                ext.libraries = [l[2:] for l in _pkg_config("--libs-only-l", *deps)] \
+                    or ["xxhash", "ucp", "uct", "ucs", "zmq", "msgpackc"]
                 ext.libraries += ["pthread", "m"]
-                ext.library_dirs = [l[2:] for l in _pkg_config("--libs-only-L", "libxxhash")]
+                ext.library_dirs = [l[2:] for l in _pkg_config("--libs-only-L", *deps)]
                 # libkvcr's symbols stay inside the extension.
                 ext.extra_link_args = ["-Wl,--exclude-libs,ALL"]
             self.force = True  # relink: libkvcr.a is not among the tracked sources

@@ -51,15 +51,36 @@ typedef struct kvcr_dram_pool {
     size_t size;
 } kvcr_dram_pool;
 
-/* Peer-to-peer (REMOTE_G2) options. Validated now; the tier itself is not
- * built yet, so enabled=true is refused with KVCR_ENOTSUP. */
+/* Peer-to-peer (REMOTE_G2) options: the control endpoint this instance
+ * binds (ZeroMQ PULL) and advertises to peers, and how hints connect. */
 typedef struct kvcr_remote_options {
     bool enabled;
-    bool eager_ctrl_connect;            /* default true */
-    bool opportunistic_query;           /* default false */
+    bool eager_ctrl_connect;            /* default true: a hint's source is contacted at once */
+    bool opportunistic_query;           /* default false: any key of a hinted request is FETCHABLE */
     uint32_t metadata_retry_interval_ms; /* default 100, > 0 */
-    const char *backend;                /* default "UCX", non-empty */
+    const char *backend;                /* default "UCX", non-empty; tuning through UCX_* variables */
+    const char *control_host;           /* address to bind; default "127.0.0.1" */
+    uint16_t control_port;              /* 0: any free port (see kvcr_control_endpoint) */
+    const char *advertise_host;         /* host peers are told; default control_host */
 } kvcr_remote_options;
+
+/* Memory that a failed peer transfer may still touch (UNCERTAIN), and later
+ * the news that the transport proved it quiet (QUIESCED) or that this
+ * instance's source side stalled (SOURCE_STALLED: it serves no more peers). */
+typedef enum kvcr_resilience_state {
+    KVCR_TRANSFER_UNCERTAIN = 0,
+    KVCR_TRANSFER_QUIESCED,
+    KVCR_SOURCE_STALLED
+} kvcr_resilience_state;
+
+typedef struct kvcr_resilience_event {
+    kvcr_resilience_state state;
+    bool source_side;              /* true: our sources were being read by a peer */
+    uint64_t op;                   /* target: the op handle; source: the source write number */
+    const kvcr_mem_ref *regions;   /* framework memory involved (KVCR-owned memory omitted) */
+    size_t n_regions;
+    const char *message;
+} kvcr_resilience_event;
 
 typedef struct kvcr_callbacks {
     void *ud;
@@ -72,6 +93,29 @@ typedef struct kvcr_callbacks {
      * lock, never from a copy thread); NULL logs to stderr at the level of
      * KVCR_LOG_LEVEL (error, warn, info, debug; default warn). */
     void (*log)(void *ud, kvcr_log_level level, const char *message);
+
+    /* The key adapter: a block key's router hash (the u64 that hints list).
+     * Returns 0 with *hash set, non-zero when the key has none. Runs under
+     * the instance lock (like policy hooks). Without it no key is ever
+     * REMOTE_G2. */
+    int (*key_hash)(void *ud, const kvcr_key *key, uint64_t *hash);
+
+    /* Framework pinning, used when a peer asks for blocks that only the
+     * framework's memory holds (api_spec §4.2). request_pin asks for an
+     * asynchronous pin of keys under id `req` (chosen by KVCR); the
+     * framework answers with kvcr_pin_complete(), from poll_pins or from any
+     * thread. Non-zero return: no pin this time. Runs inside kvcr_poll()
+     * with no lock held, like every callback below. */
+    int (*request_pin)(void *ud, uint64_t req, const kvcr_key *keys, size_t n);
+    void (*poll_pins)(void *ud);                         /* optional; start of each poll */
+    void (*cancel_pin_request)(void *ud, uint64_t req);  /* optional */
+    /* Ends a pin; true = accepted. Anything else is retried on every poll
+     * (a warning on the first refusal); kvcr_close() reports pins it could
+     * not release. */
+    bool (*release_pin)(void *ud, uint64_t pin);
+
+    /* Resilience events; NULL logs them (info for QUIESCED, error otherwise). */
+    void (*resilience)(void *ud, const kvcr_resilience_event *event);
 } kvcr_callbacks;
 
 typedef struct kvcr_config {
@@ -171,11 +215,25 @@ void kvcr_results_free(kvcr_op_result *results);
  * u64 integers); a refused hint changes nothing and its message names the
  * rule. With a request_id the hint is kept for that request: the same source
  * again replaces the hash set, a different source fails the request closed.
- * request_id NULL stores nothing. The peer-to-peer tier that acts on hints
- * is not built yet: a stored hint does not make keys fetchable. */
+ * request_id NULL stores nothing. With the remote tier on, the hinted keys
+ * of the request are FETCHABLE / REMOTE_G2 (every key with
+ * opportunistic_query), deliver and fetch pull them from the source, and
+ * eager_ctrl_connect publishes this instance to the source at once. */
 int kvcr_submit_hint(kvcr_t *kv, const char *request_id, const char *json, size_t len);
 /* Forgets the request's hint; an unknown request_id is not an error. */
 int kvcr_discard_hint(kvcr_t *kv, const char *request_id);
+
+/* Answer to request_pin: pin is the framework's non-zero handle for the
+ * pin, or 0 when the pin failed. blocks lists exactly the requested keys,
+ * each with its framework references, or n_refs 0 when that key is not
+ * available. A result that breaks a rule is refused with KVCR_EINVAL and its
+ * pin released; a result nobody waits for any more is released too. */
+int kvcr_pin_complete(kvcr_t *kv, uint64_t req, uint64_t pin, const kvcr_block *blocks,
+                      size_t n);
+
+/* "tcp://<advertise_host>:<port>" of this instance's control channel (the
+ * port chosen when control_port was 0), or NULL without the remote tier. */
+const char *kvcr_control_endpoint(const kvcr_t *kv);
 
 /* The interval's telemetry (see kvcr/stats.h). *out is NULL when telemetry
  * is off. */

@@ -1,0 +1,83 @@
+/* The data plane: UCX UCP, used by one thread (the progress thread).
+ *
+ * A ucx_ctx is one ucp_context + ucp_worker. Memory is registered once
+ * (ucx_mem) and its packed rkey handed to peers; a peer that wants to write
+ * to us unpacks it against its endpoint to us. The source writes: ucx_write
+ * puts every segment, then flushes the endpoint, and reports once the bytes
+ * are complete at the destination (or the transfer failed).
+ *
+ * Endpoints use peer error handling, so a dead peer fails its writes
+ * instead of hanging them. ucx_ctx_create sets UCX_MM_ERROR_HANDLING=y
+ * unless the environment already sets it, so that same-host peers get
+ * shared memory / CMA lanes instead of TCP loopback; the lanes chosen for
+ * each endpoint are logged at info level. */
+#ifndef KVCR_NET_UCX_H
+#define KVCR_NET_UCX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/log.h"
+
+typedef struct ucx_ctx ucx_ctx;
+typedef struct ucx_mem ucx_mem;
+typedef struct ucx_peer ucx_peer;
+typedef struct ucx_rkey ucx_rkey;
+
+/* 0, or KVCR_ESYS with UCX's reason in the message. */
+int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out);
+/* Every peer must be closed first. */
+void ucx_ctx_destroy(ucx_ctx *c);
+
+/* Makes progress on every transfer; returns the number of events. */
+unsigned ucx_progress(ucx_ctx *c);
+/* A file descriptor to poll() for POLLIN, and the arm step before sleeping
+ * on it: false means events are pending (progress again, do not sleep). */
+int ucx_fd(ucx_ctx *c);
+bool ucx_arm(ucx_ctx *c);
+
+/* This worker's address, valid until ucx_ctx_destroy. */
+void ucx_worker_address(const ucx_ctx *c, const void **addr, size_t *len);
+
+/* Registers [addr, addr+len) for remote writes. */
+int ucx_mem_register(ucx_ctx *c, void *addr, size_t len, ucx_mem **out);
+/* The packed rkey, valid until ucx_mem_deregister. */
+void ucx_mem_rkey(const ucx_mem *m, const void **rkey, size_t *len);
+void ucx_mem_deregister(ucx_mem *m);
+
+/* Creates an endpoint to a peer worker from its address (bytes from the
+ * wire: a malformed address gives an error, never a crash). */
+int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer **out);
+/* True once UCX reported the peer unreachable; its writes fail. */
+bool ucx_peer_failed(const ucx_peer *p);
+/* Writes still running on the peer's endpoint. */
+uint32_t ucx_peer_busy(const ucx_peer *p);
+/* Closes the endpoint. Only with no write running (ucx_peer_busy == 0);
+ * rkeys unpacked on it must be destroyed first. */
+void ucx_peer_close(ucx_peer *p);
+
+int ucx_rkey_unpack(ucx_peer *p, const void *buf, size_t len, ucx_rkey **out);
+void ucx_rkey_destroy(ucx_rkey *r);
+
+/* One segment of a write: len bytes from local src (inside registered
+ * memory `mem`, or NULL if unregistered) to remote_addr under rkey. */
+typedef struct ucx_seg {
+    const void *src;
+    const ucx_mem *mem;
+    uint64_t remote_addr;
+    const ucx_rkey *rkey;
+    size_t len;
+} ucx_seg;
+
+/* Puts every segment (segments contiguous on both sides are merged), then
+ * flushes the endpoint. done(ud, status) is called exactly once, from
+ * ucx_progress (never from inside ucx_write), with 0 when every byte is in
+ * place at the destination or a negative code when any part failed; it is
+ * called only when UCX holds no more requests of this write, so the source
+ * memory is quiet from then on. Returns 0, or a negative code (done is then
+ * never called, and nothing was posted). */
+int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, void (*done)(void *ud, int status),
+              void *ud);
+
+#endif

@@ -1,0 +1,131 @@
+/* The peer control protocol's messages and their one strict decoder
+ * (p2p_spec §2.4, in our own form). Each ZeroMQ message is exactly one
+ * msgpack map with string keys. Every message carries the protocol version,
+ * its type, the sender's agent name, its per-process incarnation and the
+ * endpoint it was addressed to; replies go to the sender's endpoint.
+ *
+ *   metadata         target -> source  the target's UCX worker address and
+ *                                      regions (rkeys), so the source can write
+ *   metadata_ack     source -> target  [op]
+ *   start_write      target -> source  op, remaining_ms, [expected_inc], keys,
+ *                                      dst refs per key, [metadata]
+ *   write_done       source -> target  op, success, terminal, completed indices
+ *                                      (sent after the UCX flush completed)
+ *   write_refused    source -> target  op (no route back; nothing was written)
+ *   write_probe      target -> source  op, [expected_inc]
+ *   write_probe_ack  source -> target  op, terminal, [dead_inc]
+ *
+ * Decoding is all-or-nothing: a message with a missing or mistyped field,
+ * an unknown or duplicate key, a wrong version, trailing bytes or any bound
+ * exceeded is refused whole, and the caller drops and counts it. Decoded
+ * byte strings point into the message's own storage (freed by
+ * wire_msg_free), never into the input buffer. */
+#ifndef KVCR_NET_WIRE_H
+#define KVCR_NET_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WIRE_VERSION 1
+#define WIRE_MAX_MESSAGE (16u << 20) /* bytes of one encoded message */
+#define WIRE_MAX_KEYS 65536          /* keys of one start_write */
+#define WIRE_MAX_REFS 255            /* destination refs of one key */
+#define WIRE_MAX_REGIONS 256         /* regions in one metadata */
+#define WIRE_MAX_KEY 1024            /* bytes of one key (KVCR_KEY_MAX) */
+#define WIRE_MAX_NAME 256            /* agent names, labels, endpoints */
+#define WIRE_MAX_BLOB 65536          /* worker address, one packed rkey */
+#define WIRE_INCARNATION_LEN 16      /* raw bytes of an incarnation id */
+
+enum wire_type {
+    WIRE_METADATA = 1,
+    WIRE_METADATA_ACK,
+    WIRE_START_WRITE,
+    WIRE_WRITE_DONE,
+    WIRE_WRITE_REFUSED,
+    WIRE_WRITE_PROBE,
+    WIRE_WRITE_PROBE_ACK
+};
+
+/* The string form on the wire ("start_write", ...), or NULL. */
+const char *wire_type_name(int type);
+
+typedef struct wire_bytes {
+    const uint8_t *data;
+    size_t len;
+} wire_bytes;
+
+/* One registered region of the sender, as the writer needs it. */
+typedef struct wire_region {
+    wire_bytes label;       /* pool name ("" allowed), <= WIRE_MAX_NAME */
+    bool framework;         /* framework region (true) or KVCR DRAM pool (false) */
+    uint64_t addr;          /* base address in the sender's process */
+    uint64_t element_size;  /* > 0 */
+    uint64_t stride;        /* >= element_size */
+    uint64_t count;         /* >= 1; (count-1)*stride+element_size must not overflow */
+    wire_bytes rkey;        /* UCX packed rkey, 1..WIRE_MAX_BLOB */
+} wire_region;
+
+typedef struct wire_metadata {
+    wire_bytes worker_addr; /* UCX worker address, 1..WIRE_MAX_BLOB */
+    uint32_t n_regions;     /* 0..WIRE_MAX_REGIONS */
+    wire_region *regions;
+} wire_metadata;
+
+/* One destination element in the target's regions. */
+typedef struct wire_ref {
+    bool framework;
+    wire_bytes label;
+    uint64_t index;
+} wire_ref;
+
+typedef struct wire_msg {
+    uint8_t type;              /* enum wire_type */
+    wire_bytes agent;          /* sender agent name, 1..WIRE_MAX_NAME */
+    wire_bytes incarnation;    /* exactly WIRE_INCARNATION_LEN bytes */
+    wire_bytes from;           /* sender's control endpoint (where replies go), 1..WIRE_MAX_NAME */
+    wire_bytes to;             /* endpoint the sender addressed, 1..WIRE_MAX_NAME */
+
+    bool has_metadata;         /* metadata (required), start_write, write_probe (optional) */
+    wire_metadata md;
+
+    bool has_op;               /* every type but metadata (where it is absent) */
+    int64_t op;                /* metadata_ack: optional */
+
+    /* start_write */
+    double remaining_ms;       /* finite, > 0 */
+    uint32_t n_keys;           /* 1..WIRE_MAX_KEYS */
+    wire_bytes *keys;          /* each 1..WIRE_MAX_KEY bytes */
+    uint32_t *ref_off;         /* n_keys + 1 offsets into refs; each key has 1..WIRE_MAX_REFS */
+    wire_ref *refs;
+
+    /* start_write, write_probe: the incarnation the target expects of the
+     * source (optional: unknown) */
+    bool has_expected_inc;
+    wire_bytes expected_inc;   /* WIRE_INCARNATION_LEN bytes */
+
+    /* write_done, write_probe_ack */
+    bool success;              /* write_done */
+    bool terminal;             /* write_done, write_probe_ack */
+    uint32_t n_completed;      /* write_done: distinct indices, each < WIRE_MAX_KEYS; */
+    uint32_t *completed;       /* only when success (empty otherwise) */
+
+    /* write_probe_ack: the incarnation known to be dead (optional) */
+    bool has_dead_inc;
+    wire_bytes dead_inc;
+
+    void *storage;             /* owned by the decoder / wire_msg_free */
+} wire_msg;
+
+/* Strictly decodes one message. 0 on success (free with wire_msg_free), or
+ * -1 with *why set to a static description of the first rule broken; *out
+ * then owns nothing. */
+int wire_decode(const void *buf, size_t len, wire_msg *out, const char **why);
+void wire_msg_free(wire_msg *m);
+
+/* Encodes m (storage ignored; fields as the type needs them) into a malloc'd
+ * buffer. 0, or -1 when out of memory or m breaks a bound the decoder
+ * enforces (an encoder never produces what the decoder refuses). */
+int wire_encode(const wire_msg *m, void **buf, size_t *len);
+
+#endif
