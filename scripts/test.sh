@@ -21,7 +21,12 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 ru
 echo "== C tests (TSan) =="
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKVCR_SANITIZE=thread >/dev/null
 cmake --build build-tsan
-TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan
+# libzmq is not built with TSan: its lock-free hand-off of each message to
+# its I/O thread shows up as races inside libzmq (only frames in libzmq are
+# suppressed). UCX's memory hooks patch madvise, which glibc calls at thread
+# exit after TSan tore the thread down: the hooks are off for this run.
+TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" UCX_MEM_MMAP_HOOK_MODE=none \
+  run_ctest build-tsan
 
 echo "== fuzzing (libFuzzer, bounded) =="
 CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCR_BUILD_FUZZ=ON \

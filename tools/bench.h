@@ -36,5 +36,6 @@ void bench_check(int rc, const char *what);
 _Noreturn void bench_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 int bench_local(int argc, char **argv);
+int bench_peer(int argc, char **argv);
 
 #endif

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "demo.h"
 #include "kvcr/kvcr.h"
 
 /* ---- shared benchmark pieces (bench.h) ----------------------------------- */
@@ -93,6 +94,8 @@ static int bench_python(int argc, char **argv)
 static const command benches[] = {
     {"local", bench_local, "[--json] [--quick]",
      "query latency, deposit/deliver bandwidth vs memcpy, metadata size"},
+    {"peer", bench_peer, "[--json] [--quick]",
+     "peer-to-peer bandwidth between two processes vs raw UCX and Redis"},
     {"python", bench_python, "[--json] [--quick]",
      "query and poll_completed cost from Python (needs the package)"},
 };
@@ -103,6 +106,8 @@ static int cmd_help(int argc, char **argv);
 
 static const command commands[] = {
     {"bench", cmd_bench, "<case> [options]", "run a benchmark (`kvcr bench` lists them)"},
+    {"demo", cmd_demo, "[--quick] [--json] [...]",
+     "engines + router on this machine: peer-to-peer KV reuse"},
     {"version", cmd_version, "", "print the library version"},
     {"help", cmd_help, "", "this text"},
 };

@@ -1,24 +1,27 @@
 """KVCR, the KV Cache Runner: a KV-cache tier beside an LLM inference engine.
 
 This package is a thin layer over libkvcr (C), compiled into the extension
-kvcr._native. What is built today: KVCR-owned host DRAM (tier LOCAL_G2),
-deposit / deliver / fetch / release / abort / poll_completed, built-in and
-Python policies, inventory events, capacity callbacks and telemetry.
+kvcr._native. Built: KVCR-owned host DRAM (tier LOCAL_G2), deposit /
+deliver / fetch / release / abort / poll_completed, built-in and Python
+policies, inventory events, capacity callbacks, telemetry, and the
+peer-to-peer tier (REMOTE_G2).
 
-Not built yet, and how this package behaves meanwhile:
+Peer-to-peer: a `framework_control` in KVCRBindings (a ZmqPeerControlChannel
+describing the endpoint) turns it on; libkvcr binds that control endpoint
+(ZeroMQ) and moves blocks with UCX. A router hint submitted for a request
+makes its hinted keys FETCHABLE / REMOTE_G2 (matched through
+key_adapter.decode) and deliver / fetch with that request_id pull them from
+the hinted source. As a source, KVCR serves peers from its DRAM or, through
+request_pin / poll_pin_results / release_pin, from framework memory — so
+local DRAM is optional with a framework_control. on_resilience_event
+receives TransferError reports about memory a failed transfer may still
+touch.
 
-* Peer-to-peer tier (REMOTE_G2). submit_hint validates the router's kv_hint
-  envelope and keeps it per request, but a hint never makes a key FETCHABLE
-  and deliver never pulls from a peer. A framework_control (the seed always
-  passes one) is accepted and kept, libkvcr's remote tier stays disabled and
-  one warning says so. KVCR without local DRAM (e.g. vLLM's
-  secondary_g2_slots=0) would need the peer tier and is refused with
-  NotImplementedError("KVCR without local DRAM needs the peer-to-peer tier,
-  which is not built yet").
-* G3 (local SSD) and the KVCR service / Guard: configuring them raises
-  NotImplementedError ("G3 tier is not built yet", "... Guard are not built
-  yet") once every validation rule has passed; G3FIFOPolicy / G3LRUPolicy
-  without G3 raise ValueError("G3LRUPolicy requires configured G3").
+Not built: G3 (local SSD) and the KVCR service / Guard. Configuring them
+raises NotImplementedError ("G3 tier is not built yet", "... Guard are not
+built yet") once every validation rule has passed; G3FIFOPolicy /
+G3LRUPolicy without G3 raise ValueError("G3LRUPolicy requires configured
+G3").
 
 Errors: configuration and argument rules raise ValueError / TypeError before
 anything starts (libkvcr's KVCR_EINVAL text); parts not built raise

@@ -12,10 +12,21 @@
  * Results are built from objects made once: the (QueryStatus, CacheTier)
  * pairs and the OpEntryResult of every (status, reason) that carries no
  * handle or slots are cached, so query and poll allocate little. The Python
- * package (kvcr/api.py) validates configuration and shapes everything else. */
+ * package (kvcr/api.py) validates configuration and shapes everything else.
+ *
+ * The peer-to-peer tier's callbacks go to small Python objects made by
+ * kvcr/api.py: key_hash (under the instance lock, like policy hooks), the
+ * pin bridge (request / poll / cancel / release: libkvcr's u64 request and
+ * pin ids on one side, the framework's PinRequestId / PinHandle on the
+ * other) and the resilience sink. Those run inside kvcr_poll / kvcr_close
+ * with no lock held; kvcr_pin_complete, which takes the lock, is called
+ * with the GIL released. No Python exception crosses into libkvcr: each
+ * callback clears what it raised (the Python side has logged or recorded
+ * it already). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,8 +55,16 @@ typedef struct {
     PyObject *capacity;   /* callable(list[(pool, slots)]) -> bool, or NULL */
     PyObject *log;        /* callable(level, message), or NULL */
     PyObject *make_entry; /* callable(status, reason, release_handle, slots) -> OpEntryResult */
+    PyObject *key_hash;   /* callable(key bytes) -> int | None, or NULL */
+    PyObject *pins;       /* pin bridge: request, poll, cancel, release; or NULL */
+    PyObject *resilience; /* callable(state, source_side, op, regions, message), or NULL */
     kvcr_policy_ops ops;
     char policy_name[KVCR_NAME_MAX];
+    /* libkvcr calls running with the GIL released; changed only with the
+     * GIL held. close() frees the instance (its sockets and UCX context with
+     * it) at once when no other call runs, else dealloc does. */
+    long calls;
+    bool closed;
 } Instance;
 
 static PyObject *raise_rc(int rc)
@@ -250,6 +269,138 @@ static void cb_log(void *ud, kvcr_log_level level, const char *message)
     PyGILState_Release(g);
 }
 
+/* A line on the Python log sink (kvcr/api.py), with the GIL held. */
+static void log_line(Instance *self, kvcr_log_level level, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    PyObject *fn = grab(self->log);
+    if (fn != NULL) {
+        Py_XDECREF(PyObject_CallFunction(fn, "is", (int)level, buf));
+        Py_DECREF(fn);
+    }
+    PyErr_Clear();
+}
+
+static PyObject *s_request, *s_poll, *s_cancel, *s_release;
+
+/* Under the instance lock: only the adapter's pure decode runs here. */
+static int cb_key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
+{
+    Instance *self = ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *fn = grab(self->key_hash), *res = NULL;
+    int rc = -1;
+    if (fn != NULL) {
+        PyObject *k = PyBytes_FromStringAndSize((const char *)key->data, (Py_ssize_t)key->len);
+        if (k != NULL) res = PyObject_CallOneArg(fn, k);
+        Py_XDECREF(k);
+        Py_DECREF(fn);
+    }
+    if (res != NULL && PyLong_CheckExact(res)) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(res);
+        if (!(v == (unsigned long long)-1 && PyErr_Occurred())) {
+            *hash = v;
+            rc = 0;
+        }
+    }
+    Py_XDECREF(res);
+    PyErr_Clear();
+    PyGILState_Release(g);
+    return rc;
+}
+
+static int cb_request_pin(void *ud, uint64_t req, const kvcr_key *keys, size_t n)
+{
+    Instance *self = ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *bridge = grab(self->pins), *res = NULL;
+    PyObject *t = bridge ? PyTuple_New((Py_ssize_t)n) : NULL;
+    for (size_t i = 0; t && i < n; i++) {
+        PyObject *k = PyBytes_FromStringAndSize((const char *)keys[i].data,
+                                                (Py_ssize_t)keys[i].len);
+        if (k == NULL) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, (Py_ssize_t)i, k);
+    }
+    PyObject *r = t ? PyLong_FromUnsignedLongLong(req) : NULL;
+    if (r != NULL) res = PyObject_CallMethodObjArgs(bridge, s_request, r, t, NULL);
+    int ok = res != NULL && PyObject_IsTrue(res) == 1;
+    Py_XDECREF(res);
+    Py_XDECREF(r);
+    Py_XDECREF(t);
+    Py_XDECREF(bridge);
+    PyErr_Clear();
+    PyGILState_Release(g);
+    return ok ? 0 : -1;
+}
+
+static void cb_poll_pins(void *ud); /* after the block conversion below */
+
+static void cb_cancel_pin(void *ud, uint64_t req)
+{
+    Instance *self = ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *bridge = grab(self->pins);
+    PyObject *r = bridge ? PyLong_FromUnsignedLongLong(req) : NULL;
+    if (r != NULL) Py_XDECREF(PyObject_CallMethodOneArg(bridge, s_cancel, r));
+    Py_XDECREF(r);
+    Py_XDECREF(bridge);
+    PyErr_Clear();
+    PyGILState_Release(g);
+}
+
+static bool cb_release_pin(void *ud, uint64_t pin)
+{
+    Instance *self = ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *bridge = grab(self->pins), *res = NULL;
+    PyObject *p = bridge ? PyLong_FromUnsignedLongLong(pin) : NULL;
+    if (p != NULL) res = PyObject_CallMethodOneArg(bridge, s_release, p);
+    bool ok = res == Py_True;
+    Py_XDECREF(res);
+    Py_XDECREF(p);
+    Py_XDECREF(bridge);
+    PyErr_Clear();
+    PyGILState_Release(g);
+    return ok;
+}
+
+/* The sink (kvcr/api.py) turns the event into a TransferError and hands it
+ * to on_resilience_event; if even that fails the event is logged here, so
+ * it is never silently lost. */
+static void cb_resilience(void *ud, const kvcr_resilience_event *ev)
+{
+    Instance *self = ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *fn = grab(self->resilience), *res = NULL;
+    PyObject *regions = fn ? PyTuple_New((Py_ssize_t)ev->n_regions) : NULL;
+    for (size_t i = 0; regions && i < ev->n_regions; i++) {
+        const kvcr_mem_ref *m = &ev->regions[i];
+        PyObject *t = Py_BuildValue("(ssK)", m->end_point ? m->end_point : "",
+                                    m->label ? m->label : "", (unsigned long long)m->index);
+        if (t == NULL) Py_CLEAR(regions);
+        else PyTuple_SET_ITEM(regions, (Py_ssize_t)i, t);
+    }
+    if (regions != NULL)
+        res = PyObject_CallFunction(fn, "iOKOs", (int)ev->state,
+                                    ev->source_side ? Py_True : Py_False,
+                                    (unsigned long long)ev->op, regions,
+                                    ev->message ? ev->message : "");
+    if (res == NULL) {
+        PyErr_Clear();
+        log_line(self, KVCR_LOG_ERROR, "resilience event (state %d, op %llu) not delivered: %s",
+                 (int)ev->state, (unsigned long long)ev->op, ev->message ? ev->message : "");
+    }
+    Py_XDECREF(res);
+    Py_XDECREF(regions);
+    Py_XDECREF(fn);
+    PyErr_Clear();
+    PyGILState_Release(g);
+}
+
 /* ---- construction ------------------------------------------------------- */
 
 /* UTF-8 of a str held by `keep` (so the pointer outlives the call). */
@@ -398,17 +549,19 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     static char *names[] = {"agent_name", "pool_layouts", "local_dram", "local_backend",
                             "regions", "operation_timeout_ms", "abandon_timeout_ms",
                             "watermark_percent", "telemetry", "copy_threads", "policy",
-                            "inventory", "capacity", "log", "make_entry", NULL};
+                            "inventory", "capacity", "log", "make_entry", "remote", "key_hash",
+                            "pins", "resilience", NULL};
     const char *agent, *backend;
     PyObject *layouts, *dram, *regions, *policy, *inventory, *capacity, *log, *make_entry;
+    PyObject *remote = Py_None, *key_hash = Py_None, *pins = Py_None, *resilience = Py_None;
     unsigned int op_ms, abandon_ms, threads;
     double watermark;
     int telemetry;
     if (!ready() ||
-        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO", names, &agent, &layouts, &dram,
-                                     &backend, &regions, &op_ms, &abandon_ms, &watermark,
+        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOO", names, &agent, &layouts,
+                                     &dram, &backend, &regions, &op_ms, &abandon_ms, &watermark,
                                      &telemetry, &threads, &policy, &inventory, &capacity, &log,
-                                     &make_entry))
+                                     &make_entry, &remote, &key_hash, &pins, &resilience))
         return -1;
     if (self->kv != NULL || self->make_entry != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "instance already initialised");
@@ -416,6 +569,11 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     }
     if (!PyCallable_Check(make_entry)) {
         PyErr_SetString(PyExc_TypeError, "make_entry must be callable");
+        return -1;
+    }
+    if ((key_hash != Py_None && !PyCallable_Check(key_hash)) ||
+        (resilience != Py_None && !PyCallable_Check(resilience))) {
+        PyErr_SetString(PyExc_TypeError, "key_hash and resilience must be callable or None");
         return -1;
     }
     PyObject *keep = PyList_New(0);
@@ -442,14 +600,48 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     cfg.capacity_low_watermark_percent = watermark;
     cfg.enable_telemetry = telemetry != 0;
     cfg.copy_threads = threads;
+    if (remote != Py_None) {
+        /* (eager, opportunistic, retry_ms, backend, host, port, advertise) */
+        int eager, opportunistic;
+        unsigned int retry_ms, port;
+        PyObject *rb, *host, *adv;
+        if (!PyArg_ParseTuple(remote, "ppIOOIO", &eager, &opportunistic, &retry_ms, &rb, &host,
+                              &port, &adv))
+            goto out;
+        if (port > 65535) {
+            PyErr_SetString(PyExc_ValueError, "control port must be between 1 and 65535");
+            goto out;
+        }
+        cfg.remote.enabled = true;
+        cfg.remote.eager_ctrl_connect = eager != 0;
+        cfg.remote.opportunistic_query = opportunistic != 0;
+        cfg.remote.metadata_retry_interval_ms = retry_ms;
+        cfg.remote.control_port = (uint16_t)port;
+        if ((cfg.remote.backend = str_of(rb, keep, "remote backend")) == NULL ||
+            (cfg.remote.control_host = str_of(host, keep, "control host")) == NULL ||
+            (cfg.remote.advertise_host = str_of(adv, keep, "advertise host")) == NULL)
+            goto out;
+    }
     if (set_policy(self, policy, &cfg) != 0) goto out;
     self->make_entry = Py_NewRef(make_entry);
     self->log = log == Py_None ? NULL : Py_NewRef(log);
     self->inventory = inventory == Py_None ? NULL : Py_NewRef(inventory);
     self->capacity = capacity == Py_None ? NULL : Py_NewRef(capacity);
-    cfg.callbacks = (kvcr_callbacks){self, self->inventory ? cb_inventory : NULL,
-                                     self->capacity ? cb_capacity : NULL,
-                                     self->log ? cb_log : NULL};
+    self->key_hash = key_hash == Py_None ? NULL : Py_NewRef(key_hash);
+    self->pins = pins == Py_None ? NULL : Py_NewRef(pins);
+    self->resilience = resilience == Py_None ? NULL : Py_NewRef(resilience);
+    cfg.callbacks = (kvcr_callbacks){
+        .ud = self,
+        .inventory = self->inventory ? cb_inventory : NULL,
+        .capacity_needed = self->capacity ? cb_capacity : NULL,
+        .log = self->log ? cb_log : NULL,
+        .key_hash = self->key_hash ? cb_key_hash : NULL,
+        .request_pin = self->pins ? cb_request_pin : NULL,
+        .poll_pins = self->pins ? cb_poll_pins : NULL,
+        .cancel_pin_request = self->pins ? cb_cancel_pin : NULL,
+        .release_pin = self->pins ? cb_release_pin : NULL,
+        .resilience = self->resilience ? cb_resilience : NULL,
+    };
     int err;
     kvcr_t *kv = NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -462,6 +654,9 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
         Py_CLEAR(self->capacity);
         Py_CLEAR(self->log);
         Py_CLEAR(self->make_entry);
+        Py_CLEAR(self->key_hash);
+        Py_CLEAR(self->pins);
+        Py_CLEAR(self->resilience);
         goto out;
     }
     self->kv = kv;
@@ -479,6 +674,9 @@ static void drop_callbacks(Instance *self)
     Py_CLEAR(self->policy);
     Py_CLEAR(self->inventory);
     Py_CLEAR(self->capacity);
+    Py_CLEAR(self->key_hash);
+    Py_CLEAR(self->pins);
+    Py_CLEAR(self->resilience);
 }
 
 static void Instance_dealloc(Instance *self)
@@ -706,6 +904,71 @@ out:
     return rc;
 }
 
+/* ---- pin results ---------------------------------------------------------- */
+
+/* One kvcr_pin_complete from the bridge's (req, pin, {key: refs} | None,
+ * (missing keys)). None blocks: the result had the wrong shape; libkvcr
+ * refuses it (no keys) and releases the pin. */
+static void complete_pin(Instance *self, PyObject *item)
+{
+    unsigned long long req, pin;
+    PyObject *avail, *missing;
+    if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "KKOO!", &req, &pin, &avail,
+                                                  &PyTuple_Type, &missing)) {
+        PyErr_Clear();
+        log_line(self, KVCR_LOG_ERROR, "internal: a pin result of the wrong shape was dropped");
+        return;
+    }
+    blockset b;
+    int have = 0, bad = 0;
+    if (avail != Py_None) {
+        have = 1;
+        bad = blocks_of(avail, &b) != 0;
+    }
+    Py_ssize_t n_miss = PyTuple_GET_SIZE(missing);
+    size_t n = bad ? 0 : (have ? b.n : 0) + (size_t)n_miss;
+    kvcr_block *all = n ? calloc(n, sizeof *all) : NULL;
+    if (n && all == NULL) n = 0; /* out of memory: refused, so released */
+    for (size_t i = 0; all && have && i < b.n; i++) all[i] = b.blocks[i];
+    for (Py_ssize_t i = 0, at = have ? (Py_ssize_t)b.n : 0; all && i < n_miss; i++) {
+        PyObject *k = PyTuple_GET_ITEM(missing, i);
+        if (!PyBytes_Check(k)) {
+            n = 0;
+            break;
+        }
+        all[at + i] = (kvcr_block){{(const uint8_t *)PyBytes_AS_STRING(k),
+                                    (size_t)PyBytes_GET_SIZE(k)}, NULL, 0};
+    }
+    PyErr_Clear();
+    int rc;
+    self->calls++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvcr_pin_complete(self->kv, req, pin, all, n);
+    Py_END_ALLOW_THREADS
+    self->calls--;
+    if (rc != 0)
+        log_line(self, rc == KVCR_ENOENT ? KVCR_LOG_DEBUG : KVCR_LOG_WARN,
+                 "pin result for request %llu refused (pin released): %s", req,
+                 kvcr_last_error());
+    free(all);
+    if (have) blockset_free(&b);
+}
+
+static void cb_poll_pins(void *ud)
+{
+    Instance *self = ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *bridge = grab(self->pins);
+    PyObject *list = bridge ? PyObject_CallMethodNoArgs(bridge, s_poll) : NULL;
+    if (list != NULL && PyList_Check(list))
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++)
+            complete_pin(self, PyList_GET_ITEM(list, i)); /* the list holds the items */
+    Py_XDECREF(list);
+    Py_XDECREF(bridge);
+    PyErr_Clear();
+    PyGILState_Release(g);
+}
+
 /* ---- methods ------------------------------------------------------------ */
 
 static PyObject *pair(kvcr_query_result q)
@@ -738,9 +1001,11 @@ static PyObject *Instance_query(Instance *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     int rc;
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     rc = kvcr_query(self->kv, k.keys, (size_t)k.n, rid, out);
     Py_END_ALLOW_THREADS
+    self->calls--;
     PyObject *list = rc == 0 ? PyList_New(k.n) : raise_rc(rc);
     for (Py_ssize_t i = 0; list && i < k.n; i++) {
         PyObject *p = pair(out[i]);
@@ -772,10 +1037,12 @@ static PyObject *submit_blocks(Instance *self, PyObject *args, int deliver)
     }
     kvcr_op_handle op = 0;
     int rc;
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     rc = deliver ? kvcr_deliver(self->kv, b.blocks, b.n, rid, &op)
                  : kvcr_deposit(self->kv, b.blocks, b.n, flags, &op);
     Py_END_ALLOW_THREADS
+    self->calls--;
     blockset_free(&b);
     return rc == 0 ? PyLong_FromUnsignedLongLong(op) : raise_rc(rc);
 }
@@ -817,9 +1084,11 @@ static PyObject *Instance_fetch(Instance *self, PyObject *args)
     }
     kvcr_op_handle op = 0;
     int rc;
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     rc = kvcr_fetch(self->kv, k.keys, (size_t)k.n, rid, names, (size_t)n_names, &op);
     Py_END_ALLOW_THREADS
+    self->calls--;
     result = rc == 0 ? PyLong_FromUnsignedLongLong(op) : raise_rc(rc);
 out:
     keyset_free(&k);
@@ -851,9 +1120,11 @@ static PyObject *Instance_release(Instance *self, PyObject *seq)
             }
         }
         int rc;
+        self->calls++;
         Py_BEGIN_ALLOW_THREADS
         rc = kvcr_release(self->kv, h, (size_t)n, rel);
         Py_END_ALLOW_THREADS
+        self->calls--;
         list = rc == 0 ? PyList_New(n) : raise_rc(rc);
         for (Py_ssize_t i = 0; list && i < n; i++) {
             PyObject *p = PyTuple_Pack(2, PyTuple_GET_ITEM(t, i), rel[i] ? Py_True : Py_False);
@@ -888,9 +1159,11 @@ static PyObject *Instance_abort(Instance *self, PyObject *args)
     }
     size_t aborted = 0;
     int rc;
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     rc = kvcr_abort(self->kv, op, seq != Py_None ? k.keys : NULL, (size_t)k.n, &aborted);
     Py_END_ALLOW_THREADS
+    self->calls--;
     keyset_free(&k);
     if (rc == KVCR_ENOENT) Py_RETURN_FALSE;
     if (rc != 0) return raise_rc(rc);
@@ -935,9 +1208,11 @@ static PyObject *Instance_poll(Instance *self, PyObject *noargs)
     kvcr_op_result *res = NULL;
     size_t n = 0;
     int rc;
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     rc = kvcr_poll(self->kv, &res, &n);
     Py_END_ALLOW_THREADS
+    self->calls--;
     if (rc != 0) return raise_rc(rc);
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list && i < n; i++) {
@@ -969,9 +1244,11 @@ static PyObject *Instance_stats(Instance *self, PyObject *args)
     if (!live(self) || !PyArg_ParseTuple(args, "|p", &render)) return NULL;
     kvcr_stats *s = NULL;
     int rc;
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     rc = kvcr_stats_take(self->kv, &s);
     Py_END_ALLOW_THREADS
+    self->calls--;
     if (rc != 0) return raise_rc(rc);
     if (s == NULL) Py_RETURN_NONE;
     PyObject *g = PyList_New((Py_ssize_t)s->n_gauges), *c = PyList_New((Py_ssize_t)s->n_counters);
@@ -1019,9 +1296,11 @@ static PyObject *Instance_close(Instance *self, PyObject *noargs)
     (void)noargs;
     if (self->kv == NULL) Py_RETURN_NONE;
     int rc;
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     rc = kvcr_close(self->kv);
     Py_END_ALLOW_THREADS
+    self->calls--;
     if (rc != 0) return raise_rc(rc);
     drop_callbacks(self);
     Py_RETURN_NONE;
@@ -1038,9 +1317,11 @@ static PyObject *Instance_submit_hint(Instance *self, PyObject *args)
         request_id_of(rid_o, &rid) != 0)
         return NULL;
     int rc;
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     rc = kvcr_submit_hint(self->kv, rid, json, (size_t)len);
     Py_END_ALLOW_THREADS
+    self->calls--;
     if (rc != 0) return raise_rc(rc);
     Py_RETURN_NONE;
 }
@@ -1051,9 +1332,11 @@ static PyObject *Instance_discard_hint(Instance *self, PyObject *rid_o)
     if (!live(self) || request_id_of(rid_o, &rid) != 0) return NULL;
     if (rid == NULL) Py_RETURN_NONE;
     int rc;
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     rc = kvcr_discard_hint(self->kv, rid);
     Py_END_ALLOW_THREADS
+    self->calls--;
     if (rc != 0) return raise_rc(rc);
     Py_RETURN_NONE;
 }
@@ -1072,9 +1355,11 @@ static PyObject *Instance_hint(Instance *self, PyObject *rid_o)
     /* The hook takes the instance lock: release the GIL like every other
      * call. (It returns pointers into the state after unlocking, so a
      * concurrent discard_hint of the same request must not race this.) */
+    self->calls++;
     Py_BEGIN_ALLOW_THREADS
     found = kvcr__test_hint(self->kv, rid, &source, &n, &hashes, &failed);
     Py_END_ALLOW_THREADS
+    self->calls--;
     if (!found) Py_RETURN_NONE;
     PyObject *h = PyTuple_New((Py_ssize_t)n);
     for (size_t i = 0; h && i < n; i++) {
@@ -1083,6 +1368,16 @@ static PyObject *Instance_hint(Instance *self, PyObject *rid_o)
         else PyTuple_SET_ITEM(h, (Py_ssize_t)i, v);
     }
     return h ? Py_BuildValue("(sNO)", source, h, failed ? Py_True : Py_False) : NULL;
+}
+
+/* endpoint() -> "tcp://host:port" of the control channel, or None */
+static PyObject *Instance_endpoint(Instance *self, PyObject *noargs)
+{
+    (void)noargs;
+    if (!live(self)) return NULL;
+    const char *ep = kvcr_control_endpoint(self->kv);
+    if (ep == NULL) Py_RETURN_NONE;
+    return PyUnicode_FromString(ep);
 }
 
 static PyObject *Instance_fd(Instance *self, PyObject *noargs)
@@ -1109,6 +1404,8 @@ static PyMethodDef Instance_methods[] = {
     {"discard_hint", (PyCFunction)Instance_discard_hint, METH_O, "discard_hint(request_id)"},
     {"hint", (PyCFunction)Instance_hint, METH_O, "hint(request_id) -> (source, hashes, failed)"},
     {"fd", (PyCFunction)Instance_fd, METH_NOARGS, "fd() -> readable while poll has work"},
+    {"endpoint", (PyCFunction)Instance_endpoint, METH_NOARGS,
+     "endpoint() -> the control endpoint, or None without the remote tier"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1173,8 +1470,13 @@ PyMODINIT_FUNC PyInit__native(void)
     s_on_ingest = PyUnicode_InternFromString("_on_ingest");
     s_on_remove = PyUnicode_InternFromString("_on_remove");
     s_recovery = PyUnicode_InternFromString("_decide_recovery");
+    s_request = PyUnicode_InternFromString("request");
+    s_poll = PyUnicode_InternFromString("poll");
+    s_cancel = PyUnicode_InternFromString("cancel");
+    s_release = PyUnicode_InternFromString("release");
     if (!s_end_point || !s_label || !s_index || !s_ingest || !s_score || !s_eviction ||
-        !s_on_ingest || !s_on_remove || !s_recovery)
+        !s_on_ingest || !s_on_remove || !s_recovery || !s_request || !s_poll || !s_cancel ||
+        !s_release)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -1,6 +1,8 @@
 """KVCR: the framework-facing object, a thin layer over kvcr._native (libkvcr)."""
 from __future__ import annotations
 
+import collections
+import collections.abc
 import logging
 import math
 from dataclasses import dataclass
@@ -9,11 +11,13 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from . import _native
 from .config import (KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig, check_config, check_g3,
                      check_local_dram, check_policy_tiers, check_regions, check_remote)
+from .config import control_endpoint as control_endpoint_of
+from .control_channels import ZmqPeerControlChannel
 from .hints import encode_router_hint
 from .policy import KVCachePolicy, native_builtin
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError, MemoryRef,
                     OpEntryResult, OpEntryStatus, OpHandle, PlacementAction, PlacementFailure,
-                    QueryStatus, ReleaseHandle)
+                    QueryStatus, ReleaseHandle, TransferError)
 
 logger = logging.getLogger("kvcr")
 
@@ -33,6 +37,8 @@ _ACTIONS = (PlacementAction.KEEP, PlacementAction.DROP, PlacementAction.COPY_TO,
 _ACTION_INT = {a: i for i, a in enumerate(_ACTIONS)}
 _LOG_LEVELS = (logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)
 _MEM_TYPES = {"DRAM": 0, "VRAM": 1}
+_RESILIENCE_STATES = ("uncertain", "quiesced", "stalled")  # kvcr_resilience_state
+_U64 = 2**64
 
 _native.init(_QUERY, _TIERS, MemoryRef)
 
@@ -45,11 +51,14 @@ class KVCRBindings:
     """Framework callbacks, in the reference's order (fields may be given
     positionally).
 
-    Used by this build: key_adapter (kept for hint matching), inventory_sink,
-    capacity_needed_callback, stats_factory, policy. The pin callbacks,
-    framework_control, on_resilience_event and resize_g2_memory are accepted
-    and kept for the peer-to-peer tier, which is not built yet; nothing calls
-    them today."""
+    framework_control turns the peer-to-peer tier (REMOTE_G2) on and names
+    the control endpoint libkvcr binds (see kvcr.control_channels). With it:
+    key_adapter.decode maps keys to router hashes (hint matching);
+    request_pin / poll_pin_results / release_pin / cancel_pin_request let a
+    peer read blocks that only framework memory holds; on_resilience_event
+    receives TransferError reports. inventory_sink, capacity_needed_callback,
+    stats_factory and policy work with or without it. resize_g2_memory is
+    accepted and not used."""
 
     request_pin: Callable
     poll_pin_results: Callable
@@ -91,6 +100,249 @@ def _capacity_callback(callback: Callable) -> Callable:
             logger.warning("KVCR capacity_needed_callback raised", exc_info=True)
             return False
     return deliver
+
+
+def _key_hash_callback(adapter: Any) -> Callable:
+    """libkvcr's key_hash through key_adapter.decode: the key's router hash
+    as an int in [0, 2**64), or None when it has none.
+
+    decode may return an int (used as is when it is a u64) or bytes (read
+    big-endian, low 64 bits: vLLM's maybe_convert_block_hash, which is how
+    the router turns hash bytes into the u64s that hints list). Anything
+    else, or an exception (logged once), means "no hash": the key is never
+    REMOTE_G2. It runs under libkvcr's instance lock, holding the GIL: the
+    adapter must be pure and must not call KVCR."""
+    decode = adapter.decode
+    warned = []
+
+    def key_hash(key: bytes) -> Optional[int]:
+        try:
+            h = decode(BlockKey(key))
+        except Exception:
+            if not warned:
+                warned.append(True)
+                logger.warning("KVCR key_adapter.decode raised; such keys are never REMOTE_G2",
+                               exc_info=True)
+            return None
+        if isinstance(h, int) and not isinstance(h, bool):
+            h = int(h)
+            return h if 0 <= h < _U64 else None
+        if isinstance(h, (bytes, bytearray)) and h:
+            return int.from_bytes(h[-8:], "big")
+        return None
+    return key_hash
+
+
+_MISSING = object()
+
+
+class _PinBridge:
+    """libkvcr's pin callbacks over the framework's (api_spec §4.2).
+
+    libkvcr names pin requests and pins with u64 ids; the framework chooses
+    its own PinRequestId and PinHandle. This maps one onto the other:
+    request_pin's id <-> libkvcr's request, and each granted PinHandle gets a
+    fresh u64 until release_pin accepts it. Every framework callback that
+    raises is logged and contained (it counts as "no pin" / "not released";
+    libkvcr retries releases on every poll). It runs inside poll_completed()
+    and close(), on the polling thread, with no KVCR lock held."""
+
+    def __init__(self, bindings: "KVCRBindings") -> None:
+        self._request_pin = bindings.request_pin
+        self._poll_pin_results = bindings.poll_pin_results
+        self._release_pin = bindings.release_pin
+        self._cancel_pin_request = bindings.cancel_pin_request
+        self._by_framework: dict = {}  # PinRequestId -> libkvcr request
+        self._by_native: dict = {}     # libkvcr request -> PinRequestId
+        self._handles: dict = {}       # libkvcr pin -> PinHandle
+        self._warned: set = set()      # pins whose release raised once already
+        self._next_pin = 0
+
+    # -- called by kvcr._native --
+
+    def request(self, req: int, keys: tuple) -> bool:
+        try:
+            rid = self._request_pin([BlockKey(k) for k in keys])
+            hash(rid)
+        except Exception:
+            logger.warning("KVCR request_pin raised; no pin for this attempt", exc_info=True)
+            return False
+        if rid in self._by_framework:
+            logger.warning("KVCR request_pin returned %r, a request that is still pending; "
+                           "the request is ignored", rid)
+            return False
+        self._by_framework[rid] = req
+        self._by_native[req] = rid
+        return True
+
+    def poll(self) -> list:
+        """[(request, pin, {key: refs} | None, (missing keys))] for
+        kvcr_pin_complete: pin 0 fails the request; request 0 (an unknown or
+        cancelled one) makes libkvcr release the pin at once; None blocks
+        (a result of the wrong shape) make libkvcr refuse and release it."""
+        try:
+            results = self._poll_pin_results()
+            results = list(results) if results else ()
+        except Exception:
+            logger.warning("KVCR poll_pin_results raised; no pin results this poll",
+                           exc_info=True)
+            return []
+        out = []
+        for item in results:
+            try:
+                rid, result = item
+                req = self._by_framework.pop(rid, 0)
+            except Exception:
+                logger.warning("KVCR poll_pin_results gave %r, not a (PinRequestId, "
+                               "PinResult) pair", item)
+                continue
+            if req:
+                del self._by_native[req]
+            if result is None:
+                if req:
+                    out.append((req, 0, None, ()))
+                continue
+            try:
+                handle, mapping = result
+            except Exception:
+                logger.warning("KVCR pin result %r for request %r is not (pin handle, "
+                               "mapping); the pin failed", result, rid)
+                if req:
+                    out.append((req, 0, None, ()))
+                continue
+            self._next_pin += 1
+            pin = self._next_pin
+            self._handles[pin] = handle
+            available, missing = self._blocks(rid, mapping)
+            out.append((req, pin, available, missing))
+        return out
+
+    @staticmethod
+    def _blocks(rid, mapping):
+        if not isinstance(mapping, collections.abc.Mapping):
+            logger.warning("KVCR pin result for request %r: the mapping is %r, not a Mapping; "
+                           "the pin is released", rid, type(mapping).__name__)
+            return None, ()
+        available, missing = {}, []
+        for key, refs in mapping.items():
+            if not isinstance(key, bytes):
+                break
+            if refs is None:
+                missing.append(bytes(key))
+            elif isinstance(refs, list) and refs and all(isinstance(r, MemoryRef) for r in refs):
+                available[bytes(key)] = refs
+            else:
+                break
+        else:
+            return available, tuple(missing)
+        logger.warning("KVCR pin result for request %r: key %r maps to %r, not a non-empty "
+                       "list of MemoryRef or None; the pin is released", rid, key, refs)
+        return None, ()
+
+    def cancel(self, req: int) -> None:
+        rid = self._by_native.pop(req, _MISSING)
+        if rid is _MISSING:
+            return
+        del self._by_framework[rid]
+        if self._cancel_pin_request is None:
+            return
+        try:
+            self._cancel_pin_request(rid)
+        except Exception:
+            logger.warning("KVCR cancel_pin_request(%r) raised", rid, exc_info=True)
+
+    def release(self, pin: int) -> bool:
+        """True only when release_pin returned True (then the pin is gone)."""
+        handle = self._handles.get(pin, _MISSING)
+        if handle is _MISSING:
+            return True  # not one of ours (or already released)
+        try:
+            ok = self._release_pin(handle) is True
+        except Exception:
+            if pin not in self._warned:
+                self._warned.add(pin)
+                logger.warning("KVCR release_pin(%r) raised; it is retried", handle,
+                               exc_info=True)
+            ok = False
+        if ok:
+            del self._handles[pin]
+            self._warned.discard(pin)
+        return ok
+
+    # -- called by KVCR.close(), after libkvcr stopped --
+
+    def close(self) -> None:
+        """libkvcr takes no pin results any more: results still arriving are
+        released at once, requests still pending are cancelled, and pins
+        never given back are released one last time (no KVCR thread touches
+        their memory any more)."""
+        for req, pin, _, _ in self.poll():
+            pass  # each granted pin now sits in _handles: released below
+        for req in list(self._by_native):
+            self.cancel(req)
+        stuck = [self._handles[pin] for pin in list(self._handles) if not self.release(pin)]
+        if stuck:
+            logger.error("KVCR could not release framework pins: %r", stuck)
+
+
+class _ResilienceSink:
+    """Turns libkvcr's resilience events into TransferError objects for
+    on_resilience_event (api_spec §4.8).
+
+    The callback runs inside poll_completed() (and close()), as libkvcr
+    reports each event, so it sees the event before any pin is released or
+    result returned after it. libkvcr cannot carry a Python exception, so a
+    raising callback is recorded: poll_completed() raises it once libkvcr's
+    poll has returned, and keeps that poll's results for the next call.
+    Events reported after the raise are queued and delivered first on the
+    next call. Each event is delivered exactly once. At close() a raising
+    callback is logged instead (close always finishes)."""
+
+    def __init__(self, callback: Callable) -> None:
+        self._callback = callback
+        self._queue: collections.deque = collections.deque()
+        self._raised: Optional[BaseException] = None
+        self._stash: list = []  # results of a poll that raised
+
+    def event(self, state: int, source_side: bool, op: int, regions: tuple,
+              message: str) -> bool:
+        refs = [MemoryRef(end_point_name=ep, label=label, element_index=index)
+                for ep, label, index in regions]
+        err = TransferError(
+            message, op,
+            state=_RESILIENCE_STATES[state] if 0 <= state < 3 else f"state-{state}",
+            destination_regions=None if source_side else refs,
+            source_regions=refs if source_side else None, source_side=bool(source_side))
+        if self._queue or self._raised is not None:
+            self._queue.append(err)
+            return True
+        try:
+            self._callback(err)
+        except BaseException as exc:  # noqa: B902 - re-raised from poll_completed
+            self._raised = exc
+        return True
+
+    def poll(self, native_poll: Callable) -> list:
+        while self._queue:
+            self._callback(self._queue.popleft())  # a raise leaves the rest queued
+        results = native_poll()
+        if self._stash:
+            results, self._stash = self._stash + results, []
+        if self._raised is not None:
+            exc, self._raised = self._raised, None
+            self._stash = results
+            raise exc
+        return results
+
+    def close(self) -> None:
+        if self._raised is not None:
+            exc, self._raised = self._raised, None
+            logger.error("KVCR on_resilience_event raised during close", exc_info=exc)
+        while self._queue:
+            try:
+                self._callback(self._queue.popleft())
+            except Exception:
+                logger.error("KVCR on_resilience_event raised during close", exc_info=True)
 
 
 def _entry_factory(agent: str, pool_names: list) -> Callable:
@@ -194,29 +446,32 @@ class _PolicyAdapter:
 class KVCR:
     """KV Cache Runner over libkvcr.
 
-    Built today: KVCR-owned DRAM (LOCAL_G2) with deposit / deliver / fetch /
+    Built: KVCR-owned DRAM (LOCAL_G2) with deposit / deliver / fetch /
     release / abort / poll_completed, Python and built-in policies,
-    inventory, capacity and telemetry. Not built yet:
+    inventory, capacity and telemetry, and — with a framework_control — the
+    peer-to-peer tier (REMOTE_G2): a router hint submitted for a request
+    makes its hinted keys FETCHABLE from the hinted peer, deliver and fetch
+    with that request_id pull them, and peers read our KVCR DRAM or, through
+    the pin bindings, framework memory. Local DRAM is then optional.
+    Not built: G3 and the KVCR service / Guard (NotImplementedError at
+    construction, after every validation rule passed).
 
-    * the peer-to-peer tier (REMOTE_G2): router hints are validated and
-      stored per request, but never make a key FETCHABLE, and deliver never
-      pulls from a peer. A framework_control is accepted and kept (one
-      warning says REMOTE_G2 is not built); KVCR without local DRAM needs
-      the peer tier and is refused.
-    * G3 and the KVCR service / Guard: refused at construction, after every
-      validation rule passed, with NotImplementedError.
-
-    Callbacks (inventory sink, capacity callback, log) run only inside
-    poll_completed() on the polling thread; policy hooks inside the call
-    that needs the decision. A callback that raises is logged on the "kvcr"
-    logger and contained. Call close() when done: it stops the copy threads;
-    only then may registered memory be released."""
+    Callbacks (inventory sink, capacity callback, pin callbacks, resilience
+    events, log) run only inside poll_completed() or close() on the calling
+    thread, without KVCR's lock; policy hooks and key_adapter.decode inside
+    the call that needs them, under it. A callback that raises is logged on
+    the "kvcr" logger and contained — except on_resilience_event, whose
+    exception poll_completed() raises (see _ResilienceSink). Call
+    poll_completed() regularly even when idle (peers' reads, pins and
+    deadlines progress there) and close() when done: it stops every KVCR
+    thread; only then may registered memory be released."""
 
     def __init__(self, config: KVCRConfig, bindings: KVCRBindings,
                  backend_configs: KVCRBackendConfigs,
                  guard_config: Optional[KVCRGuardConfig] = None) -> None:
         self._closed = False
         self._native = None
+        self._pins = self._sink = self._endpoint = None
         self._config = config
         self._bindings = bindings
         self._backends = backend_configs
@@ -225,6 +480,12 @@ class KVCR:
         builtin = native_builtin(policy)
         adapter = None if builtin is not None else _PolicyAdapter(policy)
         self._telemetry = bool(config.enable_telemetry) and bindings.stats_factory is not None
+        remote = args.pop("remote")
+        self._pins = (_PinBridge(bindings)
+                      if remote is not None and bindings.request_pin is not None else None)
+        self._sink = (_ResilienceSink(bindings.on_resilience_event)
+                      if remote is not None and bindings.on_resilience_event is not None
+                      else None)
         self._stats = bindings.stats_factory() if self._telemetry else None
         self._warned_dropped = False
         pool_names = [name for name, _ in config.pool_layouts]
@@ -239,17 +500,22 @@ class KVCR:
                       if bindings.capacity_needed_callback is not None else None),
             log=_log_from_native,
             make_entry=_entry_factory(config.nixl_agent_name, pool_names),
+            remote=remote,
+            key_hash=(_key_hash_callback(bindings.key_adapter)
+                      if remote is not None and bindings.key_adapter is not None else None),
+            pins=self._pins,
+            resilience=self._sink.event if self._sink is not None else None,
         )
         # From here native work runs: anything that fails must stop it.
         try:
             self._native = native
             self._query = native.query
             self._poll = native.poll
-            if bindings.framework_control is not None:
-                logger.warning(
-                    "KVCR %s: the peer-to-peer tier (REMOTE_G2) is not built yet; "
-                    "framework_control is kept but no peer is contacted",
-                    config.nixl_agent_name)
+            self._endpoint = native.endpoint()
+            control = bindings.framework_control
+            if (isinstance(control, ZmqPeerControlChannel) and control.bind_port == 0
+                    and self._endpoint is not None):
+                control._bound(int(self._endpoint.rpartition(":")[2]))
         except BaseException as exc:
             try:
                 native.close()
@@ -298,6 +564,25 @@ class KVCR:
             check_g3(g3, layouts)
         if local is None and bindings.framework_control is None:
             raise ValueError("at least one DRAM backend must be configured")  # rule 13
+        remote = None
+        if bindings.framework_control is not None:
+            host, port, advertise = control_endpoint_of(bindings.framework_control)
+            pins = (bindings.request_pin, bindings.poll_pin_results, bindings.release_pin)
+            if any(p is not None for p in pins) and not all(callable(p) for p in pins):
+                raise TypeError("request_pin, poll_pin_results and release_pin must be "
+                                "callables given together")
+            if bindings.cancel_pin_request is not None and not callable(
+                    bindings.cancel_pin_request):
+                raise TypeError("cancel_pin_request must be callable or None")
+            if bindings.key_adapter is not None and not callable(
+                    getattr(bindings.key_adapter, "decode", None)):
+                raise TypeError("key_adapter must have a decode(key) method")
+            if bindings.on_resilience_event is not None and not callable(
+                    bindings.on_resilience_event):
+                raise TypeError("on_resilience_event must be callable or None")
+            opts = backends.remote_fw_dram
+            remote = (bool(opts.eager_ctrl_connect), bool(opts.opportunistic_query),
+                      opts.metadata_retry_interval_ms, opts.backend, host, port, advertise)
         # Everything below is valid but needs a part that is not built.
         if g3 is not None:
             raise NotImplementedError(
@@ -306,19 +591,17 @@ class KVCR:
             raise NotImplementedError(
                 "framework_dram (a raw address range) is not supported by this build: "
                 "register framework_regions of RegionDescriptor instead")
-        if local is None:
-            raise NotImplementedError(
-                "KVCR without local DRAM needs the peer-to-peer tier, which is not built yet")
         return dict(
             agent_name=config.nixl_agent_name,
             pool_layouts=layouts,
             local_dram=pools,
-            local_backend=local.backend,
+            local_backend=local.backend if local is not None else "UCX",
             regions=[(r.addr, r.size, r.count, r.stride, r.label, _MEM_TYPES[r.mem_type],
                       r.device_Id) for r in regions],
             operation_timeout_ms=config.operation_timeout_ms,
             abandon_timeout_ms=config.abandon_timeout_ms,
             copy_threads=config.copy_threads,
+            remote=remote,
         )
 
     # ---- the API ----------------------------------------------------------
@@ -331,11 +614,21 @@ class KVCR:
     def bindings(self) -> KVCRBindings:
         return self._bindings
 
+    @property
+    def control_endpoint(self) -> Optional[str]:
+        """"tcp://<advertise host>:<port>" of the control channel libkvcr
+        bound (the port it chose when the channel asked for port 0): what
+        peers and router hints name as this instance's source. None without
+        a framework_control."""
+        return self._endpoint
+
     def query(self, keys, request_id: Optional[str] = None) -> list:
         """[(QueryStatus, CacheTier | None)] per key, in order: (HIT, LOCAL_G2)
         when READY in KVCR DRAM, (FETCHING, LOCAL_G2) while being filled,
-        else (MISS, None). Advisory; changes nothing. request_id is accepted
-        for hints, which do not make keys FETCHABLE yet."""
+        (FETCHABLE, REMOTE_G2) when the router hint kept for request_id
+        covers the key (its key_adapter hash is hinted, or any key with
+        opportunistic_query) and the peer has not reported it missing, else
+        (MISS, None). Advisory; changes nothing."""
         return self._query(keys, request_id)
 
     def deposit(self, blocks: Mapping, no_evict: bool = False, hints=None) -> OpHandle:
@@ -346,13 +639,15 @@ class KVCR:
 
     def deliver(self, blocks: Mapping, request_id: Optional[str] = None) -> OpHandle:
         """Copies cached blocks into the {key: [MemoryRef, ...]} framework
-        destinations. Keys not resident in KVCR DRAM fail (NOT_FOUND): no
-        peer source exists yet."""
+        destinations: from KVCR DRAM, or — for keys request_id's hint
+        covers — straight from the hinted peer. Other keys fail
+        (NOT_FOUND)."""
         return self._native.deliver(blocks, request_id)
 
     def fetch(self, keys, request_id: Optional[str] = None,
               expected_layout: Optional[list] = None, hints=None) -> OpHandle:
-        """Claims resident keys in KVCR DRAM. Each success carries the
+        """Claims keys in KVCR DRAM — resident ones, or ones pulled first from
+        the peer that request_id's hint names. Each success carries the
         slots' MemoryRefs (and their addresses) and a release_handle."""
         if isinstance(expected_layout, (str, bytes)):
             raise TypeError("expected_layout must be a list of pool names")
@@ -369,9 +664,13 @@ class KVCR:
 
     def poll_completed(self) -> list:
         """[(op handle, {key: OpEntryResult})] for every operation completed
-        since the last call, in completion order; runs pending callbacks.
-        Call it regularly."""
-        return self._poll()
+        since the last call, in completion order; runs pending callbacks
+        (pins, resilience events, inventory, capacity). Call it regularly.
+        If on_resilience_event raises, the exception propagates from here;
+        nothing is lost (see _ResilienceSink)."""
+        if self._sink is None:
+            return self._poll()
+        return self._sink.poll(self._poll)
 
     def submit_hint(self, hints: Mapping, request_id: Optional[str] = None) -> None:
         """Validates the router's kv_hint envelope (api_spec §6.1; a bad one
@@ -379,8 +678,11 @@ class KVCR:
         for that request (§6.2: the same source again replaces the hash set,
         a different source fails the request's hint closed).
 
-        The peer-to-peer tier is not built yet: a stored hint never makes a
-        key FETCHABLE, and no peer is contacted."""
+        With the peer-to-peer tier on (a framework_control), the request's
+        hinted keys become FETCHABLE / REMOTE_G2 and deliver / fetch with
+        that request_id pull them from the source; with eager_ctrl_connect
+        this instance introduces itself to the source at once. Without it
+        the hint is only kept."""
         self._native.submit_hint(request_id, encode_router_hint(hints))
 
     def discard_hint(self, request_id: str) -> None:
@@ -438,12 +740,19 @@ class KVCR:
 
     def close(self) -> None:
         """Stops KVCR: queued copies are cancelled, running ones waited for,
-        pending entries fail. Afterwards no KVCR thread touches registered
-        memory and every other call raises RuntimeError. Idempotent."""
+        peer transfers end (or are reported uncertain), pending entries
+        fail. Resilience events still due are delivered, pin results that
+        arrive too late are released, pending pin requests cancelled.
+        Afterwards no KVCR thread touches registered memory and every other
+        call raises RuntimeError. Idempotent."""
         if self._closed or self._native is None:
             return
         self._native.close()
         self._closed = True
+        if self._sink is not None:
+            self._sink.close()
+        if self._pins is not None:
+            self._pins.close()
 
 
 def _record(stats, method: str, *args) -> None:

@@ -232,8 +232,36 @@ def check_remote(remote: RemoteFWDramOptions) -> None:
         raise TypeError("backend_configs.remote_fw_dram must be a RemoteFWDramOptions")
     if not _is_int(remote.metadata_retry_interval_ms) or remote.metadata_retry_interval_ms <= 0:
         raise ValueError("metadata_retry_interval_ms must be positive")
+    if remote.metadata_retry_interval_ms > _U32_MAX:
+        raise ValueError(f"metadata_retry_interval_ms must be at most {_U32_MAX}")
     if not isinstance(remote.backend, str) or not remote.backend:
         raise ValueError("remote framework DRAM NIXL backend must be non-empty")
+
+
+def control_endpoint(control: Any) -> Tuple[str, int, str]:
+    """(bind host, bind port, advertise host) of a framework_control: its
+    bind_host / bind_port / advertise_host attributes (ZmqPeerControlChannel),
+    else its `endpoint` "tcp://host:port", bound and advertised as is.
+    libkvcr checks the hosts themselves (a host name or IPv4 address)."""
+    host = getattr(control, "bind_host", None)
+    port = getattr(control, "bind_port", None)
+    if host is None or port is None:
+        endpoint = getattr(control, "endpoint", None)
+        if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
+            raise TypeError("framework_control must describe its endpoint: bind_host, bind_port "
+                            "(and advertise_host), or endpoint 'tcp://host:port'")
+        host, sep, port_text = endpoint[len("tcp://"):].rpartition(":")
+        if not sep or not host or not port_text.isdigit():
+            raise ValueError(f"framework_control endpoint {endpoint!r} is not 'tcp://host:port'")
+        port = int(port_text)
+        advertise = host
+    else:
+        advertise = getattr(control, "advertise_host", None) or host
+    if not isinstance(host, str) or not host or not isinstance(advertise, str):
+        raise ValueError("framework_control hosts must be non-empty strings")
+    if not _is_int(port) or not 0 <= port <= 65535:
+        raise ValueError("control port must be between 1 and 65535 (or 0: any free port)")
+    return host, port, advertise
 
 
 def check_g3(g3: G3Options, layouts: list) -> None:

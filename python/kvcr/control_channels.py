@@ -1,33 +1,53 @@
 """The peer control channel that frameworks pass as `framework_control`.
 
-The ZeroMQ control plane belongs to the peer-to-peer tier, which is not
-built yet (and pyzmq is not required). Until then this object validates and
-describes the endpoint with the surface KVCR uses (endpoint, send, recv,
-close); it binds nothing, send() reports that nothing was sent and recv()
-returns no messages."""
+Giving KVCR a framework_control turns the peer-to-peer tier (REMOTE_G2) on.
+libkvcr owns the ZeroMQ sockets (and UCX) itself, so this object only
+describes the endpoint: KVCR binds `bind_host:bind_port` and tells peers
+`endpoint` ("tcp://<advertise_host>:<port>"). pyzmq is not needed.
+
+`send` and `recv` are kept for the reference's surface but move nothing:
+send() returns False and recv() returns []. A framework_control of another
+type works too when it has `bind_host`, `bind_port` and `advertise_host`
+attributes, or an `endpoint` "tcp://host:port" (bound and advertised as is).
+"""
 from __future__ import annotations
 
 
 class ZmqPeerControlChannel:
+    """`bind_port` 0 lets KVCR pick a free port; once a KVCR has bound it,
+    `bind_port` and `endpoint` name the port chosen (as does
+    `KVCR.control_endpoint`)."""
+
     def __init__(self, bind_host: str, bind_port: int, advertise_host: "str | None" = None) -> None:
         if not isinstance(bind_host, str) or not bind_host:
             raise ValueError("control bind host must be a non-empty string")
-        if type(bind_port) is not int or not 1 <= bind_port <= 65535:
-            raise ValueError("control port must be between 1 and 65535")
+        if type(bind_port) is not int or not 0 <= bind_port <= 65535:
+            raise ValueError("control port must be between 1 and 65535 (or 0: any free port)")
+        if advertise_host is not None and (not isinstance(advertise_host, str)
+                                           or not advertise_host):
+            raise ValueError("control advertise host must be a non-empty string")
         self.bind_host = bind_host
         self.bind_port = bind_port
         self.advertise_host = advertise_host or bind_host
+        self.endpoint = self._endpoint(bind_port)
+        self.closed = False
+
+    def _endpoint(self, port: int) -> str:
         host = self.advertise_host
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"  # IPv6
-        self.endpoint = f"tcp://{host}:{bind_port}"
-        self.closed = False
+        return f"tcp://{host}:{port}"
+
+    def _bound(self, port: int) -> None:
+        """KVCR bound the channel on `port` (the one chosen for port 0)."""
+        self.bind_port = port
+        self.endpoint = self._endpoint(port)
 
     def initialize(self) -> None:
-        """Nothing to set up until the peer-to-peer tier exists."""
+        """Nothing to set up: libkvcr binds the endpoint when KVCR starts."""
 
     def send(self, endpoint: str, message: bytes) -> bool:
-        return False  # no peer-to-peer tier yet: nothing is ever sent
+        return False  # libkvcr sends control messages itself
 
     def recv(self) -> list:
         return []
@@ -36,4 +56,5 @@ class ZmqPeerControlChannel:
         self.closed = True
 
     def __repr__(self) -> str:
-        return f"ZmqPeerControlChannel({self.endpoint!r}, not connected: peer tier not built)"
+        return (f"ZmqPeerControlChannel(bind={self.bind_host}:{self.bind_port}, "
+                f"endpoint={self.endpoint!r})")

@@ -143,17 +143,34 @@ class KVCRStartupError(RuntimeError):
 
 
 class TransferError(RuntimeError):
-    """Memory exposed by a failed transfer ("uncertain" until "quiesced")."""
+    """Memory exposed by a failed transfer, as given to on_resilience_event.
+
+    `state` is "uncertain" (the transport may still read or write the
+    memory: keep it) until a later event for the same `op_handle` says
+    "quiesced" (that hazard is over; the failed data is still not valid).
+    This build also reports "stalled": this instance's source side stopped
+    serving peers (memory it was reading stays uncertain).
+
+    Target side (a deliver or fetch that pulled from a peer):
+    `destination_regions` lists the framework MemoryRefs being written and
+    `op_handle` is the operation's handle. Source side (a peer read our
+    memory; `source_side` is True): `op_handle` is libkvcr's number for that
+    peer write, `source_regions` lists the framework MemoryRefs being read,
+    and `source_blocks` is None (libkvcr reports regions, not keys).
+    KVCR-owned memory is never listed."""
 
     def __init__(self, message: str, op_handle: OpHandle, *, state: str = "uncertain",
                  source_blocks: Union[dict, None] = None,
-                 destination_regions: Union[list, None] = None) -> None:
+                 destination_regions: Union[list, None] = None,
+                 source_regions: Union[list, None] = None, source_side: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.op_handle = op_handle
         self.state = state
         self.source_blocks = source_blocks
         self.destination_regions = destination_regions
+        self.source_regions = source_regions
+        self.source_side = source_side
 
     def __str__(self) -> str:
         return (f"{self.message}: state={self.state}, op={self.op_handle}, "

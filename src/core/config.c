@@ -1,5 +1,6 @@
 #include "core/config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,7 +93,20 @@ static int check_remote(const kvcr_remote_options *r)
         return kvcr_fail(KVCR_EINVAL, "metadata_retry_interval_ms must be positive");
     if (r->backend == NULL || r->backend[0] == '\0')
         return kvcr_fail(KVCR_EINVAL, "remote framework DRAM NIXL backend must be non-empty");
-    return kvcr_fail(KVCR_ENOTSUP, "the peer-to-peer tier (REMOTE_G2) is not built yet");
+    if (strcmp(r->backend, "UCX") != 0)
+        return kvcr_fail(KVCR_ENOTSUP, "remote backend '%s' is not supported (only \"UCX\")",
+                         r->backend);
+    const char *hosts[2] = {r->control_host, r->advertise_host};
+    for (int i = 0; i < 2; i++) {
+        const char *h = hosts[i];
+        if (h == NULL) continue; /* the default */
+        bool ok = h[0] != '\0' && strlen(h) < 100;
+        for (const char *c = h; ok && *c; c++) ok = *c > ' ' && *c != ':' && *c != '/' && *c < 127;
+        if (!ok)
+            return kvcr_fail(KVCR_EINVAL, "remote %s '%s' must be a host name or IPv4 address",
+                             i == 0 ? "control_host" : "advertise_host", h);
+    }
+    return 0;
 }
 
 static bool spans_overlap(uintptr_t a, size_t alen, uintptr_t b, size_t blen)
@@ -288,6 +302,8 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
         dup = calloc(cfg->n_framework_regions, sizeof *dup);
         rc = dup ? check_regions(cfg, dup) : kvcr_fail(KVCR_ENOMEM, "out of memory");
     }
+    if (rc == 0 && (cfg->callbacks.request_pin == NULL) != (cfg->callbacks.release_pin == NULL))
+        rc = kvcr_fail(KVCR_EINVAL, "request_pin and release_pin must be given together");
     if (rc == 0 && cfg->n_local_dram == 0 && !cfg->remote.enabled)
         rc = kvcr_fail(KVCR_EINVAL, "at least one DRAM backend must be configured");
     if (rc == 0) rc = copy_regions(cfg, dup, out);
@@ -300,6 +316,15 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
     out->n_pools = (uint32_t)cfg->n_pool_layouts;
     out->has_local_dram = cfg->n_local_dram > 0;
     out->remote = cfg->remote;
+    if (out->remote.enabled) {
+        const char *host = cfg->remote.control_host ? cfg->remote.control_host : "127.0.0.1";
+        snprintf(out->control_host, sizeof out->control_host, "%s", host);
+        snprintf(out->advertise_host, sizeof out->advertise_host, "%s",
+                 cfg->remote.advertise_host ? cfg->remote.advertise_host : host);
+        out->remote.control_host = out->control_host;
+        out->remote.advertise_host = out->advertise_host;
+        out->remote.backend = "UCX";
+    }
     out->operation_timeout_ms = cfg->operation_timeout_ms;
     out->abandon_timeout_ms = cfg->abandon_timeout_ms;
     out->watermark_percent = cfg->capacity_low_watermark_percent;

@@ -30,7 +30,8 @@ typedef struct kvcr_conf {
     bool has_local_dram;
     fw_region *regions;
     size_t n_regions;
-    kvcr_remote_options remote;
+    kvcr_remote_options remote; /* strings point into the buffers below */
+    char control_host[KVCR_NAME_MAX], advertise_host[KVCR_NAME_MAX];
     uint32_t operation_timeout_ms, abandon_timeout_ms;
     double watermark_percent;
     bool enable_telemetry;
@@ -45,8 +46,9 @@ enum op_kind { OP_DEPOSIT = 0, OP_DELIVER, OP_FETCH };
 /* copy_job.kind: whose job it is. */
 enum job_kind { JOB_FILL = 1, JOB_DELIVER };
 
-/* What a pending entry waits for. */
-enum entry_wait { WAIT_NONE = 0, WAIT_FILL, WAIT_COPY };
+/* What a pending entry waits for. WAIT_REMOTE: a peer writes the bytes; no
+ * deadline or abort can stop that, the pull settles the entry. */
+enum entry_wait { WAIT_NONE = 0, WAIT_FILL, WAIT_COPY, WAIT_REMOTE };
 
 typedef struct op_rec op_rec;
 
@@ -87,6 +89,7 @@ struct op_rec {
  * form a list through their entries. */
 typedef struct fill {
     block_id block;
+    bool remote;         /* a peer writes it (never a copy job) */
     kvcr_op_handle origin;
     uint32_t origin_idx; /* the entry of `origin` that started it */
     op_rec *w_op;
@@ -142,6 +145,7 @@ struct kvcr {
     kvcr_op_handle commit_origin;
 
     hint_table hints;
+    struct remote *remote; /* the peer-to-peer tier, NULL when off */
 
     pending_event *events_head, *events_tail;
     kvcr_capacity_need pressure[KVCR_MAX_POOLS];

@@ -12,6 +12,7 @@
 #include "core/ops.h"
 #include "core/residency.h"
 #include "core/testing.h"
+#include "tiers/remote.h"
 #include "util/api.h"
 #include "util/clock.h"
 
@@ -59,6 +60,7 @@ static int guard(const kvcr_t *kv, const char *fn)
 
 static void release_parts(kvcr_t *kv)
 {
+    remote_destroy(kv);
     res_destroy(kv);
     hint_table_destroy(&kv->hints);
     ops_discard_done(kv);
@@ -130,6 +132,12 @@ KVCR_API int kvcr_create(const kvcr_config *cfg, kvcr_t **out)
         release_parts(kv);
         return kvcr_fail(rc, "cannot start the copy threads");
     }
+    if (kv->conf.remote.enabled && (rc = remote_start(kv)) != 0) {
+        copy_engine_stop(&kv->copier);
+        copy_engine_destroy(&kv->copier);
+        release_parts(kv);
+        return rc; /* remote_start named the cause */
+    }
     log_start(kv);
     *out = kv;
     return 0;
@@ -146,15 +154,26 @@ KVCR_API int kvcr_close(kvcr_t *kv)
     kv->closed = true;
     ops_cancel_all(kv);
     instance_unlock(kv);
-    /* Running copies finish; the threads need no state lock to do so. */
+    /* Running copies finish; the threads need no state lock to do so. Peer
+     * transfers end (or are reported uncertain) before the progress thread
+     * stops. */
     copy_engine_stop(&kv->copier);
+    remote_stop(kv);
     instance_lock(kv);
     ops_progress(kv);
     if (kv->live_head != NULL)
         kvcr_log(&kv->log, KVCR_LOG_ERROR, "%llu operation(s) still pending after close",
                  (unsigned long long)kv->n_live);
     ops_discard_done(kv);
+    pending_event *events = kv->events_head;
+    kv->events_head = kv->events_tail = NULL;
     instance_unlock(kv);
+    remote_run_callbacks(kv); /* resilience events and pin releases first */
+    while (events != NULL) { /* nobody polls any more: inventory is not reported at close */
+        pending_event *next = events->next;
+        free(events);
+        events = next;
+    }
     kvcr_log(&kv->log, KVCR_LOG_INFO, "closed");
     return 0;
 }
@@ -182,7 +201,8 @@ KVCR_API const char *kvcr_pool_name(const kvcr_t *kv, uint32_t pool)
 
 /* ---- query -------------------------------------------------------------- */
 
-static kvcr_query_result query_one(const kvcr_t *kv, const kvcr_key *k, uint64_t hash)
+static kvcr_query_result query_one(kvcr_t *kv, const kvcr_key *k, uint64_t hash,
+                                   const hint_state *st)
 {
     block_id id = index_find(&kv->index, k->data, k->len, hash);
     if (id != BLOCK_NONE) {
@@ -191,6 +211,8 @@ static kvcr_query_result query_one(const kvcr_t *kv, const kvcr_key *k, uint64_t
         if (state == G2_FILLING)
             return (kvcr_query_result){KVCR_QUERY_FETCHING, KVCR_TIER_LOCAL_G2};
     }
+    if (st != NULL && remote_accepts(kv, st, k->data, k->len))
+        return (kvcr_query_result){KVCR_QUERY_FETCHABLE, KVCR_TIER_REMOTE_G2};
     return (kvcr_query_result){KVCR_QUERY_MISS, KVCR_TIER_NONE};
 }
 
@@ -200,7 +222,6 @@ KVCR_API int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
                         kvcr_query_result *out)
 {
     GUARD(kv);
-    (void)request_id; /* hints arrive with the peer-to-peer tier */
     if (n > 0 && (keys == NULL || out == NULL))
         return kvcr_fail(KVCR_EINVAL, "kvcr_query: keys and out must not be NULL");
     for (size_t i = 0; i < n; i++)
@@ -214,6 +235,7 @@ KVCR_API int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
     }
     /* Three passes over a chunk — table slots, then records, then the
      * lookups — so the cache misses of its keys overlap. */
+    const hint_state *st = remote_hint(kv, request_id);
     uint64_t hash[QUERY_CHUNK];
     for (size_t base = 0; base < n; base += QUERY_CHUNK) {
         size_t m = n - base < QUERY_CHUNK ? n - base : QUERY_CHUNK;
@@ -222,7 +244,7 @@ KVCR_API int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
             index_prefetch_slot(&kv->index, hash[i]);
         }
         for (size_t i = 0; i < m; i++) index_prefetch_record(&kv->index, hash[i]);
-        for (size_t i = 0; i < m; i++) out[base + i] = query_one(kv, &keys[base + i], hash[i]);
+        for (size_t i = 0; i < m; i++) out[base + i] = query_one(kv, &keys[base + i], hash[i], st);
     }
     instance_unlock(kv);
     return 0;
@@ -241,8 +263,7 @@ KVCR_API int kvcr_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const 
                           kvcr_op_handle *op)
 {
     GUARD(kv);
-    (void)request_id; /* remote sources arrive with the peer-to-peer tier */
-    return ops_deliver(kv, blocks, n, op);
+    return ops_deliver(kv, blocks, n, request_id, op);
 }
 
 KVCR_API int kvcr_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
@@ -250,8 +271,7 @@ KVCR_API int kvcr_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
                         kvcr_op_handle *op)
 {
     GUARD(kv);
-    (void)request_id;
-    return ops_fetch(kv, keys, n, expected_layout, layout_len, op);
+    return ops_fetch(kv, keys, n, request_id, expected_layout, layout_len, op);
 }
 
 KVCR_API int kvcr_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n,
@@ -276,13 +296,15 @@ KVCR_API int kvcr_submit_hint(kvcr_t *kv, const char *request_id, const char *js
     if (json == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_submit_hint: json must not be NULL");
     hint h;
     int rc = hint_parse(json, len, &kv->log, &h); /* no lock: parsing touches no state */
-    if (rc != 0 || request_id == NULL) {
+    if (rc != 0) {
         hint_clear(&h);
         return rc;
     }
     instance_lock(kv);
-    rc = kv->closed ? kvcr_fail(KVCR_ECLOSED, "the instance is closed")
-                    : hint_table_submit(&kv->hints, request_id, &h, kvcr_now_ns());
+    rc = kv->closed ? kvcr_fail(KVCR_ECLOSED, "the instance is closed") : 0;
+    if (rc == 0) remote_hint_source(kv, h.source); /* eager metadata, if on */
+    if (rc == 0 && request_id != NULL)
+        rc = hint_table_submit(&kv->hints, request_id, &h, kvcr_now_ns());
     instance_unlock(kv);
     hint_clear(&h);
     return rc;
@@ -297,6 +319,25 @@ KVCR_API int kvcr_discard_hint(kvcr_t *kv, const char *request_id)
     if (rc == 0) hint_table_discard(&kv->hints, request_id);
     instance_unlock(kv);
     return rc;
+}
+
+/* ---- the peer tier ------------------------------------------------------- */
+
+KVCR_API int kvcr_pin_complete(kvcr_t *kv, uint64_t req, uint64_t pin, const kvcr_block *blocks,
+                               size_t n)
+{
+    GUARD(kv);
+    if (n > 0 && blocks == NULL)
+        return kvcr_fail(KVCR_EINVAL, "kvcr_pin_complete: blocks must not be NULL");
+    if (kv->remote == NULL)
+        return kvcr_fail(KVCR_ENOENT, "no pin request %llu: the remote tier is off",
+                         (unsigned long long)req);
+    return remote_pin_complete(kv, req, pin, blocks, n);
+}
+
+KVCR_API const char *kvcr_control_endpoint(const kvcr_t *kv)
+{
+    return kv ? remote_endpoint(kv) : NULL;
 }
 
 /* ---- poll --------------------------------------------------------------- */
@@ -328,6 +369,7 @@ KVCR_API int kvcr_poll(kvcr_t *kv, kvcr_op_result **results, size_t *n)
         return kvcr_fail(KVCR_EINVAL, "kvcr_poll: results and n must not be NULL");
     *results = NULL;
     *n = 0;
+    if (kv->remote && kv->conf.cb.poll_pins) kv->conf.cb.poll_pins(kv->conf.cb.ud);
     instance_lock(kv);
     if (kv->closed) {
         instance_unlock(kv);
@@ -347,6 +389,7 @@ KVCR_API int kvcr_poll(kvcr_t *kv, kvcr_op_result **results, size_t *n)
     memcpy(needs, kv->pressure, n_needs * sizeof *needs);
     kv->n_pressure = 0;
     instance_unlock(kv);
+    remote_run_callbacks(kv);
     deliver_notices(kv, events, needs, n_needs);
     return rc;
 }
@@ -408,9 +451,11 @@ KVCR_API int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out)
     if (rc == 0) {
         gauge_add(&s, "", "block_records", (double)kv->index.count);
         gauge_add(&s, "", "in_flight_ops", (double)kv->n_live);
-        gauge_add(&s, "", "framework_pins", 0);
-        gauge_add(&s, "", "pinned_keys", 0);
-        gauge_add(&s, "", "connected_remotes", 0);
+        double peers = 0, pins = 0, pinned = 0;
+        remote_gauges(kv, &peers, &pins, &pinned);
+        gauge_add(&s, "", "framework_pins", pins);
+        gauge_add(&s, "", "pinned_keys", pinned);
+        gauge_add(&s, "", "connected_remotes", peers);
         gauge_add(&s, "", "completed", (double)kv->n_done);
         if (kv->conf.has_local_dram) {
             pool_gauges(&s, "local_g2_", kv->pools, kv->conf.n_pools);
@@ -463,6 +508,14 @@ int kvcr__test_hint(kvcr_t *kv, const char *request_id, const char **source, siz
     }
     instance_unlock(kv);
     return st != NULL;
+}
+
+uint64_t kvcr__test_dropped_messages(kvcr_t *kv)
+{
+    instance_lock(kv);
+    uint64_t n = kv->remote ? remote_dropped_messages(kv) : 0;
+    instance_unlock(kv);
+    return n;
 }
 
 size_t kvcr__test_metadata_bytes(kvcr_t *kv, uint64_t *records)

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "core/residency.h"
+#include "tiers/remote.h"
 #include "util/clock.h"
 
 /* ---- argument checks (no lock: they read only the immutable config) ----- */
@@ -95,6 +96,30 @@ static int check_ref(const kvcr_t *kv, const kvcr_mem_ref *r, const fw_region **
     return 0;
 }
 
+int ops_check_refs(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n)
+{
+    if (n == 0 || refs == NULL)
+        return kvcr_fail(KVCR_EINVAL, "each block requires at least one descriptor");
+    if (n > 255) return kvcr_fail(KVCR_EINVAL, "a block spans at most 255 layout entries");
+    const fw_region *first = NULL;
+    for (size_t j = 0; j < n; j++) {
+        const fw_region *reg = NULL;
+        int rc = check_ref(kv, &refs[j], &reg);
+        if (rc != 0) return rc;
+        if (first == NULL) first = reg;
+        if (reg->mem_type != first->mem_type || reg->device_id != first->device_id)
+            return kvcr_fail(KVCR_EINVAL, "block descriptors must share one memory type and device");
+    }
+    return 0;
+}
+
+uint8_t *ops_ref_addr(const kvcr_t *kv, const kvcr_mem_ref *r, uint32_t *pool)
+{
+    const fw_region *reg = find_region(kv, r->label ? r->label : "");
+    *pool = reg->pool;
+    return reg->addr + r->index * reg->stride;
+}
+
 /* Validates a deposit's or deliver's blocks completely; *total_refs is the
  * number of layout entries over all blocks. */
 static int check_blocks(const kvcr_t *kv, const kvcr_block *blocks, size_t n, size_t *total_refs)
@@ -104,21 +129,8 @@ static int check_blocks(const kvcr_t *kv, const kvcr_block *blocks, size_t n, si
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         int rc = check_key(&blocks[i].key, i);
+        if (rc == 0) rc = ops_check_refs(kv, blocks[i].refs, blocks[i].n_refs);
         if (rc != 0) return rc;
-        if (blocks[i].n_refs == 0 || blocks[i].refs == NULL)
-            return kvcr_fail(KVCR_EINVAL, "each block requires at least one descriptor");
-        if (blocks[i].n_refs > 255)
-            return kvcr_fail(KVCR_EINVAL, "a block spans at most 255 layout entries");
-        const fw_region *first = NULL;
-        for (size_t j = 0; j < blocks[i].n_refs; j++) {
-            const fw_region *reg = NULL;
-            rc = check_ref(kv, &blocks[i].refs[j], &reg);
-            if (rc != 0) return rc;
-            if (first == NULL) first = reg;
-            if (reg->mem_type != first->mem_type || reg->device_id != first->device_id)
-                return kvcr_fail(KVCR_EINVAL,
-                                 "block descriptors must share one memory type and device");
-        }
         total += blocks[i].n_refs;
     }
     const kvcr_key **keys = calloc(n ? n : 1, sizeof *keys);
@@ -436,6 +448,36 @@ static void protect_batch(kvcr_t *kv, op_rec *o, bool on)
     }
 }
 
+/* Gives entry i's block (created if *id is BLOCK_NONE) G2 slots for the
+ * entry's layout, after the policy admits it from `source`. On false the
+ * entry is finished: refused admission with `refused`, no room FAILED. */
+static bool reserve_slots(kvcr_t *kv, op_rec *o, uint32_t i, block_id *id, kvcr_tier source,
+                          bool required, kvcr_entry_status refused)
+{
+    op_entry *e = &o->e[i];
+    const uint32_t *layout = &o->seg_pool[e->seg_off];
+    if (*id == BLOCK_NONE) {
+        const uint8_t *key = entry_key(o, e);
+        *id = index_insert(&kv->index, key, e->key_len, index_hash(key, e->key_len));
+        if (*id == BLOCK_NONE) {
+            entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NO_CAPACITY);
+            return false;
+        }
+    }
+    uint64_t bytes = res_layout_bytes(kv, layout, e->n_segs);
+    if (!res_admit(kv, *id, bytes, source, required)) {
+        res_prune(kv, *id);
+        entry_finish(kv, o, i, refused, KVCR_REASON_POLICY);
+        return false;
+    }
+    if (!res_alloc(kv, *id, layout, e->n_segs)) {
+        res_prune(kv, *id);
+        entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NO_CAPACITY);
+        return false;
+    }
+    return true;
+}
+
 static void deposit_entry(kvcr_t *kv, op_rec *o, uint32_t i, fill **spare)
 {
     op_entry *e = &o->e[i];
@@ -457,25 +499,7 @@ static void deposit_entry(kvcr_t *kv, op_rec *o, uint32_t i, fill **spare)
             entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_DISCARDING);
         return;
     }
-    if (id == BLOCK_NONE) {
-        const uint8_t *key = entry_key(o, e);
-        id = index_insert(&kv->index, key, e->key_len, index_hash(key, e->key_len));
-        if (id == BLOCK_NONE) {
-            entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NO_CAPACITY);
-            return;
-        }
-    }
-    uint64_t bytes = res_layout_bytes(kv, layout, e->n_segs);
-    if (!res_admit(kv, id, bytes, KVCR_TIER_FW_G2, o->no_evict)) {
-        res_prune(kv, id);
-        entry_finish(kv, o, i, KVCR_ENTRY_DROPPED, KVCR_REASON_POLICY);
-        return;
-    }
-    if (!res_alloc(kv, id, layout, e->n_segs)) {
-        res_prune(kv, id);
-        entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NO_CAPACITY);
-        return;
-    }
+    if (!reserve_slots(kv, o, i, &id, KVCR_TIER_FW_G2, o->no_evict, KVCR_ENTRY_DROPPED)) return;
     start_fill(kv, o, i, id, spare[i]);
     spare[i] = NULL;
 }
@@ -561,24 +585,33 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
 
 /* ---- deliver ------------------------------------------------------------ */
 
-static void deliver_entry(kvcr_t *kv, op_rec *o, uint32_t i)
+static void deliver_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint_state *st,
+                          const kvcr_block *blk)
 {
     op_entry *e = &o->e[i];
     block_id id = entry_find(kv, o, e);
     block *b = id != BLOCK_NONE ? index_get(&kv->index, id) : NULL;
-    if (b == NULL || b->g2_state == G2_NONE)
-        entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NOT_FOUND);
-    else if (b->g2_state == G2_DISCARDING)
-        entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_DISCARDING);
-    else if (!same_layout(kv, b, &o->seg_pool[e->seg_off], e->n_segs))
+    if (b == NULL || b->g2_state == G2_NONE || b->g2_state == G2_DISCARDING) {
+        kvcr_reason why = b && b->g2_state == G2_DISCARDING ? KVCR_REASON_DISCARDING
+                                                            : KVCR_REASON_NOT_FOUND;
+        if (p != NULL && remote_accepts(kv, st, entry_key(o, e), e->key_len)) {
+            e->wait = WAIT_REMOTE;
+            remote_pull_add_deliver(kv, p, o, i, blk->refs, (uint32_t)blk->n_refs, entry_key(o, e),
+                                    e->key_len);
+        } else {
+            entry_finish(kv, o, i, KVCR_ENTRY_FAILED, why);
+        }
+    } else if (!same_layout(kv, b, &o->seg_pool[e->seg_off], e->n_segs)) {
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
-    else if (b->g2_state == G2_FILLING)
+    } else if (b->g2_state == G2_FILLING) {
         waiter_add(b->fill, o, i), e->block = id;
-    else
+    } else {
         start_deliver_copy(kv, o, i, id);
+    }
 }
 
-int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, kvcr_op_handle *out)
+int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *request_id,
+                kvcr_op_handle *out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "op must not be NULL");
     size_t total_refs;
@@ -590,7 +623,10 @@ int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, kvcr_op_handle *
         free(o);
         return rc;
     }
-    for (uint32_t i = 0; i < o->n; i++) deliver_entry(kv, o, i);
+    hint_state *st = remote_hint(kv, request_id);
+    pull *p = st ? remote_pull_new(kv, st, o->handle, false, n, total_refs) : NULL;
+    for (uint32_t i = 0; i < o->n; i++) deliver_entry(kv, o, i, p, st, &blocks[i]);
+    if (p) remote_pull_submit(kv, p);
     op_admitted(kv, o, out);
     return 0;
 }
@@ -613,7 +649,27 @@ static void deliver_done(kvcr_t *kv, op_rec *o, uint32_t i, bool ok)
 
 /* ---- fetch -------------------------------------------------------------- */
 
-static void fetch_entry(kvcr_t *kv, op_rec *o, uint32_t i)
+/* A fetch of a key only the hinted peer has: KVCR slots now, filled by the
+ * peer's write. */
+static void fetch_remote(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, pull *p)
+{
+    op_entry *e = &o->e[i];
+    fill *f = fill_new(e->n_segs);
+    if (f == NULL) {
+        kvcr_log(&kv->log, KVCR_LOG_ERROR, "out of memory: cannot start a remote fetch");
+        entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NO_CAPACITY);
+        return;
+    }
+    if (!reserve_slots(kv, o, i, &id, KVCR_TIER_REMOTE_G2, true, KVCR_ENTRY_FAILED)) {
+        free(f);
+        return;
+    }
+    start_fill(kv, o, i, id, f);
+    f->remote = true;
+    remote_pull_add_fill(kv, p, f, entry_key(o, e), e->key_len);
+}
+
+static void fetch_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint_state *st)
 {
     op_entry *e = &o->e[i];
     if (!kv->conf.has_local_dram) {
@@ -622,16 +678,20 @@ static void fetch_entry(kvcr_t *kv, op_rec *o, uint32_t i)
     }
     block_id id = entry_find(kv, o, e);
     block *b = id != BLOCK_NONE ? index_get(&kv->index, id) : NULL;
-    if (b == NULL || b->g2_state == G2_NONE)
-        entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NOT_FOUND);
-    else if (!same_layout(kv, b, &o->seg_pool[e->seg_off], e->n_segs))
+    if (b == NULL || b->g2_state == G2_NONE) {
+        if (p != NULL && remote_accepts(kv, st, entry_key(o, e), e->key_len))
+            fetch_remote(kv, o, i, id, p);
+        else
+            entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NOT_FOUND);
+    } else if (!same_layout(kv, b, &o->seg_pool[e->seg_off], e->n_segs)) {
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
-    else if (b->g2_state == G2_READY)
+    } else if (b->g2_state == G2_READY) {
         fetch_success(kv, o, i, id);
-    else if (b->g2_state == G2_FILLING)
+    } else if (b->g2_state == G2_FILLING) {
         waiter_add(b->fill, o, i), e->block = id;
-    else
+    } else {
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_DISCARDING);
+    }
 }
 
 static int layout_pools(const kvcr_t *kv, const char *const *layout, size_t len, uint32_t *pools)
@@ -657,8 +717,8 @@ static int layout_pools(const kvcr_t *kv, const char *const *layout, size_t len,
     return (int)len;
 }
 
-int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *const *layout,
-              size_t layout_len, kvcr_op_handle *out)
+int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
+              const char *const *layout, size_t layout_len, kvcr_op_handle *out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "op must not be NULL");
     if (n > 0 && keys == NULL) return kvcr_fail(KVCR_EINVAL, "keys must not be NULL");
@@ -686,12 +746,15 @@ int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *const *lay
         free(o);
         return rc;
     }
+    hint_state *st = kv->conf.has_local_dram ? remote_hint(kv, request_id) : NULL;
+    pull *p = st ? remote_pull_new(kv, st, o->handle, true, m, m * (size_t)len) : NULL;
     for (uint32_t i = 0; i < o->n; i++) {
         o->e[i].seg_off = i * (uint32_t)len;
         o->e[i].n_segs = (uint32_t)len;
         memcpy(&o->seg_pool[i * (uint32_t)len], pools, (size_t)len * sizeof *pools);
-        fetch_entry(kv, o, i);
+        fetch_entry(kv, o, i, p, st);
     }
+    if (p) remote_pull_submit(kv, p);
     op_admitted(kv, o, out);
     return 0;
 }
@@ -805,6 +868,7 @@ void ops_cancel_all(kvcr_t *kv)
 
 void ops_progress(kvcr_t *kv)
 {
+    if (kv->remote) remote_main(kv);
     copy_job *job = copy_take_done(&kv->copier);
     while (job != NULL) {
         copy_job *next = job->next;
@@ -879,4 +943,34 @@ void ops_discard_done(kvcr_t *kv)
     }
     kv->done_tail = NULL;
     kv->n_done = 0;
+}
+
+/* ---- the remote tier settles its entries and fills ------------------------ */
+
+void ops_remote_entry_done(kvcr_t *kv, op_rec *o, uint32_t i, bool ok, kvcr_reason why)
+{
+    entry_finish(kv, o, i, ok ? KVCR_ENTRY_SUCCESS : KVCR_ENTRY_FAILED,
+                 ok ? KVCR_REASON_NONE : why);
+}
+
+void ops_remote_fill_discard(kvcr_t *kv, fill *f)
+{
+    index_get(&kv->index, f->block)->g2_state = G2_DISCARDING;
+    op_rec *wo = f->w_op;
+    uint32_t wi = f->w_idx;
+    f->w_op = NULL;
+    f->n_w = 0;
+    while (wo != NULL) {
+        op_rec *next_op = wo->e[wi].w_next_op;
+        uint32_t next_idx = wo->e[wi].w_next_idx;
+        waiter_resolve(kv, wo, wi, f->block, false, KVCR_REASON_TIMEOUT);
+        wo = next_op;
+        wi = next_idx;
+    }
+}
+
+void ops_remote_fill_done(kvcr_t *kv, fill *f, bool ok, kvcr_reason why)
+{
+    if (index_get(&kv->index, f->block)->g2_state == G2_DISCARDING) ok = false;
+    fill_done(kv, f, ok, why);
 }

@@ -7,9 +7,10 @@
 #include "core/instance.h"
 
 int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, kvcr_op_handle *op);
-int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, kvcr_op_handle *op);
-int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *const *layout,
-              size_t layout_len, kvcr_op_handle *op);
+int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *request_id,
+                kvcr_op_handle *op);
+int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
+              const char *const *layout, size_t layout_len, kvcr_op_handle *op);
 int ops_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n, bool *released);
 int ops_abort(kvcr_t *kv, kvcr_op_handle op, const kvcr_key *keys, size_t n, size_t *n_aborted);
 
@@ -26,5 +27,18 @@ void ops_cancel_all(kvcr_t *kv);
 void ops_discard_done(kvcr_t *kv);
 
 bool ops_valid_key(const kvcr_key *k);
+/* A block's framework references, checked as deposit checks them. */
+int ops_check_refs(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n);
+/* The address of a checked reference, and the pool its label names. */
+uint8_t *ops_ref_addr(const kvcr_t *kv, const kvcr_mem_ref *r, uint32_t *pool);
+
+/* Locked: the remote tier settles entries and fills it was given. */
+void ops_remote_entry_done(kvcr_t *kv, op_rec *o, uint32_t i, bool ok, kvcr_reason why);
+/* A fetch's deadline passed while a peer may still write the slots: fail
+ * the waiters now, keep the slots (G2_DISCARDING) until the pull ends. */
+void ops_remote_fill_discard(kvcr_t *kv, struct fill *f);
+/* The pull ended: commit (ok) or free the slots. A discarded fill is only
+ * freed. */
+void ops_remote_fill_done(kvcr_t *kv, struct fill *f, bool ok, kvcr_reason why);
 
 #endif

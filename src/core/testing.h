@@ -29,4 +29,7 @@ size_t kvcr__test_metadata_bytes(kvcr_t *kv, uint64_t *records);
 int kvcr__test_hint(kvcr_t *kv, const char *request_id, const char **source, size_t *n_hashes,
                     const uint64_t **hashes, bool *failed);
 
+/* Control messages the remote tier dropped (malformed or unexpected). */
+uint64_t kvcr__test_dropped_messages(kvcr_t *kv);
+
 #endif

@@ -164,6 +164,7 @@ int hint_table_submit(hint_table *t, const char *request_id, hint *h, uint64_t n
             hint_clear(&(*s)->hint); /* same source: a fresh hash set */
             (*s)->hint = *h;
             (*s)->failed = false;
+            (*s)->n_misses = 0;
         } else {
             (*s)->failed = true; /* two sources: fail the request closed */
             hint_clear(h);
@@ -197,6 +198,7 @@ bool hint_table_discard(hint_table *t, const char *request_id)
     hint_state *gone = *s;
     *s = gone->next;
     hint_clear(&gone->hint);
+    free(gone->misses);
     free(gone->request_id);
     free(gone);
     t->count--;
@@ -209,9 +211,52 @@ void hint_table_destroy(hint_table *t)
         for (hint_state *s = t->buckets[i], *next; s; s = next) {
             next = s->next;
             hint_clear(&s->hint);
+            free(s->misses);
             free(s->request_id);
             free(s);
         }
     free(t->buckets);
     memset(t, 0, sizeof *t);
+}
+
+hint_state *hint_table_get(hint_table *t, const char *request_id)
+{
+    hint_state **s = slot_of(t, request_id);
+    return s ? *s : NULL;
+}
+
+static size_t miss_pos(const hint_state *s, uint64_t key_hash)
+{
+    size_t lo = 0, hi = s->n_misses;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->misses[mid] < key_hash)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+bool hint_state_is_miss(const hint_state *s, uint64_t key_hash)
+{
+    size_t i = miss_pos(s, key_hash);
+    return i < s->n_misses && s->misses[i] == key_hash;
+}
+
+int hint_state_add_miss(hint_state *s, uint64_t key_hash)
+{
+    size_t i = miss_pos(s, key_hash);
+    if (i < s->n_misses && s->misses[i] == key_hash) return 0;
+    if (s->n_misses == s->cap_misses) {
+        size_t cap = s->cap_misses ? 2 * s->cap_misses : 16;
+        uint64_t *m = realloc(s->misses, cap * sizeof *m);
+        if (m == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+        s->misses = m;
+        s->cap_misses = cap;
+    }
+    memmove(&s->misses[i + 1], &s->misses[i], (s->n_misses - i) * sizeof *s->misses);
+    s->misses[i] = key_hash;
+    s->n_misses++;
+    return 0;
 }

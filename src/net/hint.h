@@ -25,7 +25,9 @@ typedef struct hint_state {
     char *request_id;
     hint hint;
     uint64_t submitted_ns; /* the first submission; kept when replaced */
-    bool failed;           /* two sources for one request: fail closed */
+    bool failed;           /* two sources, or a failed pull: fail closed */
+    uint64_t *misses;      /* key hashes the source did not have: sorted */
+    size_t n_misses, cap_misses;
 } hint_state;
 
 typedef struct hint_table {
@@ -38,5 +40,11 @@ void hint_table_destroy(hint_table *t);
 int hint_table_submit(hint_table *t, const char *request_id, hint *h, uint64_t now_ns);
 bool hint_table_discard(hint_table *t, const char *request_id);
 const hint_state *hint_table_find(const hint_table *t, const char *request_id);
+hint_state *hint_table_get(hint_table *t, const char *request_id);
+
+/* Remembered misses (p2p_spec §3.4), by the key's index hash: a key the
+ * source answered without is not asked for again in this request. */
+int hint_state_add_miss(hint_state *s, uint64_t key_hash);
+bool hint_state_is_miss(const hint_state *s, uint64_t key_hash);
 
 #endif

@@ -19,7 +19,10 @@
  * an unknown or duplicate key, a wrong version, trailing bytes or any bound
  * exceeded is refused whole, and the caller drops and counts it. Decoded
  * byte strings point into the message's own storage (freed by
- * wire_msg_free), never into the input buffer. */
+ * wire_msg_free), never into the input buffer; each is followed there by a
+ * NUL (not counted in len), and names, labels and endpoints are UTF-8
+ * without NULs, so they can be used as C strings. The encoding itself is
+ * described at the top of wire.c. */
 #ifndef KVCR_NET_WIRE_H
 #define KVCR_NET_WIRE_H
 
@@ -62,7 +65,7 @@ typedef struct wire_region {
     uint64_t addr;          /* base address in the sender's process */
     uint64_t element_size;  /* > 0 */
     uint64_t stride;        /* >= element_size */
-    uint64_t count;         /* >= 1; (count-1)*stride+element_size must not overflow */
+    uint64_t count;         /* >= 1; addr+(count-1)*stride+element_size must not overflow */
     wire_bytes rkey;        /* UCX packed rkey, 1..WIRE_MAX_BLOB */
 } wire_region;
 
@@ -127,5 +130,9 @@ void wire_msg_free(wire_msg *m);
  * buffer. 0, or -1 when out of memory or m breaks a bound the decoder
  * enforces (an encoder never produces what the decoder refuses). */
 int wire_encode(const wire_msg *m, void **buf, size_t *len);
+
+/* Whether a and b carry the same fields with the same values (the fields
+ * their type carries; storage ignored). Both must be encodable messages. */
+bool wire_msg_equal(const wire_msg *a, const wire_msg *b);
 
 #endif

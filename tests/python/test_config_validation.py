@@ -1,6 +1,7 @@
 """Configuration rules, one by one, with their messages and their order
 (api_spec §3, §5.1, §7.1), and what is not built yet."""
 import dataclasses
+import logging
 import mmap
 from pathlib import Path
 
@@ -251,7 +252,7 @@ def test_a_policy_requiring_dram_and_g3_names_both_sorted(mem):
         required_tiers = frozenset({kvcr.CacheTier.G3, kvcr.CacheTier.LOCAL_G2})
 
     config, bindings, backends = parts(mem)
-    control = kvcr.ZmqPeerControlChannel("127.0.0.1", 5555)
+    control = kvcr.ZmqPeerControlChannel("127.0.0.1", 0)
     got = refused(ValueError, config,
                   dataclasses.replace(bindings, policy=Needy(), framework_control=control),
                   dataclasses.replace(backends, local_dram=None))
@@ -264,22 +265,28 @@ def test_policy_must_be_a_kvcache_policy(mem):
         "bindings.policy must be a KVCachePolicy"
 
 
-def test_dram_backends_and_the_missing_peer_tier(mem, caplog):
+def test_dram_backends_and_the_peer_tier(mem, caplog):
     config, bindings, backends = parts(mem)
     no_dram = dataclasses.replace(backends, local_dram=None)
     assert refused(ValueError, config, bindings, no_dram) == \
         "at least one DRAM backend must be configured"
-    control = kvcr.ZmqPeerControlChannel("127.0.0.1", 5555, None)
+    assert build(config, bindings, backends).control_endpoint is None  # remote tier off
+    # A framework_control turns the peer tier on: local DRAM becomes optional.
+    control = kvcr.ZmqPeerControlChannel("127.0.0.1", 0, None)
     with_control = dataclasses.replace(bindings, framework_control=control)
-    assert refused(NotImplementedError, config, with_control, no_dram) == \
-        "KVCR without local DRAM needs the peer-to-peer tier, which is not built yet"
-    # With local DRAM the control channel is kept, REMOTE_G2 stays off, one warning says so.
     caplog.clear()
-    k = kvcr.KVCR(config, with_control, backends)
-    warnings = [r for r in caplog.records if "REMOTE_G2" in r.getMessage()]
-    assert len(warnings) == 1 and "not built yet" in warnings[0].getMessage()
+    k = kvcr.KVCR(config, with_control, no_dram)
+    assert k.control_endpoint == control.endpoint and control.bind_port > 0
     assert k.bindings.framework_control is control
     k.close()
+    k = kvcr.KVCR(config, with_control, backends)  # with local DRAM as well
+    assert k.control_endpoint.startswith("tcp://127.0.0.1:")
+    k.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # libkvcr checks the hosts it binds and advertises
+    bad = dataclasses.replace(bindings,
+                              framework_control=kvcr.ZmqPeerControlChannel("::1", 0, "::1"))
+    assert "must be a host name or IPv4 address" in refused(ValueError, config, bad, backends)
 
 
 def test_guard_config(mem):
@@ -382,5 +389,10 @@ def test_control_channel_stand_in():
     c.close()
     assert c.closed
     assert kvcr.ZmqPeerControlChannel("::", 7001, "fe80::1").endpoint == "tcp://[fe80::1]:7001"
-    with pytest.raises(ValueError, match="between 1 and 65535"):
-        kvcr.ZmqPeerControlChannel("0.0.0.0", 0)
+    for port in (-1, 65536, True, "7001"):
+        with pytest.raises(ValueError, match="between 1 and 65535"):
+            kvcr.ZmqPeerControlChannel("0.0.0.0", port)
+    any_port = kvcr.ZmqPeerControlChannel("127.0.0.1", 0)  # 0: KVCR picks a free port
+    assert any_port.endpoint == "tcp://127.0.0.1:0"
+    any_port._bound(7009)
+    assert (any_port.bind_port, any_port.endpoint) == (7009, "tcp://127.0.0.1:7009")

@@ -255,7 +255,7 @@ def test_hints_are_validated_and_kept_per_request(rig_factory):
     # No request id: validated, nothing kept.
     r.kv.submit_hint(HINT)
     assert r.kv.stored_hint("None") is None
-    # The peer-to-peer tier is not built: a hint never makes a key fetchable.
+    # Without a framework_control the peer tier is off: a hint never makes a key fetchable.
     r.kv.submit_hint(envelope(source_control_endpoint="s", block_hashes=[1]), request_id="r2")
     assert r.kv.query([b"\x00" * 7 + b"\x01"], request_id="r2") == [(QueryStatus.MISS, None)]
     r.kv.discard_hint("r1")

@@ -1,7 +1,10 @@
-"""The vLLM secondary tier (the seed's adapter, unchanged) over real KVCR DRAM."""
+"""The vLLM secondary tier (the seed's adapter, unchanged) over real KVCR DRAM
+and the peer-to-peer tier (its control channel is bound on 127.0.0.1, on a
+free port; test_remote_tier.py has two tiers loading from each other)."""
 import dataclasses
 import enum
 import mmap
+import socket
 import time
 from types import SimpleNamespace
 
@@ -26,9 +29,16 @@ def primary(rows=6):
     return memoryview(bytearray(rows * ROW)).cast("B", (rows, ROW))
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def make(view=None, s=None, **kw):
-    args = dict(router_capabilities=["router_hint"], control_ports=[7001],
-                control_advertise_host="127.0.0.1", secondary_g2_slots=2)
+    args = dict(router_capabilities=["router_hint"], control_host="127.0.0.1",
+                control_ports=[free_port()], control_advertise_host="127.0.0.1",
+                secondary_g2_slots=2)
     args.update(kw)
     return KVCRSecondaryTierManager(s or spec(), view if view is not None else primary(),
                                     "kvcr", **args)
@@ -157,10 +167,16 @@ def test_hints_from_the_request_context_are_submitted_and_discarded():
     ctx = v.ReqContext(req_id="r1", kv_hints=env)
     assert tier.on_new_request(ctx) == v.RequestOffloadingContext()
     assert tier._kvcr.stored_hint("r1") == ("tcp://127.0.0.1:9", (7, 8), False)
-    # Not built yet: the hinted keys are not fetchable from the peer.
-    assert tier.lookup(v.make_offload_key((7).to_bytes(8, "big"), 0), ctx) is v.LookupResult.MISS
+    # The hinted keys are loadable from the peer (the adapter's default
+    # opportunistic_query=True makes every key of the request so).
+    assert tier.lookup(v.make_offload_key((7).to_bytes(8, "big"), 0), ctx) is v.LookupResult.HIT
+    assert tier.lookup(v.make_offload_key((9).to_bytes(8, "big"), 3), ctx) is v.LookupResult.HIT
+    other = v.ReqContext(req_id="unhinted")
+    assert tier.lookup(v.make_offload_key((7).to_bytes(8, "big"), 0), other) is \
+        v.LookupResult.MISS
     tier.on_request_finished(ctx)
     assert tier._kvcr.stored_hint("r1") is None
+    assert tier.lookup(v.make_offload_key((7).to_bytes(8, "big"), 0), ctx) is v.LookupResult.MISS
     tier.on_new_request(v.ReqContext(req_id="r2"))  # no hint: nothing submitted
     assert tier._kvcr.stored_hint("r2") is None
     bad = v.ReqContext(req_id="r3", kv_hints={"actions": []})
@@ -202,11 +218,10 @@ def test_constructor_errors_come_in_the_seeds_order():
          "KVCR local G2/G3 inventory requires self_describing_kv_events"),
         ("self-describing", ValueError, "exactly one port when data_parallel_rank_local is unset"),
         (dict(control_ports=[0]), ValueError, "control_ports must be between 1 and 65535"),
-        (dict(control_ports=[7001]), ValueError, "secondary_g2_slots must be non-negative"),
+        (dict(control_ports=[free_port()]), ValueError,
+         "secondary_g2_slots must be non-negative"),
         (dict(secondary_g2_slots=0), ValueError, "G3 requires configured local DRAM"),
         (dict(secondary_g2_slots=2), NotImplementedError, "G3 tier is not built yet"),
-        (dict(g3=None, secondary_g2_slots=0), NotImplementedError,
-         "KVCR without local DRAM needs the peer-to-peer tier, which is not built yet"),
     ]
     for change, exc, message in steps:
         if change == "self-describing":
@@ -216,8 +231,10 @@ def test_constructor_errors_come_in_the_seeds_order():
         with pytest.raises(exc) as info:
             make(s=s, **kw)
         assert message in str(info.value), (change, str(info.value))
-    kw.update(secondary_g2_slots=2)
+    kw.update(g3=None)
     make(s=s, **kw).shutdown()  # everything repaired: it starts
+    kw.update(secondary_g2_slots=0)
+    make(s=s, **kw).shutdown()  # and without KVCR DRAM (peer-to-peer only)
 
 
 @pytest.mark.parametrize("kw,exc,message", [
@@ -239,10 +256,32 @@ def test_constructor_errors(kw, exc, message):
 
 
 def test_rank_selects_the_control_port():
+    ports = [free_port(), free_port()]
     with pytest.raises(ValueError, match="local data-parallel rank 2"):
-        make(s=spec(rank=2), control_ports=[7001, 7002])
-    tier = make(s=spec(rank=1), control_ports=[7001, 7002])
-    assert tier._kvcr.bindings.framework_control.endpoint == "tcp://127.0.0.1:7002"
+        make(s=spec(rank=2), control_ports=ports)
+    tier = make(s=spec(rank=1), control_ports=ports)
+    assert tier._kvcr.bindings.framework_control.endpoint == f"tcp://127.0.0.1:{ports[1]}"
+    assert tier._kvcr.control_endpoint == f"tcp://127.0.0.1:{ports[1]}"  # libkvcr bound it
+    tier.shutdown()
+
+
+def test_the_tier_constructs_without_kvcr_dram():
+    """secondary_g2_slots=0: peer-to-peer only. The control channel names the
+    endpoint libkvcr binds; stores have nowhere to go, loads come from peers."""
+    port = free_port()
+    tier = make(secondary_g2_slots=0, control_ports=[port], s=spec(events=False))
+    assert tier._local_dram_mmap is None
+    assert tier._kvcr._backends.local_dram is None
+    control = tier._kvcr.bindings.framework_control
+    assert isinstance(control, kvcr.ZmqPeerControlChannel)
+    assert (control.bind_host, control.bind_port, control.advertise_host) == (
+        "127.0.0.1", port, "127.0.0.1")
+    assert tier._kvcr.control_endpoint == control.endpoint == f"tcp://127.0.0.1:{port}"
+    # The pin adapter is wired to libkvcr's pin callbacks.
+    assert tier._kvcr._pins is not None
+    assert tier._kvcr._pins._request_pin == tier._framework_pin_adapter.request_pin
+    assert tier.lookup(key(1), v.ReqContext(req_id="r")) is v.LookupResult.MISS
+    tier.drain_jobs()
     tier.shutdown()
 
 

@@ -65,7 +65,11 @@ static void g3_policy(setup *s) { static kvcr_policy_ops p; p = *kvcr_policy_bui
 static void hookless_policy(setup *s) { static kvcr_policy_ops p = {.name = "half"}; s->cfg.policy = &p; }
 static void remote_bad_interval(setup *s) { s->cfg.remote.enabled = true; s->cfg.remote.metadata_retry_interval_ms = 0; }
 static void remote_empty_backend(setup *s) { s->cfg.remote.enabled = true; s->cfg.remote.backend = ""; }
-static void remote_not_built(setup *s) { s->cfg.remote.enabled = true; }
+static void remote_other_backend(setup *s) { s->cfg.remote.enabled = true; s->cfg.remote.backend = "LIBFABRIC"; }
+static void remote_bad_host(setup *s) { s->cfg.remote.enabled = true; s->cfg.remote.control_host = "tcp://x"; }
+static void remote_bad_advertise(setup *s) { s->cfg.remote.enabled = true; s->cfg.remote.advertise_host = "a b"; }
+static int pin_stub(void *ud, uint64_t req, const kvcr_key *k, size_t n) { (void)ud, (void)req, (void)k, (void)n; return 0; }
+static void pins_half(setup *s) { s->cfg.callbacks.request_pin = pin_stub; }
 static void dram_empty_backend(setup *s) { s->cfg.local_dram_backend = ""; }
 static void dram_dup_names(setup *s) { two_pools(s); s->pools[1].name = "k"; }
 static void dram_names_differ(setup *s) { s->pools[0].name = "other"; }
@@ -110,7 +114,9 @@ static const rule rules[] = {
     {"policy hooks", hookless_policy, KVCR_EINVAL, "policy 'half' must provide decide_ingest, eviction_score and decide_eviction"},
     {"retry interval", remote_bad_interval, KVCR_EINVAL, "metadata_retry_interval_ms must be positive"},
     {"remote backend", remote_empty_backend, KVCR_EINVAL, "remote framework DRAM NIXL backend must be non-empty"},
-    {"remote", remote_not_built, KVCR_ENOTSUP, "the peer-to-peer tier (REMOTE_G2) is not built yet"},
+    {"remote backend kind", remote_other_backend, KVCR_ENOTSUP, "remote backend 'LIBFABRIC' is not supported (only \"UCX\")"},
+    {"control host", remote_bad_host, KVCR_EINVAL, "remote control_host 'tcp://x' must be a host name or IPv4 address"},
+    {"advertise host", remote_bad_advertise, KVCR_EINVAL, "remote advertise_host 'a b' must be a host name or IPv4 address"},
     {"dram backend", dram_empty_backend, KVCR_EINVAL, "local DRAM NIXL backend must be non-empty"},
     {"dram unique", dram_dup_names, KVCR_EINVAL, "local DRAM pool names must be unique"},
     {"dram names", dram_names_differ, KVCR_EINVAL, "local DRAM pool names must exactly match pool_layouts"},
@@ -129,6 +135,7 @@ static const rule rules[] = {
     {"region vram", region_vram, KVCR_ENOTSUP, "VRAM framework regions need a CUDA build of KVCR; this build copies host memory only"},
     {"region dup label", region_dup_label, KVCR_EINVAL, "framework region labels must be unique ('')"},
     {"region on pool", region_on_pool, KVCR_EINVAL, "framework region '' overlaps local DRAM pool ''"},
+    {"pins half", pins_half, KVCR_EINVAL, "request_pin and release_pin must be given together"},
     {"no backend", no_dram_backend, KVCR_EINVAL, "at least one DRAM backend must be configured"},
 };
 

@@ -6,11 +6,15 @@ helpers it references defined here. Load it through vLLM's tier factory as
 `kvcr.integrations.vllm.KVCRSecondaryTierManager`.
 
 With this build of KVCR (see the kvcr package docstring):
-* `secondary_g2_slots > 0` is required: the tier stores into and loads from
-  KVCR-owned DRAM. With 0 slots KVCR would need the peer-to-peer tier and
-  the constructor raises NotImplementedError.
-* Router hints from `req_context.kv_hints` are validated and kept per
-  request, but do not make peer blocks loadable yet (lookups stay MISS).
+* The tier always runs the peer-to-peer tier: its ZmqPeerControlChannel
+  names the control endpoint libkvcr binds (control_host, the rank's
+  control port) and advertises (control_advertise_host, else the host
+  name). Router hints from `req_context.kv_hints` make the hinted blocks
+  loadable from the source worker (lookups HIT, loads pull them), and peers
+  read this worker's blocks — from KVCR DRAM, or from vLLM's primary rows
+  pinned through the pin adapter below, served in serve_external_requests.
+* `secondary_g2_slots > 0` adds KVCR-owned DRAM (stores and local loads);
+  with 0 the tier is peer-to-peer only.
 * `g3` and `kvcr_service_socket_path` are validated, then refused as not
   built yet.
 * `msgspec` is optional: without it a minimal `to_builtins` stand-in converts

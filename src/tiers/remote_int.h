@@ -1,0 +1,318 @@
+/* The peer-to-peer tier's internals, shared by its three sources:
+ *   remote_progress.c  the progress thread: UCX, the ZeroMQ channel, routes,
+ *                      peers, message dispatch, timers
+ *   remote_target.c    pulls: start_write, write_done, probes, deadlines
+ *   remote_source.c    source writes: acceptance, claims, pins, the UCX write
+ * Everything below is guarded by the instance lock unless it says
+ * "progress only" (touched by the progress thread alone, no lock needed). */
+#ifndef KVCR_TIERS_REMOTE_INT_H
+#define KVCR_TIERS_REMOTE_INT_H
+
+#include <pthread.h>
+
+#include "net/control.h"
+#include "net/ucx.h"
+#include "net/wire.h"
+#include "tiers/remote.h"
+
+/* ---- peers: what we know of a control endpoint ----------------------------- */
+
+typedef struct rpeer {
+    char endpoint[CTL_MAX_ENDPOINT + 1];
+    bool acked;        /* it acknowledged our metadata: later messages omit it */
+    uint64_t retry_ns; /* metadata may ride along again from then on */
+    bool has_inc;      /* its incarnation, as last learned */
+    uint8_t inc[WIRE_INCARNATION_LEN];
+    bool eager;        /* a hint asked us to publish our metadata to it */
+} rpeer;
+
+/* ---- routes: how to write into a target (progress only) -------------------- */
+
+typedef struct rregion {
+    char label[WIRE_MAX_NAME + 1];
+    bool framework;
+    uint64_t addr, element_size, stride, count;
+    uint8_t *rkey_bytes;
+    size_t rkey_len;
+    ucx_rkey *rkey;
+} rregion;
+
+typedef struct route {
+    struct route *next;
+    char agent[WIRE_MAX_NAME + 1]; /* the target's logical name */
+    uint32_t generation;            /* bumped when the target is replaced */
+    ucx_peer *peer;
+    uint8_t *worker_addr;
+    size_t worker_len;
+    uint32_t n_regions;
+    rregion *regions;
+} route;
+
+/* ---- pulls: target side ---------------------------------------------------- */
+
+enum pull_state {
+    PULL_START = 0,     /* not sent yet */
+    PULL_WAIT_DONE,     /* start_write sent, waiting for write_done */
+    PULL_WAIT_TERMINAL, /* past the deadline: probed, waiting for terminal evidence */
+    PULL_QUARANTINED,   /* past the abandon deadline: reported uncertain */
+    PULL_FINISHED
+};
+
+/* Work a pull owes the main side (remote_main). */
+enum pull_main {
+    PM_DISCARD = 1u << 0,   /* a fetch's deadline passed: fail its waiters now */
+    PM_UNCERTAIN = 1u << 1, /* abandoned: report its destinations uncertain */
+    PM_FINISHED = 1u << 2   /* terminal: settle and free */
+};
+
+typedef struct pull_key {
+    uint32_t key_off, key_len;
+    uint32_t ref_off, n_refs;
+    op_rec *op;         /* deliver: the waiting entry (NULL once settled) */
+    uint32_t idx;
+    struct fill *fill;  /* fetch: the fill of KVCR slots */
+    bool completed;
+} pull_key;
+
+struct pull {
+    pull *next, *prev;  /* remote.pulls */
+    pull *todo_next;    /* remote.todo (main's work) */
+    uint8_t main_flags; /* enum pull_main, pending for main */
+    bool in_todo;
+    int64_t handle;     /* the op handle; negative for a fetch's fill */
+    bool fetch;
+    uint8_t state;      /* enum pull_state */
+    bool uncertain;
+    bool success;
+    bool probe_due;
+    bool discarded;
+    uint8_t fail_reason; /* kvcr_reason when it failed */
+    char source[CTL_MAX_ENDPOINT + 1];
+    char *request_id;
+    bool has_inc;        /* the source incarnation this pull quoted */
+    uint8_t inc[WIRE_INCARNATION_LEN];
+    uint64_t start_ns, deadline_ns, abandon_ns;
+    uint32_t n_keys, cap_keys;
+    pull_key *keys;
+    uint8_t *key_bytes;
+    size_t key_used, key_cap;
+    wire_ref *refs;     /* labels point into the instance's config */
+    uint32_t n_refs, cap_refs;
+};
+
+/* ---- source writes --------------------------------------------------------- */
+
+enum sw_state {
+    SW_PINNING = 0,     /* on main: waiting for framework pins */
+    SW_READY,           /* sources fixed: the progress thread posts it */
+    SW_POSTED,          /* UCX holds it */
+    SW_DONE             /* finished: main releases claims and pins */
+};
+
+struct pin;
+
+typedef struct sw_key {
+    uint32_t key_off, key_len;
+    uint32_t dst_off, n_dst;  /* into swrite.dst */
+    block_id local;           /* claimed KVCR DRAM source, or BLOCK_NONE */
+    struct pin *pin;          /* framework source: the pin it reads through */
+    const kvcr_mem_ref *fw_refs;
+    uint32_t n_fw;            /* references the pin gave */
+    bool included;
+    bool asked;               /* a pin was requested for it */
+} sw_key;
+
+typedef struct sw_dst {
+    uint64_t addr;            /* in the target */
+    const ucx_rkey *rkey;
+    uint32_t pool;            /* our pool of the same label */
+    bool framework;
+    char label[WIRE_MAX_NAME + 1];
+    uint64_t index;
+} sw_dst;
+
+struct wstat;
+
+typedef struct swrite {
+    struct swrite *next, *prev;   /* remote.swrites */
+    struct swrite *list_next;     /* remote.sw_main or remote.sw_post */
+    bool on_main, on_post;
+    uint64_t number;              /* source op number (resilience events) */
+    struct wstat *status;
+    route *route;
+    uint32_t route_gen;
+    char agent[WIRE_MAX_NAME + 1];
+    char reply_to[CTL_MAX_ENDPOINT + 1];  /* the target's endpoint */
+    char reflected[CTL_MAX_ENDPOINT + 1]; /* our address as the target used it */
+    int64_t op;
+    uint8_t state;                /* enum sw_state */
+    bool forced_fail, cancel_pending, abandoned, pins_dropped, success;
+    uint64_t start_ns, deadline_ns, cancel_deadline_ns;
+    uint32_t n_keys;
+    sw_key *keys;
+    uint8_t *key_bytes;
+    sw_dst *dst;
+    uint32_t n_dst;
+    uint64_t *wait_reqs;          /* pin requests it waits for */
+    uint32_t n_wait;
+    ucx_seg *segs;
+    uint32_t n_segs;
+    uint64_t bytes;
+    int ucx_status;
+    struct remote *owner;
+    struct swrite *ucx_next;      /* progress only: finished in UCX */
+} swrite;
+
+/* The fence of one write id (target agent, op handle): kept after the write
+ * ends so that a duplicate or a probe-fenced start_write is never served. */
+typedef struct wstat {
+    struct wstat *next;
+    char agent[WIRE_MAX_NAME + 1];
+    int64_t op;
+    bool submitted, cancel_requested;
+    swrite *sw;                   /* while live */
+    uint64_t ended_ns;            /* 0 while live */
+} wstat;
+
+/* ---- pins ------------------------------------------------------------------ */
+
+typedef struct pin {
+    struct pin *next;
+    uint64_t handle;
+    uint32_t holders;             /* source writes reading through it */
+    bool releasing;               /* release_pin not yet accepted */
+    bool release_queued;          /* a release callback is queued */
+    bool release_warned;
+    uint32_t n_keys;              /* fw residencies it backs */
+} pin;
+
+/* A key's framework residency, while a pin backs it. */
+typedef struct fwres {
+    struct fwres *next;
+    pin *pin;
+    uint8_t *key;
+    uint32_t key_len;
+    uint32_t n_refs;
+    kvcr_mem_ref *refs;           /* labels owned here */
+} fwres;
+
+typedef struct pin_req {
+    struct pin_req *next;
+    uint64_t id;
+    uint32_t n_keys;
+    kvcr_key *keys;               /* copies in store */
+    uint8_t *store;
+} pin_req;
+
+/* ---- callbacks queued for the polling thread -------------------------------- */
+
+enum rcb_kind { RCB_REQUEST_PIN = 1, RCB_CANCEL_PIN, RCB_RELEASE_PIN, RCB_RESILIENCE };
+
+typedef struct rcb {
+    struct rcb *next;
+    uint8_t kind;
+    uint64_t id;                  /* pin request or pin handle */
+    kvcr_key *keys;               /* request_pin: owned copies */
+    size_t n_keys;
+    kvcr_resilience_event ev;
+    kvcr_mem_ref *regions;        /* owned */
+    void *owned;                  /* label or key storage */
+    char message[200];
+} rcb;
+
+void rcb_free(rcb *cb);
+
+/* ---- the tier ------------------------------------------------------------- */
+
+struct remote {
+    kvcr_t *kv;
+    pthread_t thread;
+    bool thread_started;
+    int wake_fd;                  /* eventfd: work for the progress thread */
+    bool stop;                    /* close asked the progress thread to finish */
+    bool exited;
+
+    /* progress only (set up before the thread starts) */
+    ucx_ctx *ucx;
+    ucx_mem **mems;               /* framework regions, then pools */
+    uint32_t n_mems;
+    wire_region *md_regions;
+    wire_metadata md;
+    ctl_channel *ctl;
+    route *routes;
+    swrite *ucx_done;             /* finished in UCX, to settle under the lock */
+    uint64_t last_turn_ns;
+
+    char endpoint[CTL_MAX_ENDPOINT + 1];
+    uint8_t inc[WIRE_INCARNATION_LEN];
+
+    rpeer *peers;
+    uint32_t n_peers, cap_peers;
+    bool eager_due;
+
+    pull *pulls;                  /* every live pull */
+    pull *todo, *todo_tail;       /* pulls with work for main */
+    uint64_t n_pulls;
+
+    swrite *swrites;              /* every live source write */
+    swrite *sw_main, *sw_main_tail; /* pin work or settling, for main */
+    swrite *sw_post, *sw_post_tail; /* ready for the progress thread */
+    uint64_t next_source_no;
+    bool stalled;
+    uint64_t last_prune_ns;       /* progress only */
+
+    wstat **wstats;               /* fences, by (agent, op) */
+    uint32_t n_wbuckets;
+    uint64_t n_wstats;
+
+    pin *pins;
+    fwres *fwres;
+    pin_req *pin_reqs;
+    uint64_t next_pin_req;
+
+    rcb *cbs, *cbs_tail;          /* callbacks for the polling thread */
+
+    uint64_t dropped_messages;    /* malformed or unexpected */
+};
+
+/* remote_progress.c */
+void remote_wake(remote *r);
+rpeer *peer_get(remote *r, const char *endpoint, bool create);
+void peer_invalidate(remote *r, const char *endpoint);
+/* Sends m (common fields filled in here) to endpoint; with_md attaches our
+ * metadata when the peer has not acknowledged it and may (force: always
+ * unless acknowledged). 0 or negative; a failure invalidates the peer. */
+int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule);
+enum { MD_NEVER = 0, MD_RETRY, MD_FORCE };
+int route_resolve(remote *r, const wire_msg *m, route **out);
+void rcb_push(remote *r, rcb *cb);
+void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
+                    const kvcr_mem_ref *regions, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+/* remote_target.c (locked, progress thread unless noted) */
+void target_adopt(remote *r, uint64_t now);
+void target_timers(remote *r, uint64_t now, uint64_t *next_ns);
+void target_on_message(remote *r, const wire_msg *m);
+void target_main(remote *r);          /* main thread */
+bool target_idle(const remote *r);     /* nothing may still write our memory */
+void target_stop(remote *r, uint64_t now);
+void target_abandon_all(remote *r);
+
+/* remote_source.c (locked, progress thread unless noted) */
+void source_on_message(remote *r, const wire_msg *m);
+void source_timers(remote *r, uint64_t now, uint64_t *next_ns);
+/* Takes the writes ready to post; post them unlocked with source_post. */
+swrite *source_take_posts(remote *r);
+void source_post(remote *r, swrite *sw);  /* unlocked, progress thread */
+void source_ucx_settle(remote *r);      /* UCX completions */
+void source_main(remote *r);            /* main thread */
+bool source_idle(const remote *r);
+void source_stop(remote *r);
+void source_destroy(remote *r);
+/* Runs one queued callback (pins, resilience) unlocked, then frees it. */
+void source_run_callback(remote *r, rcb *cb);
+int source_pin_complete(remote *r, uint64_t req, uint64_t pin, const kvcr_block *blocks,
+                        size_t n);
+
+#endif

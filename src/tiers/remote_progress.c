@@ -1,0 +1,576 @@
+/* The peer tier's progress thread and its plumbing: start and stop, the
+ * loop, peers (what we know of a control endpoint), routes (how to write
+ * into a target), message sending and dispatch, and the callbacks queued
+ * for the polling thread.
+ *
+ * One turn of the loop: drive UCX (unlocked), then under the instance lock
+ * settle UCX completions, receive and dispatch up to 64 control messages,
+ * adopt new pulls, publish eager metadata and run the timers; then post the
+ * source writes that became ready (unlocked) and sleep in poll() on the
+ * wake eventfd, the ZeroMQ fd and the UCX fd until the next timer. */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "tiers/remote_int.h"
+#include "util/clock.h"
+
+#define MSG_BATCH 64
+#define IDLE_WAIT_MS 20
+#define MS 1000000ull
+
+/* ---- peers ---------------------------------------------------------------- */
+
+rpeer *peer_get(remote *r, const char *endpoint, bool create)
+{
+    for (uint32_t i = 0; i < r->n_peers; i++)
+        if (strcmp(r->peers[i].endpoint, endpoint) == 0) return &r->peers[i];
+    if (!create || strlen(endpoint) > CTL_MAX_ENDPOINT) return NULL;
+    if (r->n_peers == r->cap_peers) {
+        uint32_t cap = r->cap_peers ? 2 * r->cap_peers : 16;
+        rpeer *p = realloc(r->peers, cap * sizeof *p);
+        if (p == NULL) return NULL;
+        r->peers = p;
+        r->cap_peers = cap;
+    }
+    rpeer *p = &r->peers[r->n_peers++];
+    memset(p, 0, sizeof *p);
+    strcpy(p->endpoint, endpoint);
+    return p;
+}
+
+/* A failed send, a timeout or a refusal: the peer may have lost our
+ * metadata (a restart), so the next message publishes it again. */
+void peer_invalidate(remote *r, const char *endpoint)
+{
+    rpeer *p = peer_get(r, endpoint, false);
+    if (p != NULL) p->acked = false, p->retry_ns = 0;
+}
+
+/* ---- sending -------------------------------------------------------------- */
+
+static wire_bytes str_bytes(const char *s)
+{
+    return (wire_bytes){(const uint8_t *)s, strlen(s)};
+}
+
+int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
+{
+    kvcr_t *kv = r->kv;
+    rpeer *p = peer_get(r, endpoint, true);
+    uint64_t now = kvcr_now_ns();
+    m->agent = str_bytes(kv->conf.agent_name);
+    m->incarnation = (wire_bytes){r->inc, WIRE_INCARNATION_LEN};
+    if (m->from.len == 0) m->from = str_bytes(r->endpoint);
+    m->to = str_bytes(endpoint);
+    bool attach = p != NULL && !p->acked &&
+                  (md_rule == MD_FORCE || (md_rule == MD_RETRY && now >= p->retry_ns));
+    m->has_metadata = attach;
+    if (attach) m->md = r->md;
+    void *buf = NULL;
+    size_t len = 0;
+    int rc = wire_encode(m, &buf, &len);
+    if (rc != 0) {
+        kvcr_log(&kv->log, KVCR_LOG_ERROR, "cannot encode a %s message for %s",
+                 wire_type_name(m->type), endpoint);
+        return KVCR_ENOMEM;
+    }
+    rc = ctl_send(r->ctl, endpoint, buf, len);
+    free(buf);
+    if (rc != 0) {
+        /* Debug only: a dead peer makes every probe fail until the abandon
+         * deadline; what the failure means is logged by the caller. */
+        kvcr_log(&kv->log, KVCR_LOG_DEBUG, "cannot send %s to %s: %s", wire_type_name(m->type),
+                 endpoint, kvcr_last_error());
+        peer_invalidate(r, endpoint);
+        return rc;
+    }
+    if (attach) p->retry_ns = now + (uint64_t)kv->conf.remote.metadata_retry_interval_ms * MS;
+    return 0;
+}
+
+/* ---- routes (progress only) ----------------------------------------------- */
+
+static void route_free(route *rt)
+{
+    for (uint32_t i = 0; i < rt->n_regions; i++) {
+        if (rt->regions[i].rkey) ucx_rkey_destroy(rt->regions[i].rkey);
+        free(rt->regions[i].rkey_bytes);
+    }
+    free(rt->regions);
+    if (rt->peer) ucx_peer_close(rt->peer);
+    free(rt->worker_addr);
+    free(rt);
+}
+
+static route *route_find(remote *r, const wire_bytes *agent)
+{
+    for (route *rt = r->routes; rt; rt = rt->next)
+        if (strlen(rt->agent) == agent->len && memcmp(rt->agent, agent->data, agent->len) == 0)
+            return rt;
+    return NULL;
+}
+
+static bool bytes_eq(const uint8_t *a, size_t alen, const wire_bytes *b)
+{
+    return alen == b->len && (alen == 0 || memcmp(a, b->data, alen) == 0);
+}
+
+static bool route_same(const route *rt, const wire_metadata *md)
+{
+    if (!bytes_eq(rt->worker_addr, rt->worker_len, &md->worker_addr) ||
+        rt->n_regions != md->n_regions)
+        return false;
+    for (uint32_t i = 0; i < md->n_regions; i++) {
+        const rregion *a = &rt->regions[i];
+        const wire_region *b = &md->regions[i];
+        if (!bytes_eq((const uint8_t *)a->label, strlen(a->label), &b->label) ||
+            a->framework != b->framework || a->addr != b->addr ||
+            a->element_size != b->element_size || a->stride != b->stride ||
+            a->count != b->count || !bytes_eq(a->rkey_bytes, a->rkey_len, &b->rkey))
+            return false;
+    }
+    return true;
+}
+
+static int route_load(remote *r, const wire_bytes *agent, const wire_metadata *md, route **out)
+{
+    route *rt = calloc(1, sizeof *rt);
+    if (rt == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    memcpy(rt->agent, agent->data, agent->len);
+    rt->worker_addr = malloc(md->worker_addr.len);
+    rt->regions = calloc(md->n_regions ? md->n_regions : 1, sizeof *rt->regions);
+    if (rt->worker_addr == NULL || rt->regions == NULL) {
+        route_free(rt);
+        return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    }
+    memcpy(rt->worker_addr, md->worker_addr.data, md->worker_addr.len);
+    rt->worker_len = md->worker_addr.len;
+    int rc = ucx_peer_connect(r->ucx, rt->worker_addr, rt->worker_len, &rt->peer);
+    for (uint32_t i = 0; rc == 0 && i < md->n_regions; i++) {
+        const wire_region *w = &md->regions[i];
+        rregion *g = &rt->regions[i];
+        rt->n_regions = i + 1;
+        memcpy(g->label, w->label.data, w->label.len);
+        g->framework = w->framework;
+        g->addr = w->addr;
+        g->element_size = w->element_size;
+        g->stride = w->stride;
+        g->count = w->count;
+        g->rkey_bytes = malloc(w->rkey.len);
+        if (g->rkey_bytes == NULL) {
+            rc = kvcr_fail(KVCR_ENOMEM, "out of memory");
+            break;
+        }
+        memcpy(g->rkey_bytes, w->rkey.data, w->rkey.len);
+        g->rkey_len = w->rkey.len;
+        rc = ucx_rkey_unpack(rt->peer, g->rkey_bytes, g->rkey_len, &g->rkey);
+    }
+    if (rc != 0) {
+        route_free(rt);
+        return rc;
+    }
+    *out = rt;
+    return 0;
+}
+
+/* The route to the message's sender (its agent name is the logical name).
+ * Metadata in the message replaces a route that differs (a restarted or
+ * reconfigured target) unless writes to it are still running. */
+int route_resolve(remote *r, const wire_msg *m, route **out)
+{
+    route *rt = route_find(r, &m->agent);
+    if (!m->has_metadata || (rt != NULL && route_same(rt, &m->md))) {
+        *out = rt;
+        return rt ? 0 : kvcr_fail(KVCR_ENOENT, "no metadata from this target yet");
+    }
+    uint32_t generation = 0;
+    if (rt != NULL) {
+        if (ucx_peer_busy(rt->peer) > 0)
+            return kvcr_fail(KVCR_EBUSY, "target replaced while writes to it are running");
+        generation = rt->generation + 1;
+        route **link = &r->routes;
+        while (*link != rt) link = &(*link)->next;
+        *link = rt->next;
+        route_free(rt);
+        kvcr_log(&r->kv->log, KVCR_LOG_INFO, "target %.*s changed its metadata: route replaced",
+                 (int)m->agent.len, (const char *)m->agent.data);
+    }
+    int rc = route_load(r, &m->agent, &m->md, &rt);
+    if (rc != 0) return rc;
+    rt->generation = generation;
+    rt->next = r->routes;
+    r->routes = rt;
+    *out = rt;
+    return 0;
+}
+
+/* ---- callbacks for the polling thread ------------------------------------- */
+
+void rcb_free(rcb *cb)
+{
+    free(cb->keys);
+    free(cb->regions);
+    free(cb->owned);
+    free(cb);
+}
+
+void rcb_push(remote *r, rcb *cb)
+{
+    cb->next = NULL;
+    if (r->cbs_tail)
+        r->cbs_tail->next = cb;
+    else
+        r->cbs = cb;
+    r->cbs_tail = cb;
+    uint64_t one = 1;
+    ssize_t w = write(r->kv->event_fd, &one, sizeof one);
+    (void)w;
+}
+
+void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
+                    const kvcr_mem_ref *regions, size_t n, const char *fmt, ...)
+{
+    rcb *cb = calloc(1, sizeof *cb);
+    kvcr_mem_ref *copy = n ? calloc(n, sizeof *copy) : NULL;
+    char *labels = NULL;
+    size_t label_bytes = 0;
+    for (size_t i = 0; i < n; i++) label_bytes += strlen(regions[i].label ? regions[i].label : "") + 1;
+    if (n) labels = malloc(label_bytes);
+    if (cb == NULL || (n && (copy == NULL || labels == NULL))) {
+        kvcr_log(&r->kv->log, KVCR_LOG_ERROR, "out of memory: a resilience event is lost");
+        free(cb), free(copy), free(labels);
+        return;
+    }
+    char *at = labels;
+    for (size_t i = 0; i < n; i++) {
+        strcpy(at, regions[i].label ? regions[i].label : "");
+        copy[i] = (kvcr_mem_ref){NULL, at, regions[i].index};
+        at += strlen(at) + 1;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cb->message, sizeof cb->message, fmt, ap);
+    va_end(ap);
+    cb->kind = RCB_RESILIENCE;
+    cb->regions = copy;
+    cb->ev = (kvcr_resilience_event){st, source_side, op, copy, n, cb->message};
+    cb->owned = labels;
+    rcb_push(r, cb);
+}
+
+/* ---- dispatch ------------------------------------------------------------- */
+
+static void on_message(void *ud, const void *data, size_t len)
+{
+    remote *r = ud;
+    wire_msg m;
+    const char *why = NULL;
+    if (wire_decode(data, len, &m, &why) != 0) {
+        r->dropped_messages++;
+        kvcr_log(&r->kv->log, KVCR_LOG_WARN, "dropped a malformed control message (%zu bytes): %s",
+                 len, why);
+        return;
+    }
+    switch (m.type) {
+    case WIRE_METADATA:
+    case WIRE_START_WRITE:
+    case WIRE_WRITE_PROBE: source_on_message(r, &m); break;
+    default: target_on_message(r, &m); break;
+    }
+    wire_msg_free(&m);
+}
+
+/* Eager metadata: a hint named a source we have not published to. */
+static void publish_eager(remote *r)
+{
+    if (!r->eager_due) return;
+    r->eager_due = false;
+    uint64_t now = kvcr_now_ns();
+    for (uint32_t i = 0; i < r->n_peers; i++) {
+        rpeer *p = &r->peers[i];
+        if (!p->eager) continue;
+        p->eager = false;
+        if (p->acked || now < p->retry_ns) continue;
+        wire_msg m = {.type = WIRE_METADATA};
+        send_msg(r, p->endpoint, &m, MD_FORCE);
+    }
+}
+
+void remote_wake(remote *r)
+{
+    uint64_t one = 1;
+    ssize_t w = write(r->wake_fd, &one, sizeof one);
+    (void)w;
+}
+
+/* ---- the loop ------------------------------------------------------------- */
+
+/* The source stalls if a turn came too late: its writes could outlive the
+ * deadlines its peers were promised (p2p_spec §5.6). */
+static void check_stall(remote *r, uint64_t now)
+{
+    uint64_t gap = now - r->last_turn_ns;
+    r->last_turn_ns = now;
+    uint64_t limit = (uint64_t)r->kv->conf.operation_timeout_ms * MS;
+    if (r->stalled || gap < limit) return;
+    r->stalled = true;
+    rcb_resilience(r, KVCR_SOURCE_STALLED, true, 0, NULL, 0,
+                   "source progress stalled for %llu ms (timeout: %u ms); new source writes "
+                   "disabled until restart",
+                   (unsigned long long)(gap / MS), r->kv->conf.operation_timeout_ms);
+}
+
+static bool turn_locked(remote *r, uint64_t *next_ns)
+{
+    kvcr_t *kv = r->kv;
+    uint64_t now = kvcr_now_ns();
+    check_stall(r, now);
+    source_ucx_settle(r);
+    size_t got = ctl_recv(r->ctl, MSG_BATCH, on_message, r);
+    target_adopt(r, now);
+    publish_eager(r);
+    if (r->stop) {
+        target_stop(r, now);
+        source_stop(r);
+    }
+    target_timers(r, now, next_ns);
+    source_timers(r, now, next_ns);
+    (void)kv;
+    return got > 0;
+}
+
+static void *progress_main(void *arg)
+{
+    remote *r = arg;
+    kvcr_t *kv = r->kv;
+    uint64_t give_up = 0;
+    r->last_turn_ns = kvcr_now_ns();
+    for (;;) {
+        bool busy = ucx_progress(r->ucx) > 0;
+        uint64_t next_ns = kvcr_now_ns() + IDLE_WAIT_MS * MS;
+        instance_lock(kv);
+        busy |= turn_locked(r, &next_ns);
+        swrite *posts = source_take_posts(r);
+        bool done = r->stop && target_idle(r) && source_idle(r);
+        if (r->stop && give_up == 0)
+            give_up = kvcr_now_ns() + (uint64_t)kv->conf.abandon_timeout_ms * MS + 1000 * MS;
+        if (r->stop && !done && kvcr_now_ns() >= give_up) {
+            target_abandon_all(r);
+            done = true;
+        }
+        if (done) r->exited = true;
+        instance_unlock(kv);
+        for (swrite *sw = posts, *next; sw; sw = next) {
+            next = sw->list_next;
+            source_post(r, sw);
+            busy = true;
+        }
+        if (done) break;
+        if (busy) continue;
+        if (!ucx_arm(r->ucx)) continue;
+        uint64_t now = kvcr_now_ns();
+        int timeout = next_ns > now ? (int)((next_ns - now + MS - 1) / MS) : 0;
+        if (timeout > IDLE_WAIT_MS) timeout = IDLE_WAIT_MS;
+        struct pollfd fds[3] = {{r->wake_fd, POLLIN, 0}, {ctl_fd(r->ctl), POLLIN, 0},
+                                {ucx_fd(r->ucx), POLLIN, 0}};
+        if (poll(fds, 3, timeout) > 0 && (fds[0].revents & POLLIN)) {
+            uint64_t ticks;
+            ssize_t rd = read(r->wake_fd, &ticks, sizeof ticks);
+            (void)rd;
+        }
+    }
+    return NULL;
+}
+
+/* ---- start, stop ---------------------------------------------------------- */
+
+static int register_memory(remote *r)
+{
+    kvcr_t *kv = r->kv;
+    uint32_t n = (uint32_t)kv->conf.n_regions + (kv->conf.has_local_dram ? kv->conf.n_pools : 0);
+    r->mems = calloc(n ? n : 1, sizeof *r->mems);
+    r->md_regions = calloc(n ? n : 1, sizeof *r->md_regions);
+    if (r->mems == NULL || r->md_regions == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        bool fw = i < kv->conf.n_regions;
+        wire_region *w = &r->md_regions[i];
+        if (fw) {
+            const fw_region *g = &kv->conf.regions[i];
+            *w = (wire_region){str_bytes(g->label), true, (uint64_t)(uintptr_t)g->addr,
+                               g->element_size, g->stride, g->count, {NULL, 0}};
+        } else {
+            const dram_pool *p = &kv->pools[i - kv->conf.n_regions];
+            *w = (wire_region){str_bytes(p->name), false, (uint64_t)(uintptr_t)p->base,
+                               p->block_size, p->block_size, p->n_slots, {NULL, 0}};
+            if (p->n_slots == 0) continue; /* nothing to register */
+        }
+        size_t len = (size_t)((w->count - 1) * w->stride + w->element_size);
+        int rc = ucx_mem_register(r->ucx, (void *)(uintptr_t)w->addr, len, &r->mems[i]);
+        if (rc != 0) return rc;
+        r->n_mems = i + 1;
+        const void *rkey;
+        ucx_mem_rkey(r->mems[i], &rkey, &w->rkey.len);
+        w->rkey.data = rkey;
+    }
+    /* Pools without memory are not announced. */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (r->md_regions[i].rkey.len > 0) r->md_regions[k++] = r->md_regions[i];
+    const void *addr;
+    ucx_worker_address(r->ucx, &addr, &r->md.worker_addr.len);
+    r->md.worker_addr.data = addr;
+    r->md.n_regions = k;
+    r->md.regions = r->md_regions;
+    return 0;
+}
+
+int remote_start(kvcr_t *kv)
+{
+    remote *r = calloc(1, sizeof *r);
+    if (r == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    r->kv = kv;
+    r->wake_fd = -1;
+    kv->remote = r;
+    r->next_source_no = 1;
+    r->next_pin_req = 1;
+    int rc = 0;
+    if (getrandom(r->inc, sizeof r->inc, 0) != (ssize_t)sizeof r->inc)
+        rc = kvcr_fail(KVCR_ESYS, "getrandom failed: %s", strerror(errno));
+    if (rc == 0 && (r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+        rc = kvcr_fail(KVCR_ESYS, "eventfd failed: %s", strerror(errno));
+    if (rc == 0) rc = ucx_ctx_create(&kv->log, &r->ucx);
+    if (rc == 0) rc = register_memory(r);
+    if (rc == 0)
+        rc = ctl_open(kv->conf.remote.control_host, kv->conf.remote.control_port,
+                      kv->conf.remote.advertise_host, WIRE_MAX_MESSAGE, &kv->log, &r->ctl);
+    if (rc == 0) {
+        snprintf(r->endpoint, sizeof r->endpoint, "%s", ctl_endpoint(r->ctl));
+        if (pthread_create(&r->thread, NULL, progress_main, r) != 0)
+            rc = kvcr_fail(KVCR_ESYS, "cannot start the progress thread");
+        else
+            r->thread_started = true;
+    }
+    if (rc != 0) return rc; /* kvcr_create calls remote_destroy */
+    char inc[2 * WIRE_INCARNATION_LEN + 1];
+    for (int i = 0; i < WIRE_INCARNATION_LEN; i++) sprintf(inc + 2 * i, "%02x", r->inc[i]);
+    kvcr_log(&kv->log, KVCR_LOG_INFO,
+             "remote tier up: control endpoint %s, incarnation %s, %u region(s) registered",
+             r->endpoint, inc, r->md.n_regions);
+    return 0;
+}
+
+void remote_stop(kvcr_t *kv)
+{
+    remote *r = kv->remote;
+    if (r == NULL || !r->thread_started) return;
+    instance_lock(kv);
+    r->stop = true;
+    instance_unlock(kv);
+    remote_wake(r);
+    pthread_join(r->thread, NULL);
+    r->thread_started = false;
+}
+
+void remote_destroy(kvcr_t *kv)
+{
+    remote *r = kv->remote;
+    if (r == NULL) return;
+    remote_stop(kv);
+    if (!target_idle(r) || !source_idle(r))
+        kvcr_log(&kv->log, KVCR_LOG_ERROR,
+                 "closing with peer transfers unresolved: their memory was reported uncertain");
+    /* Endpoints first: closing one ends the writes still on it (their
+     * completions land on ucx_done, never read again), then the writes. */
+    while (r->routes) {
+        route *rt = r->routes;
+        r->routes = rt->next;
+        route_free(rt);
+    }
+    source_destroy(r);
+    while (r->pulls) {
+        pull *p = r->pulls;
+        r->pulls = p->next;
+        remote_pull_free(p);
+    }
+    for (rcb *cb = r->cbs, *next; cb; cb = next) {
+        next = cb->next;
+        rcb_free(cb);
+    }
+    for (uint32_t i = 0; i < r->n_mems; i++)
+        if (r->mems[i]) ucx_mem_deregister(r->mems[i]);
+    if (r->ctl) ctl_close(r->ctl);
+    if (r->ucx) ucx_ctx_destroy(r->ucx);
+    for (wstat **b = r->wstats; b && b < r->wstats + r->n_wbuckets; b++)
+        for (wstat *w = *b, *next; w; w = next) next = w->next, free(w);
+    free(r->wstats);
+    free(r->mems);
+    free(r->md_regions);
+    free(r->peers);
+    if (r->wake_fd >= 0) close(r->wake_fd);
+    free(r);
+    kv->remote = NULL;
+}
+
+const char *remote_endpoint(const kvcr_t *kv)
+{
+    return kv->remote ? kv->remote->endpoint : NULL;
+}
+
+void remote_hint_source(kvcr_t *kv, const char *source)
+{
+    remote *r = kv->remote;
+    if (r == NULL || !kv->conf.remote.eager_ctrl_connect) return;
+    if (strcmp(source, r->endpoint) == 0) return; /* ourselves */
+    rpeer *p = peer_get(r, source, true);
+    if (p == NULL || p->acked || p->eager) return;
+    p->eager = true;
+    r->eager_due = true;
+    remote_wake(r);
+}
+
+uint64_t remote_dropped_messages(const kvcr_t *kv)
+{
+    return kv->remote->dropped_messages;
+}
+
+void remote_gauges(const kvcr_t *kv, double *peers, double *pins, double *pinned_keys)
+{
+    const remote *r = kv->remote;
+    *peers = *pins = *pinned_keys = 0;
+    if (r == NULL) return;
+    for (uint32_t i = 0; i < r->n_peers; i++) *peers += r->peers[i].acked;
+    for (const pin *p = r->pins; p; p = p->next) *pins += 1, *pinned_keys += p->n_keys;
+}
+
+/* ---- main side ---------------------------------------------------------- */
+
+void remote_main(kvcr_t *kv)
+{
+    remote *r = kv->remote;
+    target_main(r);
+    source_main(r);
+}
+
+void remote_run_callbacks(kvcr_t *kv)
+{
+    remote *r = kv->remote;
+    if (r == NULL) return;
+    for (;;) {
+        instance_lock(kv);
+        rcb *cb = r->cbs;
+        if (cb) {
+            r->cbs = cb->next;
+            if (r->cbs == NULL) r->cbs_tail = NULL;
+        }
+        instance_unlock(kv);
+        if (cb == NULL) return;
+        source_run_callback(r, cb);
+    }
+}

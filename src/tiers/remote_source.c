@@ -1,0 +1,1003 @@
+/* Source side of the peer tier (p2p_spec §4.4–4.8, §5.3–5.4, §6).
+ *
+ * A start_write is checked and fenced on the progress thread, which claims
+ * the keys READY in KVCR DRAM at once (the fast path). Keys only the
+ * framework holds are pinned through the framework on the polling thread
+ * (request_pin / kvcr_pin_complete); pins are shared by every write that
+ * reads through them and released when the last one ends. The progress
+ * thread then puts the bytes with UCX, flushes, and only then says
+ * write_done. Claims are held until UCX gives the write back, so KVCR-owned
+ * source memory is never reused while a write may read it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/ops.h"
+#include "core/residency.h"
+#include "tiers/remote_int.h"
+#include "util/clock.h"
+
+#define MS 1000000ull
+
+static void copy_str(char *dst, size_t cap, const wire_bytes *b)
+{
+    snprintf(dst, cap, "%.*s", (int)b->len, (const char *)b->data);
+}
+
+/* ---- fences: (target agent, op) -> status --------------------------------- */
+
+static uint32_t wstat_bucket(const remote *r, const char *agent, int64_t op)
+{
+    uint64_t h = index_hash((const uint8_t *)agent, strlen(agent)) ^ (uint64_t)op * 0x9e3779b97f4a7c15ull;
+    return (uint32_t)(h % r->n_wbuckets);
+}
+
+static wstat *wstat_find(remote *r, const char *agent, int64_t op)
+{
+    if (r->n_wbuckets == 0) return NULL;
+    for (wstat *w = r->wstats[wstat_bucket(r, agent, op)]; w; w = w->next)
+        if (w->op == op && strcmp(w->agent, agent) == 0) return w;
+    return NULL;
+}
+
+static wstat *wstat_add(remote *r, const char *agent, int64_t op)
+{
+    if (r->n_wbuckets == 0) {
+        r->wstats = calloc(1024, sizeof *r->wstats);
+        if (r->wstats == NULL) return NULL;
+        r->n_wbuckets = 1024;
+    }
+    wstat *w = calloc(1, sizeof *w);
+    if (w == NULL) return NULL;
+    snprintf(w->agent, sizeof w->agent, "%s", agent);
+    w->op = op;
+    uint32_t b = wstat_bucket(r, agent, op);
+    w->next = r->wstats[b];
+    r->wstats[b] = w;
+    r->n_wstats++;
+    return w;
+}
+
+/* Fences of ended writes are kept for twice the abandon timeout: long
+ * enough that a late duplicate or probe still finds them. */
+static void wstat_prune(remote *r, uint64_t now)
+{
+    uint64_t keep = 2ull * r->kv->conf.abandon_timeout_ms * MS;
+    for (uint32_t b = 0; b < r->n_wbuckets; b++)
+        for (wstat **link = &r->wstats[b]; *link;) {
+            wstat *w = *link;
+            if (w->sw == NULL && w->ended_ns != 0 && now - w->ended_ns > keep) {
+                *link = w->next;
+                free(w);
+                r->n_wstats--;
+            } else {
+                link = &w->next;
+            }
+        }
+}
+
+/* ---- replies -------------------------------------------------------------- */
+
+static void reply(remote *r, const wire_msg *req, wire_msg *m)
+{
+    char to[CTL_MAX_ENDPOINT + 1];
+    copy_str(to, sizeof to, &req->from);
+    m->from = req->to; /* our address as the sender used it */
+    send_msg(r, to, m, MD_NEVER);
+}
+
+static void refuse(remote *r, const wire_msg *req, const char *why)
+{
+    kvcr_log(&r->kv->log, KVCR_LOG_DEBUG, "start_write %lld from %.*s refused: %s",
+             (long long)req->op, (int)req->agent.len, (const char *)req->agent.data, why);
+    wire_msg m = {.type = WIRE_WRITE_REFUSED, .has_op = true, .op = req->op};
+    reply(r, req, &m);
+}
+
+static void send_done(remote *r, swrite *sw, bool success, bool terminal)
+{
+    uint32_t *completed = NULL, n = 0;
+    if (success) {
+        completed = calloc(sw->n_keys ? sw->n_keys : 1, sizeof *completed);
+        if (completed == NULL) success = false;
+        for (uint32_t i = 0; completed && i < sw->n_keys; i++)
+            if (sw->keys[i].included) completed[n++] = i;
+    }
+    wire_msg m = {.type = WIRE_WRITE_DONE, .has_op = true, .op = sw->op, .success = success,
+                  .terminal = terminal, .n_completed = n, .completed = completed};
+    m.from = (wire_bytes){(const uint8_t *)sw->reflected, strlen(sw->reflected)};
+    send_msg(r, sw->reply_to, &m, MD_NEVER);
+    free(completed);
+}
+
+/* ---- source writes: life cycle -------------------------------------------- */
+
+static void list_push(swrite **head, swrite **tail, swrite *sw)
+{
+    sw->list_next = NULL;
+    if (*tail)
+        (*tail)->list_next = sw;
+    else
+        *head = sw;
+    *tail = sw;
+}
+
+static void to_main(remote *r, swrite *sw)
+{
+    if (sw->on_main) return;
+    sw->on_main = true;
+    list_push(&r->sw_main, &r->sw_main_tail, sw);
+    uint64_t one = 1;
+    ssize_t w = write(r->kv->event_fd, &one, sizeof one);
+    (void)w;
+}
+
+static void to_post(remote *r, swrite *sw)
+{
+    sw->state = SW_READY;
+    if (sw->on_post) return;
+    sw->on_post = true;
+    list_push(&r->sw_post, &r->sw_post_tail, sw);
+    remote_wake(r);
+}
+
+/* The write is over on the progress side: main releases what it holds. */
+static void sw_end(remote *r, swrite *sw)
+{
+    sw->state = SW_DONE;
+    if (sw->status) sw->status->ended_ns = kvcr_now_ns();
+    to_main(r, sw);
+}
+
+static void sw_free(swrite *sw)
+{
+    free(sw->keys);
+    free(sw->key_bytes);
+    free(sw->dst);
+    free(sw->wait_reqs);
+    free(sw->segs);
+    free(sw);
+}
+
+static int pool_named(const kvcr_t *kv, const char *label)
+{
+    for (uint32_t p = 0; p < kv->conf.n_pools; p++)
+        if (strcmp(kv->pools[p].name, label) == 0) return (int)p;
+    return -1;
+}
+
+/* Resolves every destination ref of m against the target's regions. */
+static const char *resolve_dst(remote *r, const wire_msg *m, const route *rt, swrite *sw)
+{
+    kvcr_t *kv = r->kv;
+    for (uint32_t i = 0; i < m->ref_off[m->n_keys]; i++) {
+        const wire_ref *ref = &m->refs[i];
+        sw_dst *d = &sw->dst[i];
+        copy_str(d->label, sizeof d->label, &ref->label);
+        const rregion *g = NULL;
+        for (uint32_t k = 0; k < rt->n_regions && g == NULL; k++)
+            if (rt->regions[k].framework == ref->framework &&
+                strcmp(rt->regions[k].label, d->label) == 0)
+                g = &rt->regions[k];
+        if (g == NULL) return "a destination names a region the target never published";
+        if (ref->index >= g->count) return "a destination index is out of its region";
+        int pool = pool_named(kv, d->label);
+        if (pool < 0) return "a destination names a pool this source does not have";
+        if (g->element_size != kv->pools[pool].block_size)
+            return "a destination's element size differs from this source's block size";
+        d->addr = g->addr + ref->index * g->stride;
+        d->rkey = g->rkey;
+        d->pool = (uint32_t)pool;
+        d->framework = ref->framework;
+        d->index = ref->index;
+    }
+    return NULL;
+}
+
+static swrite *sw_new(remote *r, const wire_msg *m, route *rt, const char **why)
+{
+    uint32_t n_refs = m->ref_off[m->n_keys];
+    size_t key_bytes = 0;
+    for (uint32_t i = 0; i < m->n_keys; i++) key_bytes += m->keys[i].len;
+    swrite *sw = calloc(1, sizeof *sw);
+    if (sw) {
+        sw->keys = calloc(m->n_keys, sizeof *sw->keys);
+        sw->key_bytes = malloc(key_bytes);
+        sw->dst = calloc(n_refs, sizeof *sw->dst);
+        sw->segs = calloc(n_refs, sizeof *sw->segs);
+    }
+    if (!sw || !sw->keys || !sw->key_bytes || !sw->dst || !sw->segs) {
+        if (sw) sw_free(sw);
+        *why = "out of memory";
+        return NULL;
+    }
+    if ((*why = resolve_dst(r, m, rt, sw)) != NULL) {
+        sw_free(sw);
+        return NULL;
+    }
+    size_t off = 0;
+    for (uint32_t i = 0; i < m->n_keys; i++) {
+        sw_key *k = &sw->keys[i];
+        memcpy(sw->key_bytes + off, m->keys[i].data, m->keys[i].len);
+        *k = (sw_key){.key_off = (uint32_t)off, .key_len = (uint32_t)m->keys[i].len,
+                      .dst_off = m->ref_off[i], .n_dst = m->ref_off[i + 1] - m->ref_off[i],
+                      .local = BLOCK_NONE};
+        off += m->keys[i].len;
+    }
+    sw->n_keys = m->n_keys;
+    sw->n_dst = n_refs;
+    sw->owner = r;
+    sw->route = rt;
+    sw->route_gen = rt->generation;
+    sw->op = m->op;
+    copy_str(sw->agent, sizeof sw->agent, &m->agent);
+    copy_str(sw->reply_to, sizeof sw->reply_to, &m->from);
+    copy_str(sw->reflected, sizeof sw->reflected, &m->to);
+    return sw;
+}
+
+/* A local source must have exactly the destination's layout of pools. */
+static bool local_layout_matches(const kvcr_t *kv, const block *b, const swrite *sw,
+                                 const sw_key *k)
+{
+    if (b->n_slots != k->n_dst) return false;
+    for (uint32_t j = 0; j < k->n_dst; j++) {
+        uint32_t pool, slot;
+        res_slot(kv, b, j, &pool, &slot);
+        if (pool != sw->dst[k->dst_off + j].pool) return false;
+    }
+    return true;
+}
+
+/* Claims every key READY in KVCR DRAM that is not claimed yet. */
+static bool claim_local(remote *r, swrite *sw)
+{
+    kvcr_t *kv = r->kv;
+    bool all = true;
+    for (uint32_t i = 0; i < sw->n_keys; i++) {
+        sw_key *k = &sw->keys[i];
+        if (k->local != BLOCK_NONE) continue;
+        const uint8_t *key = sw->key_bytes + k->key_off;
+        block_id id = index_find(&kv->index, key, k->key_len, index_hash(key, k->key_len));
+        const block *b = id != BLOCK_NONE ? index_get(&kv->index, id) : NULL;
+        if (b && b->g2_state == G2_READY && local_layout_matches(kv, b, sw, k)) {
+            res_claim(kv, id);
+            k->local = id;
+        } else {
+            all = false;
+        }
+    }
+    return all;
+}
+
+static uint32_t region_index(const kvcr_t *kv, const char *label)
+{
+    for (uint32_t i = 0; i < kv->conf.n_regions; i++)
+        if (strcmp(kv->conf.regions[i].label, label) == 0) return i;
+    return 0; /* checked references always name a region */
+}
+
+/* Fixes the sources: KVCR DRAM first, then framework pins; builds the
+ * segments of the included keys and hands the write to the progress
+ * thread. */
+static void assemble(remote *r, swrite *sw)
+{
+    kvcr_t *kv = r->kv;
+    sw->n_segs = 0;
+    sw->bytes = 0;
+    for (uint32_t i = 0; i < sw->n_keys && !sw->forced_fail; i++) {
+        sw_key *k = &sw->keys[i];
+        k->included = false;
+        const block *b = k->local != BLOCK_NONE ? index_get(&kv->index, k->local) : NULL;
+        for (uint32_t j = 0; j < k->n_dst; j++) {
+            const sw_dst *d = &sw->dst[k->dst_off + j];
+            const void *src;
+            const ucx_mem *mem;
+            if (b != NULL) {
+                uint32_t pool, slot;
+                res_slot(kv, b, j, &pool, &slot);
+                src = dram_slot_addr(&kv->pools[pool], slot);
+                mem = r->mems[kv->conf.n_regions + pool];
+            } else if (k->fw_refs != NULL && k->n_dst == k->n_fw) {
+                uint32_t pool;
+                src = ops_ref_addr(kv, &k->fw_refs[j], &pool);
+                if (pool != d->pool) break; /* another layout: not served */
+                mem = r->mems[region_index(kv, k->fw_refs[j].label ? k->fw_refs[j].label : "")];
+            } else {
+                break;
+            }
+            sw->segs[sw->n_segs + j] = (ucx_seg){src, mem, d->addr, d->rkey,
+                                                 kv->pools[d->pool].block_size};
+            if (j + 1 == k->n_dst) k->included = true;
+        }
+        if (!k->included) continue;
+        sw->n_segs += k->n_dst;
+        for (uint32_t j = 0; j < k->n_dst; j++) sw->bytes += kv->pools[sw->dst[k->dst_off + j].pool].block_size;
+    }
+    to_post(r, sw);
+}
+
+/* ---- accepting start_write (progress thread, locked) ---------------------- */
+
+static bool inc_ours(const remote *r, const wire_bytes *b)
+{
+    return b->len == WIRE_INCARNATION_LEN && memcmp(b->data, r->inc, WIRE_INCARNATION_LEN) == 0;
+}
+
+static void on_start_write(remote *r, const wire_msg *m)
+{
+    kvcr_t *kv = r->kv;
+    route *rt = NULL;
+    if (route_resolve(r, m, &rt) != 0) {
+        refuse(r, m, kvcr_last_error());
+        return;
+    }
+    const char *why = NULL;
+    swrite *sw = sw_new(r, m, rt, &why);
+    if (sw == NULL) {
+        refuse(r, m, why);
+        return;
+    }
+    if (m->has_metadata) {
+        wire_msg ack = {.type = WIRE_METADATA_ACK, .has_op = true, .op = m->op};
+        reply(r, m, &ack);
+    }
+    wstat *st = wstat_find(r, sw->agent, m->op);
+    if (st != NULL) { /* a duplicate, or fenced by a probe that overtook it */
+        if (st->cancel_requested && !st->submitted) send_done(r, sw, false, true);
+        sw_free(sw);
+        return;
+    }
+    const char *refusal = r->stop ? "stopping"
+                          : r->stalled ? "source_stalled"
+                          : m->has_expected_inc && !inc_ours(r, &m->expected_inc)
+                              ? "incarnation_mismatch"
+                              : NULL;
+    if (refusal == NULL && (st = wstat_add(r, sw->agent, m->op)) == NULL) refusal = "out of memory";
+    if (refusal != NULL) { /* nothing was accepted: a refusal, honoured by any incarnation */
+        refuse(r, m, refusal);
+        sw_free(sw);
+        return;
+    }
+    uint64_t now = kvcr_now_ns();
+    double budget = m->remaining_ms < kv->conf.operation_timeout_ms ? m->remaining_ms
+                                                                    : kv->conf.operation_timeout_ms;
+    sw->start_ns = now;
+    sw->deadline_ns = now + (uint64_t)(budget * 1e6);
+    sw->number = r->next_source_no++;
+    sw->status = st;
+    st->sw = sw;
+    sw->next = r->swrites;
+    if (r->swrites) r->swrites->prev = sw;
+    r->swrites = sw;
+    if (claim_local(r, sw) || kv->conf.cb.request_pin == NULL) {
+        assemble(r, sw);
+    } else {
+        sw->state = SW_PINNING; /* the polling thread asks the framework */
+        to_main(r, sw);
+    }
+}
+
+static void on_metadata(remote *r, const wire_msg *m)
+{
+    route *rt;
+    if (route_resolve(r, m, &rt) != 0) {
+        kvcr_log(&r->kv->log, KVCR_LOG_WARN, "metadata from %.*s not usable: %s",
+                 (int)m->agent.len, (const char *)m->agent.data, kvcr_last_error());
+        return;
+    }
+    wire_msg ack = {.type = WIRE_METADATA_ACK};
+    reply(r, m, &ack);
+}
+
+/* p2p_spec §5.4: fence the write, say whether it can still happen. */
+static void on_probe(remote *r, const wire_msg *m)
+{
+    char agent[WIRE_MAX_NAME + 1];
+    copy_str(agent, sizeof agent, &m->agent);
+    wstat *st = wstat_find(r, agent, m->op);
+    bool ours = !m->has_expected_inc || inc_ours(r, &m->expected_inc);
+    if (ours) {
+        if (st == NULL) st = wstat_add(r, agent, m->op);
+        if (st != NULL) {
+            st->cancel_requested = true;
+            if (st->sw == NULL && st->ended_ns == 0) st->ended_ns = kvcr_now_ns();
+        }
+    }
+    wire_msg ack = {.type = WIRE_WRITE_PROBE_ACK, .has_op = true, .op = m->op,
+                    .terminal = ours && (st == NULL || !st->submitted)};
+    reply(r, m, &ack);
+}
+
+void source_on_message(remote *r, const wire_msg *m)
+{
+    switch (m->type) {
+    case WIRE_METADATA: on_metadata(r, m); break;
+    case WIRE_START_WRITE: on_start_write(r, m); break;
+    default: on_probe(r, m); break;
+    }
+}
+
+/* ---- posting and UCX completion (progress thread) ------------------------- */
+
+swrite *source_take_posts(remote *r)
+{
+    swrite *ready = NULL, *tail = NULL;
+    while (r->sw_post) {
+        swrite *sw = r->sw_post;
+        r->sw_post = sw->list_next;
+        sw->on_post = false;
+        bool fenced = sw->status && sw->status->cancel_requested;
+        bool late = kvcr_now_ns() >= sw->deadline_ns;
+        if (sw->forced_fail || fenced || late || r->stalled || sw->route->generation != sw->route_gen) {
+            send_done(r, sw, false, true);
+            sw_end(r, sw);
+        } else if (sw->n_segs == 0) {
+            send_done(r, sw, true, true); /* nothing to write: every key is a miss */
+            sw_end(r, sw);
+        } else {
+            sw->state = SW_POSTED;
+            sw->status->submitted = true;
+            list_push(&ready, &tail, sw);
+        }
+    }
+    r->sw_post_tail = NULL;
+    return ready;
+}
+
+static void on_ucx_done(void *ud, int status)
+{
+    swrite *sw = ud;
+    sw->ucx_status = status;
+    sw->ucx_next = sw->owner->ucx_done;
+    sw->owner->ucx_done = sw;
+}
+
+void source_post(remote *r, swrite *sw)
+{
+    int rc = ucx_write(sw->route->peer, sw->segs, sw->n_segs, on_ucx_done, sw);
+    if (rc != 0) on_ucx_done(sw, rc); /* nothing was posted */
+    (void)r;
+}
+
+void source_ucx_settle(remote *r)
+{
+    kvcr_t *kv = r->kv;
+    swrite *list = r->ucx_done;
+    r->ucx_done = NULL;
+    for (swrite *sw = list, *next; sw; sw = next) {
+        next = sw->ucx_next;
+        sw->success = sw->ucx_status == 0 && !sw->cancel_pending;
+        if (sw->ucx_status != 0)
+            kvcr_log(&kv->log, KVCR_LOG_WARN, "write %llu to %s failed in UCX (%d)",
+                     (unsigned long long)sw->number, sw->agent, sw->ucx_status);
+        send_done(r, sw, sw->success, true);
+        if (sw->abandoned)
+            rcb_resilience(r, KVCR_TRANSFER_QUIESCED, true, sw->number, NULL, 0,
+                           "source write %llu to %s is quiet now",
+                           (unsigned long long)sw->number, sw->agent);
+        if (kv->telemetry) {
+            telemetry_observe(kv->telemetry, "source_write", sw->success ? "success" : "failed",
+                              kvcr_ns_to_s(kvcr_now_ns() - sw->start_ns));
+            if (sw->success) telemetry_count(kv->telemetry, "source_write", sw->n_segs, sw->bytes);
+        }
+        sw_end(r, sw);
+    }
+}
+
+/* Framework references of the included keys: what an abandoned write may
+ * still read. */
+static void report_abandoned(remote *r, swrite *sw)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < sw->n_keys; i++)
+        if (sw->keys[i].included && sw->keys[i].local == BLOCK_NONE) n += sw->keys[i].n_dst;
+    kvcr_mem_ref *refs = n ? calloc(n, sizeof *refs) : NULL;
+    size_t k = 0;
+    for (uint32_t i = 0; refs && i < sw->n_keys; i++) {
+        const sw_key *key = &sw->keys[i];
+        if (!key->included || key->local != BLOCK_NONE) continue;
+        for (uint32_t j = 0; j < key->n_dst; j++) refs[k++] = key->fw_refs[j];
+    }
+    rcb_resilience(r, KVCR_TRANSFER_UNCERTAIN, true, sw->number, refs, refs ? n : 0,
+                   "source write %llu to %s outlived its abandon deadline: its sources may still "
+                   "be read",
+                   (unsigned long long)sw->number, sw->agent);
+    free(refs);
+}
+
+void source_timers(remote *r, uint64_t now, uint64_t *next_ns)
+{
+    static const uint64_t prune_every = 1000 * MS;
+    uint64_t extra = (uint64_t)(r->kv->conf.abandon_timeout_ms - r->kv->conf.operation_timeout_ms) * MS;
+    for (swrite *sw = r->swrites; sw; sw = sw->next) {
+        if (sw->state != SW_POSTED) continue;
+        bool fenced = sw->status && sw->status->cancel_requested;
+        if (!sw->cancel_pending && (fenced || now >= sw->deadline_ns)) {
+            sw->cancel_pending = true;
+            sw->cancel_deadline_ns = sw->deadline_ns + extra;
+            send_done(r, sw, false, false); /* a non-terminal notice */
+        }
+        if (sw->cancel_pending && !sw->abandoned && now >= sw->cancel_deadline_ns) {
+            sw->abandoned = true;
+            report_abandoned(r, sw);
+            to_main(r, sw); /* framework pins go back now; claims stay */
+        }
+        uint64_t t = sw->cancel_pending ? sw->cancel_deadline_ns : sw->deadline_ns;
+        if (!sw->abandoned && t < *next_ns) *next_ns = t;
+    }
+    if (now - r->last_prune_ns > prune_every) {
+        r->last_prune_ns = now;
+        wstat_prune(r, now);
+    }
+}
+
+bool source_idle(const remote *r)
+{
+    for (const swrite *sw = r->swrites; sw; sw = sw->next)
+        if (sw->state == SW_POSTED) return false;
+    return true;
+}
+
+/* Closing: writes not posted yet end failed; posted ones finish in UCX. */
+void source_stop(remote *r)
+{
+    for (swrite *sw = r->swrites; sw; sw = sw->next)
+        if (sw->state == SW_PINNING && !sw->forced_fail) {
+            sw->forced_fail = true;
+            to_post(r, sw);
+        }
+}
+
+/* ---- pins (polling thread, locked) ---------------------------------------- */
+
+static fwres *fwres_find(remote *r, const uint8_t *key, uint32_t len)
+{
+    for (fwres *f = r->fwres; f; f = f->next)
+        if (f->key_len == len && memcmp(f->key, key, len) == 0) return f;
+    return NULL;
+}
+
+static pin *pin_find(remote *r, uint64_t handle)
+{
+    for (pin *p = r->pins; p; p = p->next)
+        if (p->handle == handle) return p;
+    return NULL;
+}
+
+static void queue_release(remote *r, uint64_t handle)
+{
+    rcb *cb = calloc(1, sizeof *cb);
+    if (cb == NULL) return; /* retried at the next poll */
+    cb->kind = RCB_RELEASE_PIN;
+    cb->id = handle;
+    rcb_push(r, cb);
+}
+
+/* The last holder is gone: the pin's residencies stop serving at once and
+ * the framework is asked to release it (retried until it accepts). */
+static void pin_drop(remote *r, pin *p)
+{
+    if (p->holders > 0 || p->releasing) return;
+    for (fwres **link = &r->fwres; *link;) {
+        fwres *f = *link;
+        if (f->pin == p) {
+            *link = f->next;
+            free(f->key);
+            free(f->refs);
+            free(f);
+        } else {
+            link = &f->next;
+        }
+    }
+    p->n_keys = 0;
+    p->releasing = true;
+    p->release_queued = true;
+    queue_release(r, p->handle);
+}
+
+static bool waits_for(const swrite *sw, uint64_t req)
+{
+    for (uint32_t i = 0; i < sw->n_wait; i++)
+        if (sw->wait_reqs[i] == req) return true;
+    return false;
+}
+
+static bool covered_by_request(remote *r, const uint8_t *key, uint32_t len, uint64_t *req)
+{
+    for (pin_req *q = r->pin_reqs; q; q = q->next)
+        for (uint32_t i = 0; i < q->n_keys; i++)
+            if (q->keys[i].len == len && memcmp(q->keys[i].data, key, len) == 0) {
+                *req = q->id;
+                return true;
+            }
+    return false;
+}
+
+static bool add_wait(swrite *sw, uint64_t req)
+{
+    if (waits_for(sw, req)) return true;
+    uint64_t *w = realloc(sw->wait_reqs, (sw->n_wait + 1) * sizeof *w);
+    if (w == NULL) return false;
+    sw->wait_reqs = w;
+    w[sw->n_wait++] = req;
+    return true;
+}
+
+static void forget_wait(swrite *sw, uint64_t req)
+{
+    for (uint32_t i = 0; i < sw->n_wait; i++)
+        if (sw->wait_reqs[i] == req) {
+            sw->wait_reqs[i] = sw->wait_reqs[--sw->n_wait];
+            return;
+        }
+}
+
+/* Copies the keys idx[0..n) of sw into one allocation. */
+static kvcr_key *copy_keys(const swrite *sw, const uint32_t *idx, uint32_t n, uint8_t **store)
+{
+    size_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++) bytes += sw->keys[idx[i]].key_len;
+    kvcr_key *keys = calloc(n, sizeof *keys);
+    *store = malloc(bytes + 1);
+    if (keys == NULL || *store == NULL) {
+        free(keys);
+        free(*store);
+        return NULL;
+    }
+    uint8_t *at = *store;
+    for (uint32_t i = 0; i < n; i++) {
+        const sw_key *k = &sw->keys[idx[i]];
+        memcpy(at, sw->key_bytes + k->key_off, k->key_len);
+        keys[i] = (kvcr_key){at, k->key_len};
+        at += k->key_len;
+    }
+    return keys;
+}
+
+static void pin_req_free(pin_req *q)
+{
+    free(q->keys);
+    free(q->store);
+    free(q);
+}
+
+/* One request_pin for the keys no pin or pending request covers. */
+static bool request_pins(remote *r, swrite *sw, const uint32_t *idx, uint32_t n)
+{
+    pin_req *q = calloc(1, sizeof *q);
+    rcb *cb = calloc(1, sizeof *cb);
+    uint8_t *cb_store = NULL;
+    if (q) q->keys = copy_keys(sw, idx, n, &q->store);
+    if (cb) cb->keys = copy_keys(sw, idx, n, &cb_store);
+    if (!q || !cb || !q->keys || !cb->keys || !add_wait(sw, r->next_pin_req)) {
+        if (q) pin_req_free(q);
+        if (cb) free(cb->keys);
+        free(cb);
+        free(cb_store);
+        return false;
+    }
+    q->id = r->next_pin_req++;
+    q->n_keys = n;
+    q->next = r->pin_reqs;
+    r->pin_reqs = q;
+    cb->kind = RCB_REQUEST_PIN;
+    cb->id = q->id;
+    cb->n_keys = n;
+    cb->owned = cb_store;
+    rcb_push(r, cb);
+    return true;
+}
+
+/* A key reads through a pinned framework residency: the write holds the
+ * pin (once per pin) from now until it ends. */
+static void bind_pin(swrite *sw, sw_key *k, const fwres *f)
+{
+    if (k->pin != NULL) return;
+    bool held = false;
+    for (uint32_t i = 0; i < sw->n_keys && !held; i++) held = sw->keys[i].pin == f->pin;
+    k->pin = f->pin;
+    k->fw_refs = f->refs;
+    k->n_fw = f->n_refs;
+    if (!held) f->pin->holders++;
+}
+
+/* p2p_spec §4.5: claim what KVCR DRAM has, reuse pins, join pending pin
+ * requests, ask for the rest; once nothing is pending, fix the sources. */
+static void resume(remote *r, swrite *sw)
+{
+    uint64_t now = kvcr_now_ns();
+    if (sw->forced_fail || now >= sw->deadline_ns || (sw->status && sw->status->cancel_requested)) {
+        sw->forced_fail = true;
+        sw->n_wait = 0;
+        to_post(r, sw);
+        return;
+    }
+    claim_local(r, sw);
+    uint32_t *need = calloc(sw->n_keys, sizeof *need), n_need = 0;
+    for (uint32_t i = 0; i < sw->n_keys; i++) {
+        sw_key *k = &sw->keys[i];
+        if (k->local != BLOCK_NONE || k->fw_refs != NULL) continue;
+        const uint8_t *key = sw->key_bytes + k->key_off;
+        fwres *f = fwres_find(r, key, k->key_len);
+        uint64_t req;
+        if (f != NULL) {
+            bind_pin(sw, k, f);
+        } else if (covered_by_request(r, key, k->key_len, &req)) {
+            add_wait(sw, req);
+        } else if (need != NULL && !k->asked) { /* each key is asked for once per write */
+            k->asked = true;
+            need[n_need++] = i;
+        }
+    }
+    if (n_need > 0 && !request_pins(r, sw, need, n_need))
+        kvcr_log(&r->kv->log, KVCR_LOG_ERROR, "out of memory: no pin request for a peer's write");
+    free(need);
+    if (sw->n_wait == 0) assemble(r, sw);
+}
+
+/* Ends what a write holds on the polling thread: claims (only once UCX gave
+ * it back) and pin holds. */
+static void drop_pins(remote *r, swrite *sw)
+{
+    if (sw->pins_dropped) return;
+    sw->pins_dropped = true;
+    for (uint32_t i = 0; i < sw->n_keys; i++) {
+        pin *p = sw->keys[i].pin;
+        if (p == NULL) continue;
+        bool seen = false;
+        for (uint32_t j = 0; j < i && !seen; j++) seen = sw->keys[j].pin == p;
+        if (seen) continue;
+        p->holders--;
+        pin_drop(r, p);
+    }
+}
+
+static void settle_done(remote *r, swrite *sw)
+{
+    kvcr_t *kv = r->kv;
+    drop_pins(r, sw);
+    for (uint32_t i = 0; i < sw->n_keys; i++) {
+        block_id id = sw->keys[i].local;
+        if (id == BLOCK_NONE) continue;
+        if (sw->success && sw->keys[i].included) res_access(kv, id);
+        res_unclaim(kv, id);
+    }
+    if (sw->status) sw->status->sw = NULL;
+    if (sw->prev)
+        sw->prev->next = sw->next;
+    else
+        r->swrites = sw->next;
+    if (sw->next) sw->next->prev = sw->prev;
+    sw_free(sw);
+}
+
+/* Cancels pin requests nobody waits for any more. */
+static void cancel_orphan_requests(remote *r)
+{
+    for (pin_req **link = &r->pin_reqs; *link;) {
+        pin_req *q = *link;
+        bool waited = false;
+        for (swrite *sw = r->swrites; sw && !waited; sw = sw->next)
+            waited = sw->state == SW_PINNING && waits_for(sw, q->id);
+        if (waited) {
+            link = &q->next;
+            continue;
+        }
+        *link = q->next;
+        rcb *cb = calloc(1, sizeof *cb);
+        if (cb) cb->kind = RCB_CANCEL_PIN, cb->id = q->id, rcb_push(r, cb);
+        pin_req_free(q);
+    }
+}
+
+void source_main(remote *r)
+{
+    /* Pins whose release the framework refused are asked again. */
+    for (pin *p = r->pins; p; p = p->next)
+        if (p->releasing && !p->release_queued) {
+            p->release_queued = true;
+            queue_release(r, p->handle);
+        }
+    swrite *list = r->sw_main;
+    r->sw_main = r->sw_main_tail = NULL;
+    for (swrite *sw = list, *next; sw; sw = next) {
+        next = sw->list_next;
+        sw->on_main = false;
+        if (sw->state == SW_DONE)
+            settle_done(r, sw);
+        else if (sw->state == SW_PINNING)
+            resume(r, sw);
+        else if (sw->abandoned)
+            drop_pins(r, sw);
+    }
+    /* Pinning writes past their deadline give up. */
+    uint64_t now = kvcr_now_ns();
+    for (swrite *sw = r->swrites; sw; sw = sw->next)
+        if (sw->state == SW_PINNING && sw->n_wait > 0 && now >= sw->deadline_ns) resume(r, sw);
+    cancel_orphan_requests(r);
+}
+
+static int check_pin_result(remote *r, const pin_req *q, const kvcr_block *blocks, size_t n)
+{
+    if (n != q->n_keys)
+        return kvcr_fail(KVCR_EINVAL, "pin result for request %llu names %zu key(s), %u requested",
+                         (unsigned long long)q->id, n, q->n_keys);
+    bool any = false;
+    for (size_t i = 0; i < n; i++) {
+        const kvcr_block *b = &blocks[i];
+        bool asked = false;
+        for (uint32_t j = 0; j < q->n_keys && !asked; j++)
+            asked = q->keys[j].len == b->key.len && b->key.data &&
+                    memcmp(q->keys[j].data, b->key.data, b->key.len) == 0;
+        for (size_t j = 0; asked && j < i; j++)
+            asked = !(blocks[j].key.len == b->key.len &&
+                      memcmp(blocks[j].key.data, b->key.data, b->key.len) == 0);
+        if (!asked)
+            return kvcr_fail(KVCR_EINVAL, "pin result key %zu was not requested (or repeats)", i);
+        if (b->n_refs == 0) continue;
+        int rc = ops_check_refs(r->kv, b->refs, b->n_refs);
+        if (rc != 0) return rc;
+        any = true;
+    }
+    if (!any) return kvcr_fail(KVCR_EINVAL, "a pin result must make at least one key available");
+    return 0;
+}
+
+static bool install(remote *r, pin *p, const kvcr_block *b)
+{
+    fwres *f = calloc(1, sizeof *f);
+    size_t label_bytes = 0;
+    for (size_t j = 0; j < b->n_refs; j++) label_bytes += strlen(b->refs[j].label ? b->refs[j].label : "") + 1;
+    uint8_t *key = f ? malloc(b->key.len + label_bytes) : NULL;
+    kvcr_mem_ref *refs = f ? calloc(b->n_refs, sizeof *refs) : NULL;
+    if (!f || !key || !refs) {
+        free(f), free(key), free(refs);
+        return false;
+    }
+    memcpy(key, b->key.data, b->key.len);
+    char *labels = (char *)key + b->key.len;
+    for (size_t j = 0; j < b->n_refs; j++) {
+        strcpy(labels, b->refs[j].label ? b->refs[j].label : "");
+        refs[j] = (kvcr_mem_ref){NULL, labels, b->refs[j].index};
+        labels += strlen(labels) + 1;
+    }
+    *f = (fwres){r->fwres, p, key, (uint32_t)b->key.len, (uint32_t)b->n_refs, refs};
+    r->fwres = f;
+    p->n_keys++;
+    return true;
+}
+
+int source_pin_complete(remote *r, uint64_t req, uint64_t handle, const kvcr_block *blocks,
+                        size_t n)
+{
+    pin_req **link = &r->pin_reqs;
+    while (*link && (*link)->id != req) link = &(*link)->next;
+    if (*link == NULL) {
+        if (handle != 0) queue_release(r, handle); /* late or unknown: give it back */
+        return kvcr_fail(KVCR_ENOENT, "no pending pin request %llu", (unsigned long long)req);
+    }
+    pin_req *q = *link;
+    int rc = handle != 0 ? check_pin_result(r, q, blocks, n) : 0;
+    pin *p = NULL;
+    if (rc == 0 && handle != 0 && (pin_find(r, handle) != NULL || (p = calloc(1, sizeof *p)) == NULL))
+        rc = p ? 0 : kvcr_fail(KVCR_EINVAL, "pin handle %llu is already in use",
+                               (unsigned long long)handle);
+    if (rc != 0 && handle != 0) queue_release(r, handle);
+    *link = q->next;
+    pin_req_free(q);
+    if (p != NULL) {
+        p->handle = handle;
+        p->next = r->pins;
+        r->pins = p;
+        for (size_t i = 0; i < n; i++)
+            if (blocks[i].n_refs > 0 && fwres_find(r, blocks[i].key.data, (uint32_t)blocks[i].key.len) == NULL)
+                install(r, p, &blocks[i]);
+    }
+    for (swrite *sw = r->swrites; sw; sw = sw->next) {
+        if (sw->state != SW_PINNING || !waits_for(sw, req)) continue;
+        forget_wait(sw, req);
+        for (uint32_t i = 0; p && i < sw->n_keys; i++) {
+            sw_key *k = &sw->keys[i];
+            fwres *f = k->local == BLOCK_NONE && k->pin == NULL
+                           ? fwres_find(r, sw->key_bytes + k->key_off, k->key_len) : NULL;
+            if (f != NULL && f->pin == p) bind_pin(sw, k, f);
+        }
+        if (sw->n_wait == 0) resume(r, sw);
+    }
+    if (p != NULL) pin_drop(r, p); /* nobody held it: give it back */
+    return rc;
+}
+
+int remote_pin_complete(kvcr_t *kv, uint64_t req, uint64_t handle, const kvcr_block *blocks,
+                        size_t n)
+{
+    instance_lock(kv);
+    int rc = kv->closed ? kvcr_fail(KVCR_ECLOSED, "the instance is closed")
+                        : source_pin_complete(kv->remote, req, handle, blocks, n);
+    instance_unlock(kv);
+    return rc;
+}
+
+/* ---- callbacks (polling thread, unlocked) ---------------------------------- */
+
+static void log_resilience(remote *r, const kvcr_resilience_event *ev)
+{
+    kvcr_log(&r->kv->log, ev->state == KVCR_TRANSFER_QUIESCED ? KVCR_LOG_INFO : KVCR_LOG_ERROR,
+             "resilience: %s", ev->message);
+}
+
+void source_run_callback(remote *r, rcb *cb)
+{
+    kvcr_t *kv = r->kv;
+    const kvcr_callbacks *c = &kv->conf.cb;
+    switch (cb->kind) {
+    case RCB_REQUEST_PIN:
+        if (c->request_pin(c->ud, cb->id, cb->keys, cb->n_keys) != 0) {
+            kvcr_log(&kv->log, KVCR_LOG_WARN, "request_pin failed for request %llu",
+                     (unsigned long long)cb->id);
+            remote_pin_complete(kv, cb->id, 0, NULL, 0);
+        }
+        break;
+    case RCB_CANCEL_PIN:
+        if (c->cancel_pin_request) c->cancel_pin_request(c->ud, cb->id);
+        break;
+    case RCB_RELEASE_PIN: {
+        bool ok = c->release_pin(c->ud, cb->id);
+        instance_lock(kv);
+        pin *p = pin_find(r, cb->id);
+        if (p != NULL) {
+            p->release_queued = false;
+            if (ok) {
+                pin **link = &r->pins;
+                while (*link != p) link = &(*link)->next;
+                *link = p->next;
+                free(p);
+            } else if (!p->release_warned) {
+                p->release_warned = true;
+                kvcr_log(&kv->log, KVCR_LOG_WARN, "release_pin(%llu) refused; retried every poll",
+                         (unsigned long long)cb->id);
+            }
+        }
+        instance_unlock(kv);
+        break;
+    }
+    default:
+        if (c->resilience)
+            c->resilience(c->ud, &cb->ev);
+        else
+            log_resilience(r, &cb->ev);
+    }
+    rcb_free(cb);
+}
+
+void source_destroy(remote *r)
+{
+    kvcr_t *kv = r->kv;
+    for (pin *p = r->pins; p; p = p->next)
+        kvcr_log(&kv->log, KVCR_LOG_ERROR, "KVCR could not release framework pin %llu",
+                 (unsigned long long)p->handle);
+    while (r->pins) {
+        pin *p = r->pins;
+        r->pins = p->next;
+        free(p);
+    }
+    while (r->fwres) {
+        fwres *f = r->fwres;
+        r->fwres = f->next;
+        free(f->key);
+        free(f->refs);
+        free(f);
+    }
+    while (r->pin_reqs) {
+        pin_req *q = r->pin_reqs;
+        r->pin_reqs = q->next;
+        pin_req_free(q);
+    }
+    while (r->swrites) {
+        swrite *sw = r->swrites;
+        r->swrites = sw->next;
+        sw_free(sw);
+    }
+}

@@ -1,0 +1,62 @@
+/* Peers for the peer-to-peer tests: each is a real child process running
+ * its own KVCR instance with the remote tier on 127.0.0.1, driven through
+ * a pipe. Keys are "k<number>" and their router hash is the number
+ * (peer_key_hash is the key adapter both sides use); block "k<i>" always
+ * holds fill_pattern(seed i), so any side can check any block's bytes.
+ *
+ * Fork peers before the test creates its own instance: UCX must not be
+ * initialised in a process that forks. */
+#ifndef KVCR_TEST_PEER_H
+#define KVCR_TEST_PEER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "harness.h"
+
+typedef struct peer_opts {
+    size_t block_size;
+    uint32_t deposit_n;   /* keys k0..k<n-1> deposited into its KVCR DRAM at start */
+    uint32_t fw_n;        /* framework blocks 0..n-1 hold k0..k<n-1> (served through pins) */
+    uint32_t slots;       /* KVCR DRAM slots (0: no KVCR DRAM) */
+    bool pins;            /* answer request_pin from its framework blocks */
+    bool hold_pins;       /* take pin requests but never answer them */
+    uint16_t port;        /* 0: any free port */
+    uint32_t op_timeout_ms, abandon_timeout_ms;
+} peer_opts;
+
+typedef struct peer_counts {
+    uint64_t pin_requests, pinned_keys, pin_releases, pin_cancels;
+    uint64_t dropped_messages;
+    uint64_t resilience_events;
+} peer_counts;
+
+typedef struct peer {
+    pid_t pid;
+    int to_child, from_child;
+    char endpoint[256];
+} peer;
+
+void peer_opts_init(peer_opts *o);
+/* Forks and waits until the child's instance is up (bounded: 20 s). */
+void peer_spawn(peer *p, const peer_opts *o);
+void peer_counters(peer *p, peer_counts *out);
+/* Kills with SIGKILL and reaps. */
+void peer_kill(peer *p);
+/* Closes its instance cleanly, reaps, and checks it exited 0. */
+void peer_stop(peer *p);
+
+/* A free TCP port on 127.0.0.1 (for a restart at the same address). */
+uint16_t peer_free_port(void);
+
+int peer_key_hash(void *ud, const kvcr_key *key, uint64_t *hash);
+/* "k<i>" into buf. */
+const char *peer_key(char *buf, size_t cap, uint32_t i);
+/* The kv_hint envelope naming source and the hashes. */
+void peer_hint_json(char *buf, size_t cap, const char *source, const uint64_t *hashes, size_t n);
+
+/* A rig with the remote tier on (key adapter set); adjust, then rig_start. */
+void rig_init_remote(rig *r, size_t block_size, size_t fw_count, size_t slots);
+
+#endif

@@ -1,0 +1,283 @@
+/* The peer tier when peers fail or misbehave, with real processes on
+ * 127.0.0.1: a source killed mid-transfer (the target fails by the abandon
+ * deadline, reports its destinations uncertain, and nothing is written),
+ * a source restarted at the same address (the old incarnation is fenced),
+ * and a peer that sends garbage (dropped, counted, no harm). */
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "peer.h"
+
+#define BS 4096
+
+typedef struct events {
+    pthread_mutex_t lock;
+    int uncertain, quiesced, other;
+    size_t regions;
+} events;
+
+static events g_events = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0};
+
+static void on_resilience(void *ud, const kvcr_resilience_event *ev)
+{
+    (void)ud;
+    pthread_mutex_lock(&g_events.lock);
+    if (ev->state == KVCR_TRANSFER_UNCERTAIN) {
+        g_events.uncertain++;
+        g_events.regions += ev->n_regions;
+    } else if (ev->state == KVCR_TRANSFER_QUIESCED) {
+        g_events.quiesced++;
+    } else {
+        g_events.other++;
+    }
+    pthread_mutex_unlock(&g_events.lock);
+}
+
+static int reset_events(void **state)
+{
+    (void)state;
+    pthread_mutex_lock(&g_events.lock);
+    g_events.uncertain = g_events.quiesced = g_events.other = 0;
+    g_events.regions = 0;
+    pthread_mutex_unlock(&g_events.lock);
+    return 0;
+}
+
+static void hint(rig *r, const char *request, const char *source, uint32_t n)
+{
+    uint64_t hashes[64];
+    for (uint32_t i = 0; i < n; i++) hashes[i] = i;
+    char json[4096];
+    peer_hint_json(json, sizeof json, source, hashes, n);
+    assert_int_equal(kvcr_submit_hint(r->kv, request, json, strlen(json)), 0);
+}
+
+static kvcr_op_handle deliver(rig *r, uint32_t first, uint32_t n, size_t dst, const char *request)
+{
+    char names[64][24];
+    kvcr_block b[64];
+    kvcr_mem_ref refs[64];
+    for (uint32_t i = 0; i < n; i++) {
+        refs[i] = (kvcr_mem_ref){NULL, "", dst + i};
+        b[i] = (kvcr_block){key_of(peer_key(names[i], sizeof names[i], first + i)), &refs[i], 1};
+    }
+    kvcr_op_handle op;
+    assert_int_equal(kvcr_deliver(r->kv, b, n, request, &op), 0);
+    return op;
+}
+
+static void wait_pin_requests(peer *p, uint64_t n)
+{
+    peer_counts c = {0};
+    for (int spin = 0; spin < 5000 && c.pin_requests < n; spin++) {
+        peer_counters(p, &c);
+        if (c.pin_requests < n) usleep(1000);
+    }
+    assert_true(c.pin_requests >= n);
+}
+
+static bool all_zero(const uint8_t *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (p[i]) return false;
+    return true;
+}
+
+static void rig_remote(rig *r, uint32_t op_ms, uint32_t abandon_ms)
+{
+    rig_init_remote(r, BS, 16, 8);
+    r->cfg.operation_timeout_ms = op_ms;
+    r->cfg.abandon_timeout_ms = abandon_ms;
+    r->cfg.callbacks.resilience = on_resilience;
+    rig_start(r);
+}
+
+static void test_source_killed_mid_transfer_fails_by_abandon_deadline(void **state)
+{
+    (void)state;
+    peer_opts o;
+    peer_opts_init(&o);
+    o.slots = 0;
+    o.fw_n = 8;
+    o.hold_pins = true; /* accepts the write, then never gets its sources */
+    peer src;
+    peer_spawn(&src, &o);
+    rig r;
+    rig_remote(&r, 300, 900);
+    hint(&r, "req", src.endpoint, 8);
+    kvcr_op_handle op = deliver(&r, 0, 4, 0, "req");
+    wait_pin_requests(&src, 1);
+    peer_kill(&src);
+
+    kvcr_entry_status st[4];
+    kvcr_reason why[4];
+    assert_int_equal(rig_wait(&r, op, st, why, NULL), 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(st[i], KVCR_ENTRY_FAILED);
+        assert_int_equal(why[i], KVCR_REASON_TIMEOUT);
+    }
+    /* the destinations were reported uncertain, one region per block */
+    pthread_mutex_lock(&g_events.lock);
+    assert_int_equal(g_events.uncertain, 1);
+    assert_int_equal(g_events.regions, 4);
+    assert_int_equal(g_events.quiesced, 0);
+    pthread_mutex_unlock(&g_events.lock);
+    assert_true(all_zero(r.fw, 4 * BS)); /* nothing was written */
+    /* the request is failed closed: nothing more is fetched for it */
+    char k[24];
+    kvcr_key key = key_of(peer_key(k, sizeof k, 5));
+    kvcr_query_result q;
+    assert_int_equal(kvcr_query(r.kv, &key, 1, "req", &q), 0);
+    assert_int_equal(q.status, KVCR_QUERY_MISS);
+    rig_stop(&r);
+}
+
+static void test_restarted_source_at_same_address_is_fenced(void **state)
+{
+    (void)state;
+    uint16_t port = peer_free_port();
+    peer_opts o;
+    peer_opts_init(&o);
+    o.slots = 0;
+    o.fw_n = 8;
+    o.hold_pins = true;
+    o.deposit_n = 1; /* k0 in KVCR DRAM; k1.. only through (held) pins */
+    o.port = port;
+    peer old;
+    peer_spawn(&old, &o);
+    char endpoint[256];
+    snprintf(endpoint, sizeof endpoint, "%s", old.endpoint);
+
+    rig r;
+    rig_remote(&r, 300, 900);
+    /* a first transfer teaches the target which process serves there */
+    hint(&r, "r0", endpoint, 8);
+    kvcr_entry_status s0;
+    assert_int_equal(rig_wait(&r, deliver(&r, 0, 1, 8, "r0"), &s0, NULL, NULL), 1);
+    assert_int_equal(s0, KVCR_ENTRY_SUCCESS);
+    hint(&r, "r1", endpoint, 8);
+    kvcr_op_handle op1 = deliver(&r, 1, 2, 0, "r1");
+    wait_pin_requests(&old, 1);
+    peer_kill(&old);
+
+    /* a new process at the same address, holding every block */
+    peer_opts n;
+    peer_opts_init(&n);
+    n.deposit_n = 8;
+    n.port = port;
+    peer fresh;
+    peer_spawn(&fresh, &n);
+    assert_string_equal(fresh.endpoint, endpoint);
+
+    /* op1 belonged to the dead incarnation: the new one never completes it */
+    kvcr_entry_status st[2];
+    kvcr_reason why[2];
+    assert_int_equal(rig_wait(&r, op1, st, why, NULL), 2);
+    assert_int_equal(st[0], KVCR_ENTRY_FAILED);
+    assert_int_equal(st[1], KVCR_ENTRY_FAILED);
+    assert_true(all_zero(r.fw, 2 * BS));
+
+    /* the first request that still names the old incarnation is refused;
+     * after that the new incarnation serves */
+    bool served = false;
+    for (int attempt = 0; attempt < 3 && !served; attempt++) {
+        char req[16];
+        snprintf(req, sizeof req, "r%d", 2 + attempt);
+        hint(&r, req, endpoint, 8);
+        kvcr_entry_status s;
+        assert_int_equal(rig_wait(&r, deliver(&r, 3, 1, 3, req), &s, NULL, NULL), 1);
+        if (attempt == 0) assert_int_equal(s, KVCR_ENTRY_FAILED);
+        served = s == KVCR_ENTRY_SUCCESS;
+    }
+    assert_true(served);
+    assert_true(rig_has_pattern(&r, r.fw + 3 * BS, 3));
+    rig_stop(&r);
+    peer_stop(&fresh);
+}
+
+static void send_raw(void *sock, const void *data, size_t len)
+{
+    assert_int_equal(zmq_send(sock, data, len, 0), (int)len);
+}
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    msgpack_pack_str(pk, strlen(s));
+    msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+static void test_garbage_from_a_peer_is_dropped_and_counted(void **state)
+{
+    (void)state;
+    peer_opts o;
+    peer_opts_init(&o);
+    o.deposit_n = 2;
+    peer src;
+    peer_spawn(&src, &o);
+
+    void *ctx = zmq_ctx_new();
+    void *push = zmq_socket(ctx, ZMQ_PUSH);
+    int linger = 0;
+    zmq_setsockopt(push, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_connect(push, src.endpoint), 0);
+    send_raw(push, "\xff\xfe garbage", 10);
+    send_raw(push, "", 0);
+    send_raw(push, "\x93\x01\x02", 3); /* an array, truncated */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 2); /* a map with an unknown type */
+    pack_str(&pk, "v");
+    msgpack_pack_int(&pk, 1);
+    pack_str(&pk, "type");
+    pack_str(&pk, "launch_missiles");
+    send_raw(push, sb.data, sb.size);
+    msgpack_sbuffer_clear(&sb);
+    msgpack_pack_map(&pk, 1); /* a start_write with nothing in it */
+    pack_str(&pk, "type");
+    pack_str(&pk, "start_write");
+    send_raw(push, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    uint8_t big[70000];
+    for (size_t i = 0; i < sizeof big; i++) big[i] = (uint8_t)(i * 7);
+    send_raw(push, big, sizeof big);
+
+    peer_counts c = {0};
+    for (int spin = 0; spin < 5000 && c.dropped_messages < 6; spin++) {
+        peer_counters(&src, &c);
+        if (c.dropped_messages < 6) usleep(1000);
+    }
+    assert_int_equal(c.dropped_messages, 6);
+    zmq_close(push);
+    zmq_ctx_term(ctx);
+
+    /* the source still serves a well-formed peer */
+    rig r;
+    rig_remote(&r, 2000, 4000);
+    hint(&r, "ok", src.endpoint, 2);
+    kvcr_entry_status st[2];
+    assert_int_equal(rig_wait(&r, deliver(&r, 0, 2, 5, "ok"), st, NULL, NULL), 2);
+    assert_int_equal(st[0], KVCR_ENTRY_SUCCESS);
+    assert_int_equal(st[1], KVCR_ENTRY_SUCCESS);
+    assert_true(rig_has_pattern(&r, r.fw + 5 * BS, 0));
+    assert_true(rig_has_pattern(&r, r.fw + 6 * BS, 1));
+    rig_stop(&r);
+    peer_stop(&src);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_source_killed_mid_transfer_fails_by_abandon_deadline,
+                               reset_events),
+        cmocka_unit_test_setup(test_restarted_source_at_same_address_is_fenced, reset_events),
+        cmocka_unit_test_setup(test_garbage_from_a_peer_is_dropped_and_counted, reset_events),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1013 @@
+/* kvcr bench peer: peer-to-peer bandwidth between two processes on this
+ * host, 2 MiB and 16 KiB blocks, against a plain UCX put loop and against
+ * Redis GETs, all measured in the same run; once on UCX's default lanes
+ * (shared memory / CMA) and once with UCX_TLS=tcp.
+ *
+ * The parent only orchestrates: every UCX user (the raw UCX pair, the two
+ * KVCR instances) is a child forked by it, and the parent itself never
+ * initialises UCX (UCX and fork do not mix). Children talk to the parent
+ * over pipes in length-prefixed messages; the parent relays what one side
+ * of a pair must tell the other (worker address and rkey, or the source's
+ * control endpoint). A child that fails prints why and exits 1; the parent
+ * then names it, kills and reaps every child and redis-server, and exits 1. */
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+#include <ucp/api/ucp.h>
+
+#include "bench.h"
+#include "kvcr/kvcr.h"
+
+#define MIB (1024u * 1024u)
+/* Every wait is bounded: an operation's own deadline comes first, so a stuck
+ * transfer is reported with KVCR's reason rather than by our wait. */
+#define OP_TIMEOUT_MS 30000u
+#define WAIT_LIMIT_S 35.0
+#define START_LIMIT_S 30.0 /* a child's start-up: instance, deposits */
+#define CHILD_LIMIT_S 120.0 /* a child's whole life */
+#define CASE_BUDGET_S 5.0   /* rounds after the first stop once this went by */
+#define REDIS_START_S 10.0
+
+/* One case: n blocks of `block` bytes (the working set, on each side),
+ * moved in batches of `batch` blocks per deliver / put-and-flush /
+ * pipelined GETs; a round moves the whole set, best of `rounds`. */
+typedef struct job {
+    const char *tls; /* NULL: UCX's default lanes, else the value of UCX_TLS */
+    size_t block, n, batch;
+    int rounds;
+} job;
+
+/* What the measuring side of a pair sends the parent. */
+typedef struct pair_result {
+    double gbs;
+    uint64_t shift; /* the last round's destination shift */
+} pair_result;
+
+static void *xalloc(size_t size)
+{
+    void *p = aligned_alloc(4096, (size + 4095) & ~(size_t)4095);
+    if (p == NULL) bench_fail("out of memory (%zu bytes)", size);
+    return p;
+}
+
+static double gbs(size_t bytes, double s)
+{
+    return (double)bytes / s / 1e9;
+}
+
+/* Block i's bytes (seed i + 1), the same on every side and in Redis. */
+static void fill_block(uint8_t *p, size_t len, uint64_t seed)
+{
+    uint64_t *w = (uint64_t *)p;
+    for (size_t i = 0; i < len / 8; i++) w[i] = seed * 0x9E3779B97F4A7C15ull + i;
+}
+
+static bool has_block(const uint8_t *p, size_t len, uint64_t seed)
+{
+    const uint64_t *w = (const uint64_t *)p;
+    for (size_t i = 0; i < len / 8; i++)
+        if (w[i] != seed * 0x9E3779B97F4A7C15ull + i) return false;
+    return true;
+}
+
+/* After the last round (shift s), destination element (i + s) mod n must
+ * hold block i: a round that moved nothing leaves the previous round's
+ * bytes there, which differ. */
+static void check_dest(const uint8_t *dst, const job *j, uint64_t shift, const char *who)
+{
+    for (size_t i = 0; i < j->n; i++)
+        if (!has_block(dst + ((i + shift) % j->n) * j->block, j->block, i + 1))
+            bench_fail("%s: block %zu arrived with the wrong bytes", who, i);
+}
+
+static const char *size_name(const job *j)
+{
+    return j->block >= MIB ? "2 MiB" : "16 KiB";
+}
+
+/* ---- pipes ----------------------------------------------------------------- */
+
+static bool read_full(int fd, void *buf, size_t len, double until)
+{
+    size_t got = 0;
+    while (got < len) {
+        double left = until - bench_now();
+        if (left <= 0) return false;
+        struct pollfd p = {fd, POLLIN, 0};
+        int rc = poll(&p, 1, (int)(left * 1000) + 1);
+        if (rc < 0 && errno == EINTR) continue;
+        if (rc <= 0) return false;
+        ssize_t r = read(fd, (char *)buf + got, len - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        got += (size_t)r;
+    }
+    return true;
+}
+
+static bool write_full(int fd, const void *buf, size_t len)
+{
+    size_t put = 0;
+    while (put < len) {
+        ssize_t r = write(fd, (const char *)buf + put, len - put);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        put += (size_t)r;
+    }
+    return true;
+}
+
+/* Messages are a u32 length and that many bytes. */
+static bool msg_send(int fd, const void *buf, uint32_t len)
+{
+    return write_full(fd, &len, sizeof len) && write_full(fd, buf, len);
+}
+
+/* Returns the length, or -1 on timeout, end of file or a message longer
+ * than cap. */
+static long msg_recv(int fd, void *buf, uint32_t cap, double timeout_s)
+{
+    double until = bench_now() + timeout_s;
+    uint32_t len;
+    if (!read_full(fd, &len, sizeof len, until) || len > cap) return -1;
+    if (!read_full(fd, buf, len, until)) return -1;
+    return (long)len;
+}
+
+/* ---- children -------------------------------------------------------------- */
+
+typedef struct child {
+    pid_t pid;
+    int to, from; /* the parent's ends of the pipes */
+    char what[96];
+} child;
+
+enum { MAX_LIVE = 4 };
+static pid_t g_parent;
+static child *g_live[MAX_LIVE];
+static pid_t g_redis;
+static char g_redis_log[64];
+
+static void live_drop(const child *c)
+{
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (g_live[i] == c) g_live[i] = NULL;
+}
+
+static void kill_reap(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+}
+
+/* At exit of the parent (also after bench_fail): no child outlives it. */
+static void cleanup(void)
+{
+    if (getpid() != g_parent) return;
+    for (int i = 0; i < MAX_LIVE; i++) {
+        if (g_live[i] == NULL) continue;
+        close(g_live[i]->to);
+        close(g_live[i]->from);
+        kill_reap(g_live[i]->pid);
+        g_live[i] = NULL;
+    }
+    if (g_redis > 0) {
+        kill_reap(g_redis);
+        g_redis = 0;
+    }
+    if (g_redis_log[0]) unlink(g_redis_log);
+}
+
+/* In a child: die with the parent, and hold no other child's pipes (so each
+ * child sees end of file when the parent closes its end). */
+static void in_child(void)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != g_parent) _exit(1);
+    for (int i = 0; i < MAX_LIVE; i++) {
+        if (g_live[i] == NULL) continue;
+        close(g_live[i]->to);
+        close(g_live[i]->from);
+        g_live[i] = NULL;
+    }
+}
+
+typedef void (*child_main)(const job *j, int in, int out);
+
+static void child_spawn(child *c, const char *what, child_main fn, const job *j)
+{
+    snprintf(c->what, sizeof c->what, "%s (%s, %s lanes)", what, size_name(j),
+             j->tls ? j->tls : "default");
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) bench_fail("pipe: %s", strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) bench_fail("fork: %s", strerror(errno));
+    if (pid == 0) {
+        in_child();
+        close(down[1]);
+        close(up[0]);
+        /* Before anything initialises UCX in this process. Without shared
+         * memory lanes UCX_MM_ERROR_HANDLING (set as KVCR sets it) goes
+         * unused, which UCX would warn about in every process. */
+        if (j->tls) {
+            setenv("UCX_TLS", j->tls, 1);
+            setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+        }
+        fn(j, down[0], up[1]);
+        exit(0);
+    }
+    close(down[0]);
+    close(up[1]);
+    c->pid = pid;
+    c->to = down[1];
+    c->from = up[0];
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (g_live[i] == NULL) {
+            g_live[i] = c;
+            return;
+        }
+    bench_fail("internal: more than %d children", MAX_LIVE);
+}
+
+/* Waits (bounded) for the child to exit; true if it exited 0. */
+static bool child_reap(child *c, double timeout_s, int *status)
+{
+    close(c->to);
+    close(c->from);
+    live_drop(c);
+    double until = bench_now() + timeout_s;
+    for (;;) {
+        pid_t r = waitpid(c->pid, status, WNOHANG);
+        if (r == c->pid) return WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
+        if (r < 0 && errno != EINTR) {
+            *status = -1;
+            return false;
+        }
+        if (bench_now() > until) {
+            kill_reap(c->pid);
+            *status = -1;
+            return false;
+        }
+        usleep(5000);
+    }
+}
+
+static _Noreturn void child_failed(child *c, const char *doing)
+{
+    int status = 0;
+    child_reap(c, 3.0, &status);
+    if (status == -1)
+        bench_fail("the %s did not answer while %s (killed)", c->what, doing);
+    if (WIFSIGNALED(status))
+        bench_fail("the %s died of signal %d while %s", c->what, WTERMSIG(status), doing);
+    bench_fail("the %s failed while %s (exit status %d; its message is above)", c->what, doing,
+               WIFEXITED(status) ? WEXITSTATUS(status) : status);
+}
+
+static void child_done(child *c)
+{
+    int status = 0;
+    if (!child_reap(c, 10.0, &status)) {
+        if (status == -1) bench_fail("the %s did not exit within 10 s (killed)", c->what);
+        bench_fail("the %s exited with status %d", c->what,
+                   WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status));
+    }
+}
+
+static void to_child(child *c, const void *buf, uint32_t len, const char *doing)
+{
+    if (!msg_send(c->to, buf, len)) child_failed(c, doing);
+}
+
+static long from_child(child *c, void *buf, uint32_t cap, double timeout_s, const char *doing)
+{
+    long n = msg_recv(c->from, buf, cap, timeout_s);
+    if (n < 0) child_failed(c, doing);
+    return n;
+}
+
+/* In a child: the parent is gone or broke the protocol. */
+static void up_send(int out, const void *buf, uint32_t len, const char *who)
+{
+    if (!msg_send(out, buf, len)) bench_fail("%s: the parent is gone", who);
+}
+
+static long down_recv(int in, void *buf, uint32_t cap, double timeout_s, const char *who)
+{
+    long n = msg_recv(in, buf, cap, timeout_s);
+    if (n < 0) bench_fail("%s: no message from the parent within %.0f s", who, timeout_s);
+    return n;
+}
+
+/* ---- (a) raw UCX: a plain put loop ------------------------------------------- */
+
+/* What the raw target tells the source: where to write. */
+typedef struct raw_hello {
+    uint64_t base;
+    uint32_t addr_len, rkey_len;
+    uint8_t bytes[4096]; /* worker address, then packed rkey */
+} raw_hello;
+
+typedef struct raw_side {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_mem_h memh;
+    uint8_t *buf;
+    size_t len;
+    const char *who;
+} raw_side;
+
+static void ucs_check(ucs_status_t st, const raw_side *s, const char *what)
+{
+    if (st != UCS_OK) bench_fail("%s: %s: %s", s->who, what, ucs_status_string(st));
+}
+
+static void raw_start(raw_side *s, const char *who, size_t len)
+{
+    s->who = who;
+    s->len = len;
+    /* As KVCR does: shared memory lanes with peer error handling. */
+    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+    ucp_config_t *cfg;
+    ucs_check(ucp_config_read(NULL, NULL, &cfg), s, "ucp_config_read");
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
+    ucs_status_t st = ucp_init(&p, cfg, &s->ctx);
+    ucp_config_release(cfg);
+    ucs_check(st, s, "ucp_init");
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucs_check(ucp_worker_create(s->ctx, &wp, &s->worker), s, "ucp_worker_create");
+    s->buf = xalloc(len);
+    memset(s->buf, 0, len); /* every page touched before timing */
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .address = s->buf,
+        .length = len};
+    ucs_check(ucp_mem_map(s->ctx, &mp, &s->memh), s, "ucp_mem_map");
+}
+
+static void raw_stop(raw_side *s)
+{
+    ucp_mem_unmap(s->ctx, s->memh);
+    ucp_worker_destroy(s->worker);
+    ucp_cleanup(s->ctx);
+    free(s->buf);
+}
+
+/* Progresses until the request completes (bounded); NULL is done already. */
+static void raw_wait(raw_side *s, void *req, const char *what)
+{
+    if (req == NULL) return;
+    if (UCS_PTR_IS_ERR(req)) ucs_check(UCS_PTR_STATUS(req), s, what);
+    double until = bench_now() + WAIT_LIMIT_S;
+    ucs_status_t st;
+    unsigned spins = 0;
+    while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS) {
+        ucp_worker_progress(s->worker);
+        if ((++spins & 1023) == 0 && bench_now() > until) {
+            ucp_request_cancel(s->worker, req);
+            bench_fail("%s: %s did not complete within %.0f s", s->who, what, WAIT_LIMIT_S);
+        }
+    }
+    ucp_request_free(req);
+    ucs_check(st, s, what);
+}
+
+static bool g_raw_ep_failed;
+
+static void raw_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)arg;
+    (void)ep;
+    (void)status;
+    g_raw_ep_failed = true;
+}
+
+/* The target registers its buffer, hands out where to write, and keeps its
+ * worker progressing (TCP puts need the target's progress) until the
+ * source is done; then it checks the bytes. */
+static void raw_target(const job *j, int in, int out)
+{
+    const char *who = "raw UCX target";
+    raw_side s;
+    raw_start(&s, who, j->n * j->block);
+    ucp_address_t *addr;
+    size_t addr_len;
+    ucs_check(ucp_worker_get_address(s.worker, &addr, &addr_len), &s, "ucp_worker_get_address");
+    void *rkey;
+    size_t rkey_len;
+    ucs_check(ucp_rkey_pack(s.ctx, s.memh, &rkey, &rkey_len), &s, "ucp_rkey_pack");
+    static raw_hello h;
+    if (addr_len + rkey_len > sizeof h.bytes)
+        bench_fail("%s: worker address and rkey take %zu bytes", who, addr_len + rkey_len);
+    h.base = (uint64_t)(uintptr_t)s.buf;
+    h.addr_len = (uint32_t)addr_len;
+    h.rkey_len = (uint32_t)rkey_len;
+    memcpy(h.bytes, addr, addr_len);
+    memcpy(h.bytes + addr_len, rkey, rkey_len);
+    ucp_rkey_buffer_release(rkey);
+    up_send(out, &h, (uint32_t)(offsetof(raw_hello, bytes) + addr_len + rkey_len), who);
+
+    double until = bench_now() + CHILD_LIMIT_S;
+    for (unsigned spins = 1;; spins++) {
+        ucp_worker_progress(s.worker);
+        if ((spins & 255) != 0) continue;
+        struct pollfd p = {in, POLLIN, 0};
+        if (poll(&p, 1, 0) > 0) break;
+        if (bench_now() > until) bench_fail("%s: the source did not finish", who);
+    }
+    uint64_t shift;
+    if (down_recv(in, &shift, sizeof shift, 1.0, who) != sizeof shift)
+        bench_fail("%s: bad message", who);
+    check_dest(s.buf, j, shift, who);
+    uint8_t ok = 1;
+    up_send(out, &ok, 1, who);
+    ucp_worker_release_address(s.worker, addr);
+    raw_stop(&s);
+}
+
+/* The source puts every block of a batch, flushes the endpoint, and counts
+ * a round done when every batch's flush completed. */
+static void raw_source(const job *j, int in, int out)
+{
+    const char *who = "raw UCX source";
+    raw_side s;
+    raw_start(&s, who, j->n * j->block);
+    for (size_t i = 0; i < j->n; i++) fill_block(s.buf + i * j->block, j->block, i + 1);
+    static raw_hello h;
+    long len = down_recv(in, &h, sizeof h, START_LIMIT_S, who);
+    if (len < (long)offsetof(raw_hello, bytes) ||
+        (size_t)len != offsetof(raw_hello, bytes) + h.addr_len + h.rkey_len)
+        bench_fail("%s: bad address message", who);
+
+    ucp_ep_params_t ep_params = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)h.bytes,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {raw_ep_error, NULL}};
+    ucp_ep_h ep;
+    ucs_check(ucp_ep_create(s.worker, &ep_params, &ep), &s, "ucp_ep_create");
+    ucp_rkey_h rkey;
+    ucs_check(ucp_ep_rkey_unpack(ep, h.bytes + h.addr_len, &rkey), &s, "ucp_ep_rkey_unpack");
+
+    ucp_request_param_t put = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH, .memh = s.memh};
+    ucp_request_param_t flush = {.op_attr_mask = 0};
+    double best = 0, until = bench_now() + CASE_BUDGET_S;
+    uint64_t shift = 0;
+    for (int r = 0; r < j->rounds && (r == 0 || bench_now() < until); r++) {
+        shift = (uint64_t)r + 1;
+        double t0 = bench_now();
+        for (size_t first = 0; first < j->n; first += j->batch) {
+            size_t end = first + j->batch < j->n ? first + j->batch : j->n;
+            for (size_t i = first; i < end; i++) {
+                uint64_t to = h.base + ((i + shift) % j->n) * j->block;
+                void *req = ucp_put_nbx(ep, s.buf + i * j->block, j->block, to, rkey, &put);
+                if (UCS_PTR_IS_ERR(req)) ucs_check(UCS_PTR_STATUS(req), &s, "ucp_put_nbx");
+                if (req != NULL) ucp_request_free(req); /* the flush covers it */
+            }
+            raw_wait(&s, ucp_ep_flush_nbx(ep, &flush), "ucp_ep_flush_nbx");
+            if (g_raw_ep_failed) bench_fail("%s: the endpoint failed", who);
+        }
+        double v = gbs(j->n * j->block, bench_now() - t0);
+        if (v > best) best = v;
+    }
+    ucp_rkey_destroy(rkey);
+    raw_wait(&s, ucp_ep_close_nbx(ep, &flush), "ucp_ep_close_nbx");
+    pair_result res = {best, shift};
+    up_send(out, &res, sizeof res, who);
+    raw_stop(&s);
+}
+
+/* ---- (c) KVCR: two instances, a router hint, deliver ------------------------ */
+
+/* Keys are "k<i>" and their router hash is i. */
+static int key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
+{
+    (void)ud;
+    if (key->len < 2 || key->len > 21 || key->data[0] != 'k') return -1;
+    uint64_t x = 0;
+    for (size_t i = 1; i < key->len; i++) {
+        if (key->data[i] < '0' || key->data[i] > '9') return -1;
+        x = x * 10 + (uint64_t)(key->data[i] - '0');
+    }
+    *hash = x;
+    return 0;
+}
+
+typedef struct kv_side {
+    kvcr_t *kv;
+    int fd;
+    uint8_t *fw, *pool;
+    const char *who;
+    char (*names)[24];
+    kvcr_mem_ref *refs;
+    kvcr_block *blocks;
+} kv_side;
+
+static void kv_check(int rc, const kv_side *s, const char *what)
+{
+    if (rc != 0)
+        bench_fail("%s: %s failed: %s: %s", s->who, what, kvcr_strerror(rc), kvcr_last_error());
+}
+
+/* A source holds the set in KVCR DRAM; a target has no KVCR DRAM at all, so
+ * a deliver can only be served by the peer. */
+static void kv_start(kv_side *s, const char *who, const job *j, bool source)
+{
+    s->who = who;
+    size_t bytes = j->n * j->block;
+    s->fw = xalloc(bytes);
+    memset(s->fw, 0, bytes);
+    s->pool = NULL;
+    kvcr_pool_layout layout = {"", j->block};
+    kvcr_dram_pool pool = {"", NULL, bytes};
+    kvcr_region region = {.addr = s->fw, .element_size = j->block, .count = j->n, .label = ""};
+    kvcr_config cfg;
+    kvcr_config_init(&cfg);
+    cfg.agent_name = source ? "bench-source" : "bench-target";
+    cfg.pool_layouts = &layout;
+    cfg.n_pool_layouts = 1;
+    if (source) {
+        s->pool = xalloc(bytes);
+        memset(s->pool, 0, bytes);
+        pool.addr = s->pool;
+        cfg.local_dram = &pool;
+        cfg.n_local_dram = 1;
+    }
+    cfg.framework_regions = &region;
+    cfg.n_framework_regions = 1;
+    cfg.remote.enabled = true;
+    cfg.remote.control_host = "127.0.0.1";
+    cfg.remote.control_port = 0;
+    cfg.callbacks.key_hash = key_hash;
+    cfg.operation_timeout_ms = OP_TIMEOUT_MS;
+    cfg.abandon_timeout_ms = 2 * OP_TIMEOUT_MS;
+    kv_check(kvcr_create(&cfg, &s->kv), s, "kvcr_create");
+    s->fd = kvcr_fd(s->kv);
+    if (s->fd < 0) kv_check(s->fd, s, "kvcr_fd");
+    s->names = malloc(j->batch * sizeof *s->names);
+    s->refs = malloc(j->batch * sizeof *s->refs);
+    s->blocks = malloc(j->batch * sizeof *s->blocks);
+    if (!s->names || !s->refs || !s->blocks) bench_fail("%s: out of memory", who);
+}
+
+static void kv_stop(kv_side *s)
+{
+    kvcr_free(s->kv);
+    free(s->fw);
+    free(s->pool);
+    free(s->names);
+    free(s->refs);
+    free(s->blocks);
+}
+
+/* Keys [first, end) into framework elements (i + shift) mod n. */
+static size_t kv_batch(kv_side *s, const job *j, size_t first, uint64_t shift)
+{
+    size_t end = first + j->batch < j->n ? first + j->batch : j->n;
+    for (size_t i = first; i < end; i++) {
+        size_t k = i - first;
+        int len = snprintf(s->names[k], sizeof s->names[k], "k%zu", i);
+        s->refs[k] = (kvcr_mem_ref){NULL, "", (i + shift) % j->n};
+        s->blocks[k] = (kvcr_block){{(const uint8_t *)s->names[k], (size_t)len}, &s->refs[k], 1};
+    }
+    return end - first;
+}
+
+/* Sleeps on the instance's fd and polls until op completes; every entry
+ * must be a success. */
+static void kv_wait(kv_side *s, kvcr_op_handle op, size_t n, const char *what)
+{
+    double until = bench_now() + WAIT_LIMIT_S;
+    for (;;) {
+        kvcr_op_result *res;
+        size_t n_res;
+        kv_check(kvcr_poll(s->kv, &res, &n_res), s, "kvcr_poll");
+        for (size_t i = 0; i < n_res; i++) {
+            if (res[i].op != op) continue;
+            if (res[i].n_entries != n)
+                bench_fail("%s: %s: %zu entries answered for %zu blocks", s->who, what,
+                           res[i].n_entries, n);
+            for (size_t e = 0; e < n; e++)
+                if (res[i].entries[e].status != KVCR_ENTRY_SUCCESS)
+                    bench_fail("%s: %s: entry %zu of %zu is %s (%s)", s->who, what, e, n,
+                               kvcr_entry_status_name(res[i].entries[e].status),
+                               kvcr_reason_name(res[i].entries[e].reason));
+            kvcr_results_free(res);
+            return;
+        }
+        kvcr_results_free(res);
+        double left = until - bench_now();
+        if (left <= 0) bench_fail("%s: %s did not complete within %.0f s", s->who, what, WAIT_LIMIT_S);
+        struct pollfd p = {s->fd, POLLIN, 0};
+        poll(&p, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
+    }
+}
+
+/* Deposits the set into its KVCR DRAM, tells the parent its control
+ * endpoint, then serves peers until told to stop. */
+static void kv_source(const job *j, int in, int out)
+{
+    kv_side s;
+    kv_start(&s, "KVCR source", j, true);
+    for (size_t i = 0; i < j->n; i++) fill_block(s.fw + i * j->block, j->block, i + 1);
+    for (size_t first = 0; first < j->n; first += j->batch) {
+        size_t n = kv_batch(&s, j, first, 0);
+        for (size_t k = 0; k < n; k++) s.refs[k].index = first + k;
+        kvcr_op_handle op;
+        kv_check(kvcr_deposit(s.kv, s.blocks, n, 0, &op), &s, "kvcr_deposit");
+        kv_wait(&s, op, n, "kvcr_deposit");
+    }
+    /* Only KVCR DRAM holds the blocks now. */
+    memset(s.fw, 0, j->n * j->block);
+    const char *ep = kvcr_control_endpoint(s.kv);
+    if (ep == NULL) bench_fail("%s: kvcr_control_endpoint is NULL with the remote tier on", s.who);
+    up_send(out, ep, (uint32_t)strlen(ep), s.who);
+
+    double until = bench_now() + CHILD_LIMIT_S;
+    for (;;) {
+        struct pollfd fds[2] = {{in, POLLIN, 0}, {s.fd, POLLIN, 0}};
+        poll(fds, 2, 5);
+        kvcr_op_result *res;
+        size_t n_res;
+        kv_check(kvcr_poll(s.kv, &res, &n_res), &s, "kvcr_poll");
+        kvcr_results_free(res);
+        if (fds[0].revents & (POLLIN | POLLHUP)) break; /* stop, or the parent is gone */
+        if (bench_now() > until) bench_fail("%s: not told to stop within %.0f s", s.who, CHILD_LIMIT_S);
+    }
+    kv_stop(&s);
+}
+
+/* Each round: a hint for a fresh request id naming every block at the
+ * source (untimed: the router's hint precedes the engine's request), then
+ * the set delivered batch by batch into framework memory, timed from the
+ * first submission to the last result. */
+static void kv_target(const job *j, int in, int out)
+{
+    kv_side s;
+    kv_start(&s, "KVCR target", j, false);
+    char source[256];
+    long len = down_recv(in, source, sizeof source - 1, START_LIMIT_S, s.who);
+    source[len] = '\0';
+
+    size_t cap = 256 + j->n * 21;
+    char *json = malloc(cap);
+    if (json == NULL) bench_fail("%s: out of memory", s.who);
+    size_t at = (size_t)snprintf(json, cap,
+                                 "{\"protocol_version\":\"0.1\",\"actions\":[{\"action_type\":"
+                                 "\"kv.fetch\",\"action_version\":\"1.0\",\"payload\":{"
+                                 "\"source_control_endpoint\":\"%s\",\"block_hashes\":[",
+                                 source);
+    for (size_t i = 0; i < j->n; i++)
+        at += (size_t)snprintf(json + at, cap - at, "%s%zu", i ? "," : "", i);
+    at += (size_t)snprintf(json + at, cap - at, "]}}]}");
+    if (at >= cap) bench_fail("%s: internal: hint too long", s.who);
+
+    double best = 0, until = bench_now() + CASE_BUDGET_S;
+    uint64_t shift = 0;
+    for (int r = 0; r < j->rounds && (r == 0 || bench_now() < until); r++) {
+        shift = (uint64_t)r + 1;
+        char request[32];
+        snprintf(request, sizeof request, "bench-%d", r);
+        kv_check(kvcr_submit_hint(s.kv, request, json, at), &s, "kvcr_submit_hint");
+        double t0 = bench_now();
+        for (size_t first = 0; first < j->n; first += j->batch) {
+            size_t n = kv_batch(&s, j, first, shift);
+            kvcr_op_handle op;
+            kv_check(kvcr_deliver(s.kv, s.blocks, n, request, &op), &s, "kvcr_deliver");
+            kv_wait(&s, op, n, "kvcr_deliver");
+        }
+        double v = gbs(j->n * j->block, bench_now() - t0);
+        if (v > best) best = v;
+        kv_check(kvcr_discard_hint(s.kv, request), &s, "kvcr_discard_hint");
+    }
+    check_dest(s.fw, j, shift, s.who);
+    free(json);
+    pair_result res = {best, shift};
+    up_send(out, &res, sizeof res, s.who);
+    kv_stop(&s);
+}
+
+/* ---- running a pair ----------------------------------------------------------- */
+
+static double raw_pair(const job *j)
+{
+    child tgt, src;
+    child_spawn(&tgt, "raw UCX target", raw_target, j);
+    child_spawn(&src, "raw UCX source", raw_source, j);
+    static raw_hello h;
+    long len = from_child(&tgt, &h, sizeof h, START_LIMIT_S, "starting");
+    to_child(&src, &h, (uint32_t)len, "starting");
+    pair_result res;
+    if (from_child(&src, &res, sizeof res, CHILD_LIMIT_S, "putting") != sizeof res)
+        bench_fail("the %s sent a bad result", src.what);
+    child_done(&src);
+    to_child(&tgt, &res.shift, sizeof res.shift, "checking the bytes");
+    uint8_t ok;
+    if (from_child(&tgt, &ok, 1, WAIT_LIMIT_S, "checking the bytes") != 1 || ok != 1)
+        bench_fail("the %s sent a bad verdict", tgt.what);
+    child_done(&tgt);
+    return res.gbs;
+}
+
+static double kvcr_pair(const job *j)
+{
+    child src, tgt;
+    child_spawn(&src, "KVCR source", kv_source, j);
+    child_spawn(&tgt, "KVCR target", kv_target, j);
+    char ep[256];
+    long len = from_child(&src, ep, sizeof ep, START_LIMIT_S, "depositing");
+    to_child(&tgt, ep, (uint32_t)len, "starting");
+    pair_result res;
+    if (from_child(&tgt, &res, sizeof res, CHILD_LIMIT_S, "delivering") != sizeof res)
+        bench_fail("the %s sent a bad result", tgt.what);
+    child_done(&tgt);
+    uint8_t stop = 's';
+    to_child(&src, &stop, 1, "stopping");
+    child_done(&src);
+    return res.gbs;
+}
+
+/* ---- (b) Redis ----------------------------------------------------------------- */
+
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) bench_fail("socket: %s", strerror(errno));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        bench_fail("cannot find a free port on 127.0.0.1: %s", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void redis_log_tail(void)
+{
+    FILE *f = fopen(g_redis_log, "r");
+    if (f == NULL) return;
+    char line[512];
+    fprintf(stderr, "kvcr: redis-server's log (%s):\n", g_redis_log);
+    while (fgets(line, sizeof line, f)) fprintf(stderr, "  %s", line);
+    fclose(f);
+}
+
+static redisContext *redis_connect(uint16_t port)
+{
+    struct timeval tv = {0, 200000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c == NULL || c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    redisReply *r = redisCommand(c, "PING");
+    bool ok = r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
+    if (r) freeReplyObject(r);
+    if (!ok) {
+        redisFree(c);
+        return NULL;
+    }
+    struct timeval io = {(long)WAIT_LIMIT_S, 0}; /* every read and write bounded */
+    redisSetTimeout(c, io);
+    return c;
+}
+
+/* Starts redis-server on 127.0.0.1 without persistence; returns a
+ * connection once it answers PING (bounded). */
+static redisContext *redis_start(void)
+{
+    uint16_t port = free_port();
+    char port_s[8];
+    snprintf(port_s, sizeof port_s, "%u", port);
+    snprintf(g_redis_log, sizeof g_redis_log, "/tmp/kvcr-bench-redis-%d.log", (int)getpid());
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) bench_fail("fork: %s", strerror(errno));
+    if (pid == 0) {
+        in_child();
+        execlp("redis-server", "redis-server", "--port", port_s, "--bind", "127.0.0.1",
+               "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", g_redis_log,
+               (char *)NULL);
+        fprintf(stderr, "kvcr: cannot run redis-server: %s (scripts/setup.sh installs it)\n",
+                strerror(errno));
+        _exit(127);
+    }
+    g_redis = pid;
+    double until = bench_now() + REDIS_START_S;
+    for (;;) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            g_redis = 0;
+            redis_log_tail();
+            bench_fail("redis-server exited at start-up (status %d)",
+                       WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status));
+        }
+        redisContext *c = redis_connect(port);
+        if (c) return c;
+        if (bench_now() > until) {
+            redis_log_tail();
+            bench_fail("redis-server on port %u did not answer PING within %.0f s", port,
+                       REDIS_START_S);
+        }
+        usleep(20000);
+    }
+}
+
+static void redis_stop(redisContext *c)
+{
+    redisFree(c);
+    kill(g_redis, SIGTERM);
+    double until = bench_now() + 5.0;
+    int status;
+    while (waitpid(g_redis, &status, WNOHANG) != g_redis) {
+        if (bench_now() > until) {
+            kill_reap(g_redis);
+            break;
+        }
+        usleep(10000);
+    }
+    g_redis = 0;
+    unlink(g_redis_log);
+    g_redis_log[0] = '\0';
+}
+
+static int redis_key(char *buf, const job *j, size_t i)
+{
+    return snprintf(buf, 32, "%s:%zu", j->block >= MIB ? "b2m" : "b16k", i);
+}
+
+static redisReply *redis_reply(redisContext *c)
+{
+    void *r = NULL;
+    if (redisGetReply(c, &r) != REDIS_OK || r == NULL)
+        bench_fail("redis: %s", c->err ? c->errstr : "no reply");
+    return r;
+}
+
+/* SETs the set, pipelined a batch at a time. */
+static void redis_fill(redisContext *c, const job *j)
+{
+    uint8_t *v = xalloc(j->block);
+    char key[32];
+    for (size_t first = 0; first < j->n; first += j->batch) {
+        size_t end = first + j->batch < j->n ? first + j->batch : j->n;
+        for (size_t i = first; i < end; i++) {
+            fill_block(v, j->block, i + 1);
+            int len = redis_key(key, j, i);
+            if (redisAppendCommand(c, "SET %b %b", key, (size_t)len, v, j->block) != REDIS_OK)
+                bench_fail("redis: SET: %s", c->errstr);
+        }
+        for (size_t i = first; i < end; i++) {
+            redisReply *r = redis_reply(c);
+            if (r->type != REDIS_REPLY_STATUS || strcmp(r->str, "OK") != 0)
+                bench_fail("redis: SET of block %zu answered %s", i,
+                           r->type == REDIS_REPLY_ERROR ? r->str : "something else");
+            freeReplyObject(r);
+        }
+    }
+    free(v);
+}
+
+/* GETs the set a pipelined batch at a time and copies each value where a
+ * deliver would put it (engine memory); best of the rounds. */
+static double redis_get(redisContext *c, const job *j)
+{
+    uint8_t *dst = xalloc(j->n * j->block);
+    memset(dst, 0, j->n * j->block);
+    char key[32];
+    double best = 0, until = bench_now() + CASE_BUDGET_S;
+    uint64_t shift = 0;
+    for (int r = 0; r < j->rounds && (r == 0 || bench_now() < until); r++) {
+        shift = (uint64_t)r + 1;
+        double t0 = bench_now();
+        for (size_t first = 0; first < j->n; first += j->batch) {
+            size_t end = first + j->batch < j->n ? first + j->batch : j->n;
+            for (size_t i = first; i < end; i++) {
+                int len = redis_key(key, j, i);
+                if (redisAppendCommand(c, "GET %b", key, (size_t)len) != REDIS_OK)
+                    bench_fail("redis: GET: %s", c->errstr);
+            }
+            for (size_t i = first; i < end; i++) {
+                redisReply *rep = redis_reply(c);
+                if (rep->type != REDIS_REPLY_STRING || rep->len != j->block)
+                    bench_fail("redis: GET of block %zu did not answer its %zu bytes", i, j->block);
+                memcpy(dst + ((i + shift) % j->n) * j->block, rep->str, j->block);
+                freeReplyObject(rep);
+            }
+        }
+        double v = gbs(j->n * j->block, bench_now() - t0);
+        if (v > best) best = v;
+    }
+    check_dest(dst, j, shift, "redis");
+    free(dst);
+    return best;
+}
+
+/* ---- entry ------------------------------------------------------------------------ */
+
+typedef struct figures {
+    double raw, kv, redis;
+} figures;
+
+static const char *goal(char *buf, size_t cap, bool quick, const char *what, bool met)
+{
+    if (quick) return NULL; /* goals are set for the full sizes */
+    snprintf(buf, cap, "%s: %s", what, met ? "met" : "MISSED");
+    return buf;
+}
+
+static void report(bench_out *o, const char *sfx, const figures *big, const figures *small,
+                   bool quick)
+{
+    char name[32], base[32], g[64];
+    snprintf(name, sizeof name, "peer_2m%s", sfx);
+    bench_report(o, &(bench_figure){.name = name, .value = big->kv, .unit = "GB/s",
+                                    .baseline = "raw UCX", .baseline_value = big->raw,
+                                    .goal = goal(g, sizeof g, quick, ">= 0.9x",
+                                                 big->kv >= 0.9 * big->raw)});
+    snprintf(name, sizeof name, "peer_16k%s", sfx);
+    bench_report(o, &(bench_figure){.name = name, .value = small->kv, .unit = "GB/s",
+                                    .baseline = "raw UCX", .baseline_value = small->raw});
+    snprintf(name, sizeof name, "peer_2m_redis%s", sfx);
+    bench_report(o, &(bench_figure){.name = name, .value = big->kv, .unit = "GB/s",
+                                    .baseline = "redis", .baseline_value = big->redis,
+                                    .goal = goal(g, sizeof g, quick, ">= 3x",
+                                                 big->kv >= 3 * big->redis)});
+    snprintf(name, sizeof name, "peer_16k_redis%s", sfx);
+    bench_report(o, &(bench_figure){.name = name, .value = small->kv, .unit = "GB/s",
+                                    .baseline = "redis", .baseline_value = small->redis,
+                                    .goal = goal(g, sizeof g, quick, ">= 3x",
+                                                 small->kv >= 3 * small->redis)});
+    snprintf(name, sizeof name, "peer_16k_of_2m%s", sfx);
+    snprintf(base, sizeof base, "peer_2m%s", sfx);
+    bench_report(o, &(bench_figure){.name = name, .value = small->kv, .unit = "GB/s",
+                                    .baseline = base, .baseline_value = big->kv,
+                                    .goal = goal(g, sizeof g, quick, ">= 0.5x",
+                                                 small->kv >= 0.5 * big->kv)});
+}
+
+int bench_peer(int argc, char **argv)
+{
+    bench_out o = {.bench = "peer"};
+    bool quick = false;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            o.json = true;
+        } else if (strcmp(argv[i], "--quick") == 0) {
+            quick = true;
+        } else {
+            fprintf(stderr, "kvcr: unknown option '%s'\nusage: kvcr bench peer [--json] [--quick]\n",
+                    argv[i]);
+            return 2;
+        }
+    }
+    g_parent = getpid();
+    signal(SIGPIPE, SIG_IGN); /* a dead child's pipe is an error, not a signal */
+    atexit(cleanup);
+    if (!o.json)
+        printf("kvcr bench peer%s: ratio = ours / baseline, both measured in this run\n\n",
+               quick ? " --quick" : "");
+
+    /* 128 MiB on each side (4 MiB with --quick) as 2 MiB or 16 KiB blocks;
+     * 32 MiB / 4 MiB per deliver; up to 8 rounds (1 GiB per case). */
+    size_t set = quick ? 4 * MIB : 128 * MIB;
+    int rounds = quick ? 2 : 8;
+    job big = {NULL, 2 * MIB, set / (2 * MIB), quick ? 2 : 16, rounds};
+    job small = {NULL, 16 * 1024, set / (16 * 1024), 256, rounds};
+
+    redisContext *rc = redis_start();
+    redis_fill(rc, &big);
+    redis_fill(rc, &small);
+    static const char *const lanes[] = {NULL, "tcp"};
+    for (size_t l = 0; l < sizeof lanes / sizeof *lanes; l++) {
+        big.tls = small.tls = lanes[l];
+        figures f[2];
+        job *jobs[2] = {&big, &small};
+        for (int k = 0; k < 2; k++) {
+            f[k].raw = raw_pair(jobs[k]);
+            f[k].kv = kvcr_pair(jobs[k]);
+            f[k].redis = redis_get(rc, jobs[k]);
+        }
+        char sfx[16] = "";
+        if (lanes[l]) snprintf(sfx, sizeof sfx, "_%s", lanes[l]);
+        report(&o, sfx, &f[0], &f[1], quick);
+    }
+    redis_stop(rc);
+    return 0;
+}

@@ -1,0 +1,148 @@
+/* kvcr demo: block naming and contents, and the framed messages on the
+ * pipes between the driver, the router and the engines. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "demo.h"
+
+double demo_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* splitmix64's finaliser. */
+uint64_t demo_mix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+uint64_t demo_chain(uint64_t prev, uint64_t chunk)
+{
+    return demo_mix(prev ^ demo_mix(chunk ^ 0x6b76637220626c6bull));
+}
+
+uint64_t demo_rand(uint64_t *state)
+{
+    *state += 0x9E3779B97F4A7C15ull;
+    return demo_mix(*state);
+}
+
+static uint64_t pattern_seed(uint64_t hash)
+{
+    uint64_t x = demo_mix(hash ^ 0x5eed5eed5eed5eedull);
+    return x ? x : 1; /* xorshift must not start at 0 */
+}
+
+void demo_fill(uint8_t *p, size_t size, uint64_t hash)
+{
+    uint64_t x = pattern_seed(hash);
+    for (size_t i = 0; i < size / 8; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(p + i * 8, &x, 8);
+    }
+}
+
+uint64_t demo_verify(const uint8_t *p, size_t size, uint64_t hash)
+{
+    uint64_t x = pattern_seed(hash), wrong = 0;
+    for (size_t i = 0; i < size / 8; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        uint64_t w;
+        memcpy(&w, p + i * 8, 8);
+        if (w == x) continue;
+        for (uint64_t d = w ^ x; d != 0; d >>= 8) wrong += (d & 0xff) != 0;
+    }
+    return wrong;
+}
+
+/* ---- messages ---------------------------------------------------------------- */
+
+typedef struct hdr {
+    uint32_t type, len;
+} hdr;
+
+static int write_full(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int demo_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, size_t blen)
+{
+    if (alen + blen > DEMO_MSG_MAX) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+    /* One write when it fits, so a message is never interleaved with a
+     * partial one even if a reader gives up half way. */
+    static _Thread_local uint8_t buf[sizeof(hdr) + DEMO_MSG_MAX];
+    hdr h = {type, (uint32_t)(alen + blen)};
+    memcpy(buf, &h, sizeof h);
+    if (alen) memcpy(buf + sizeof h, a, alen);
+    if (blen) memcpy(buf + sizeof h + alen, b, blen);
+    return write_full(fd, buf, sizeof h + alen + blen);
+}
+
+static int read_full(int fd, void *buf, size_t len, double deadline)
+{
+    char *p = buf;
+    while (len > 0) {
+        double left = deadline - demo_now();
+        if (left <= 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        struct pollfd pfd = {fd, POLLIN, 0};
+        int r = poll(&pfd, 1, left > 1 ? 1000 : (int)(left * 1000) + 1);
+        if (r < 0 && errno != EINTR) return -1;
+        if (r <= 0) continue;
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n <= 0) {
+            if (n == 0) errno = EPIPE;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int demo_recv(int fd, uint32_t *type, void *buf, size_t cap, size_t *len, double deadline)
+{
+    hdr h;
+    if (read_full(fd, &h, sizeof h, deadline) != 0) return -1;
+    if (h.len > cap) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+    if (h.len > 0 && read_full(fd, buf, h.len, deadline) != 0) return -1;
+    *type = h.type;
+    *len = h.len;
+    return 0;
+}
+
+void demo_child_setup(int driver_pid)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != driver_pid) _exit(1); /* the driver died before we got here */
+    signal(SIGPIPE, SIG_IGN);
+}
