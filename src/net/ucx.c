@@ -1,1 +1,785 @@
 #include "net/ucx.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ucp/api/ucp.h>
+
+#include "kvcr/error.h"
+#include "util/clock.h"
+
+/* Bounds on a worker address from the wire: a header, a worker id and at
+ * least a byte; real ones are a few hundred bytes (215 on a host with tcp
+ * and shared memory), a few KiB with many RDMA devices. */
+#define ADDR_MIN 10
+#define ADDR_MAX 8192
+/* UCP_MAX_RESOURCES in UCX 1.13: more transport entries is not an address. */
+#define ADDR_MAX_TLS 128
+
+/* How long ucx_peer_close waits for the endpoint to close. */
+#define CLOSE_TIMEOUT_NS (2ull * 1000 * 1000 * 1000)
+/* Keepalive interval unless UCX_KEEPALIVE_INTERVAL is set: how soon a dead
+ * peer is noticed when nothing else notices it (UCX's default is 20 s). */
+#define KEEPALIVE_INTERVAL "1s"
+
+/* What a transport entry of our own address looks like; a peer's entry for
+ * the same transport (same name checksum) must look the same. */
+typedef struct tl_shape {
+    uint16_t csum;
+    uint8_t iface_len;
+} tl_shape;
+
+typedef struct addr_shape {
+    tl_shape tl[ADDR_MAX_TLS];
+    unsigned n;
+} addr_shape;
+
+typedef struct write_op write_op;
+
+struct ucx_ctx {
+    const kvcr_logger *log;
+    ucp_context_h context;
+    ucp_worker_h worker;
+    ucp_address_t *addr;
+    size_t addr_len;
+    int efd;
+    uint8_t addr_version;  /* low nibble of our own address's first byte */
+    bool shape_known;      /* our own address parsed: peers' are checked deeply */
+    addr_shape shape;
+    write_op *done_head;   /* finished writes, reported by ucx_progress */
+    write_op **done_tail;
+};
+
+struct ucx_mem {
+    ucx_ctx *c;
+    ucp_mem_h memh;
+    void *rkey;
+    size_t rkey_len;
+    uintptr_t base;
+    size_t len;
+};
+
+struct ucx_peer {
+    ucx_ctx *c;
+    ucp_ep_h ep;
+    bool failed;
+    uint32_t busy;  /* writes accepted and not yet reported */
+};
+
+struct ucx_rkey {
+    ucx_peer *p;
+    ucp_rkey_h rkey;
+};
+
+struct write_op {
+    write_op *next;
+    ucx_peer *p;
+    void (*done)(void *ud, int status);
+    void *ud;
+    uint32_t pending;  /* requests UCX still holds */
+    bool posted;       /* ucx_write has returned: pending can only fall */
+    int status;
+};
+
+/* ---- completions ---------------------------------------------------------- */
+
+static void queue_done(ucx_ctx *c, write_op *op)
+{
+    op->next = NULL;
+    *c->done_tail = op;
+    c->done_tail = &op->next;
+}
+
+static void op_fail(write_op *op, ucs_status_t st)
+{
+    if (op->status == 0)
+        kvcr_log(op->p->c->log, KVCR_LOG_INFO, "ucx write failed: %s", ucs_status_string(st));
+    op->status = KVCR_ESYS;
+}
+
+/* A request of op finished (UCX calls this from ucp_worker_progress, and
+ * could from inside a later post of the same write: so it only counts, and
+ * the op is queued, never reported, from here). */
+static void request_done(void *request, ucs_status_t st, void *user_data)
+{
+    write_op *op = user_data;
+    if (st != UCS_OK) op_fail(op, st);
+    if (--op->pending == 0 && op->posted) queue_done(op->p->c, op);
+    /* Only here: a request freed earlier would never call back. */
+    ucp_request_free(request);
+}
+
+/* Reports every queued write; a done callback may write again (queued for
+ * the next call) or close a peer it no longer uses. */
+static unsigned report_done(ucx_ctx *c)
+{
+    write_op *op = c->done_head;
+    c->done_head = NULL;
+    c->done_tail = &c->done_head;
+    unsigned n = 0;
+    while (op != NULL) {
+        write_op *next = op->next;
+        op->p->busy--;
+        op->done(op->ud, op->status);
+        free(op);
+        op = next;
+        n++;
+    }
+    return n;
+}
+
+/* ---- context -------------------------------------------------------------- */
+
+static int addr_walk(const uint8_t *a, size_t len, addr_shape *learn, const addr_shape *check,
+                     const char **why);
+
+static int ctx_fail(ucx_ctx *c, const char *what, ucs_status_t st)
+{
+    int rc = kvcr_fail(KVCR_ESYS, "%s: %s", what, ucs_status_string(st));
+    ucx_ctx_destroy(c);
+    return rc;
+}
+
+static ucs_status_t read_config(ucp_config_t **cfg)
+{
+    /* Shared memory transports only advertise peer error handling with this
+     * set, and endpoints with error handling use only transports that do:
+     * without it same-host peers talk over TCP loopback. The environment
+     * is process-wide, so only a value nobody chose is filled in. */
+    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+    ucs_status_t st = ucp_config_read(NULL, NULL, cfg);
+    if (st != UCS_OK) return st;
+    /* A killed same-host peer is only noticed by keepalive (its shared
+     * memory stays mapped here), 20 s by default; this context only. */
+    if (getenv("UCX_KEEPALIVE_INTERVAL") == NULL)
+        (void)ucp_config_modify(*cfg, "KEEPALIVE_INTERVAL", KEEPALIVE_INTERVAL);
+    return UCS_OK;
+}
+
+/* Learns the layout of our own address, so that peers' can be checked.
+ * If it does not parse (another UCX version or UCX_UNIFIED_MODE /
+ * UCX_ADDRESS_VERSION settings), only the header and length are checked. */
+static void learn_own_address(ucx_ctx *c)
+{
+    const uint8_t *a = (const uint8_t *)c->addr;
+    c->addr_version = a[0] & 0x0f;
+    const char *why = NULL;
+    c->shape_known = addr_walk(a, c->addr_len, &c->shape, NULL, &why) == 0;
+    if (!c->shape_known)
+        kvcr_log(c->log, KVCR_LOG_WARN,
+                 "ucx: own worker address has an unknown layout (%s); peer addresses get only "
+                 "basic checks", why);
+}
+
+int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out)
+{
+    ucx_ctx *c = calloc(1, sizeof *c);
+    if (c == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    c->log = log;
+    c->efd = -1;
+    c->done_tail = &c->done_head;
+
+    ucp_config_t *cfg;
+    ucs_status_t st = read_config(&cfg);
+    if (st != UCS_OK) return ctx_fail(c, "ucp_config_read", st);
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+    };
+    st = ucp_init(&params, cfg, &c->context);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) return ctx_fail(c, "ucp_init", st);
+
+    /* One thread (the progress thread) makes every call on this context, so
+     * UCX needs no locks. No event mask: every event type wakes the fd,
+     * including incoming messages that carry a peer's writes to us. */
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    st = ucp_worker_create(c->context, &wp, &c->worker);
+    if (st != UCS_OK) return ctx_fail(c, "ucp_worker_create", st);
+    st = ucp_worker_get_efd(c->worker, &c->efd);
+    if (st != UCS_OK) return ctx_fail(c, "ucp_worker_get_efd", st);
+    st = ucp_worker_get_address(c->worker, &c->addr, &c->addr_len);
+    if (st != UCS_OK) return ctx_fail(c, "ucp_worker_get_address", st);
+    learn_own_address(c);
+    *out = c;
+    return 0;
+}
+
+void ucx_ctx_destroy(ucx_ctx *c)
+{
+    if (c == NULL) return;
+    if (c->addr != NULL) ucp_worker_release_address(c->worker, c->addr);
+    if (c->worker != NULL) ucp_worker_destroy(c->worker);
+    if (c->context != NULL) ucp_cleanup(c->context);
+    free(c);
+}
+
+unsigned ucx_progress(ucx_ctx *c)
+{
+    unsigned n = 0, got;
+    /* Bounded, so that a stream of events cannot starve the caller. */
+    for (int i = 0; i < 64 && (got = ucp_worker_progress(c->worker)) != 0; i++) n += got;
+    return n + report_done(c);
+}
+
+int ucx_fd(ucx_ctx *c)
+{
+    return c->efd;
+}
+
+bool ucx_arm(ucx_ctx *c)
+{
+    /* A write that finished inside ucx_write is only reported by the next
+     * ucx_progress, and no fd event will announce it. */
+    if (c->done_head != NULL) return false;
+    return ucp_worker_arm(c->worker) == UCS_OK;
+}
+
+void ucx_worker_address(const ucx_ctx *c, const void **addr, size_t *len)
+{
+    *addr = c->addr;
+    *len = c->addr_len;
+}
+
+/* ---- memory --------------------------------------------------------------- */
+
+static int mem_map(ucx_ctx *c, ucp_mem_map_params_t *mp, ucx_mem **out)
+{
+    ucx_mem *m = calloc(1, sizeof *m);
+    if (m == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    m->c = c;
+    ucs_status_t st = ucp_mem_map(c->context, mp, &m->memh);
+    if (st != UCS_OK) {
+        free(m);
+        return kvcr_fail(KVCR_ESYS, "ucp_mem_map: %s", ucs_status_string(st));
+    }
+    ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+    const char *what = "ucp_mem_query";
+    st = ucp_mem_query(m->memh, &attr);
+    if (st == UCS_OK) {
+        what = "ucp_rkey_pack";
+        st = ucp_rkey_pack(c->context, m->memh, &m->rkey, &m->rkey_len);
+    }
+    if (st != UCS_OK) {
+        ucp_mem_unmap(c->context, m->memh);
+        free(m);
+        return kvcr_fail(KVCR_ESYS, "%s: %s", what, ucs_status_string(st));
+    }
+    m->base = (uintptr_t)attr.address;
+    m->len = attr.length;
+    *out = m;
+    return 0;
+}
+
+int ucx_mem_register(ucx_ctx *c, void *addr, size_t len, ucx_mem **out)
+{
+    if (addr == NULL || len == 0) return kvcr_fail(KVCR_EINVAL, "ucx: empty memory region");
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .address = addr,
+        .length = len,
+    };
+    return mem_map(c, &mp, out);
+}
+
+int ucx_mem_alloc(ucx_ctx *c, size_t len, ucx_mem **out)
+{
+    if (len == 0) return kvcr_fail(KVCR_EINVAL, "ucx: empty memory region");
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+        .address = NULL,
+        .length = len,
+        .flags = UCP_MEM_MAP_ALLOCATE,
+    };
+    return mem_map(c, &mp, out);
+}
+
+void *ucx_mem_addr(const ucx_mem *m)
+{
+    return (void *)m->base;
+}
+
+void ucx_mem_rkey(const ucx_mem *m, const void **rkey, size_t *len)
+{
+    *rkey = m->rkey;
+    *len = m->rkey_len;
+}
+
+void ucx_mem_deregister(ucx_mem *m)
+{
+    if (m == NULL) return;
+    ucp_rkey_buffer_release(m->rkey);
+    ucs_status_t st = ucp_mem_unmap(m->c->context, m->memh);
+    if (st != UCS_OK)
+        kvcr_log(m->c->log, KVCR_LOG_WARN, "ucp_mem_unmap: %s", ucs_status_string(st));
+    free(m);
+}
+
+/* ---- peer addresses ------------------------------------------------------- */
+
+/* UCX 1.13 takes a worker address without its length and trusts every byte
+ * of it: ucp_ep_create walks it by the lengths and flags it contains and
+ * stops only at a "last" flag. Measured with ucp_ep_create on mutated
+ * copies of a real 215-byte address, each in a fresh process:
+ *   - random bytes: 250 of 300 abort() (an assert on the version nibble);
+ *   - the address cut short: UCX reads on past the end (the outcome depends
+ *     on the bytes that follow: 39 of 300 crashed with 0xff after it);
+ *   - one byte changed: ~1% abort or SIGSEGV (a garbled float making a
+ *     lane score negative, an interface address length of zero that the
+ *     transport then dereferences).
+ * ucp_worker_address_query is no help: it reads the same header and asserts
+ * the same way. So the address is parsed here first, in the layout UCX 1.13
+ * emits by default (address v1, not unified mode; learned from our own
+ * address at start, and only basic checks if that does not parse), every
+ * length checked against the buffer, and it must end exactly at len. The
+ * costs of each transport entry must be finite and sane, and an entry for a
+ * transport we have must carry an interface address of the length ours has
+ * (device address lengths legitimately differ: IPv4 and IPv6).
+ *
+ * Residual risk: what is well formed but lies (the id of another shared
+ * memory segment or process, another host's port, flags inside a
+ * transport's own address) reaches UCX, which will try to attach or
+ * connect to it: 1 of 2000 one-byte mutations that pass these checks still
+ * made UCX abort (a flag inside the posix transport's address). Peers are
+ * trusted to send their own address; this catches corruption and mix-ups,
+ * it authenticates no one. */
+
+#define ADDR_V1 0
+#define HDR_DEBUG_INFO 0x1
+#define HDR_CLIENT_ID 0x4
+#define MD_EMPTY_DEV 0x80
+#define DEV_LAST 0x80
+#define DEV_NUM_PATHS 0x40
+#define DEV_SYS_DEVICE 0x20
+#define DEV_LEN_MASK 0x1f
+#define TL_LAST 0x80
+#define TL_HAS_EP_ADDR 0x40
+#define TL_LEN_MASK 0x3f
+#define NULL_RESOURCE 0xff /* in place of the first device: there is none */
+#define TL_ATTR_LEN 16 /* overhead, bandwidth, latency (floats), prio and flags */
+
+static int bad(const char **why, const char *what)
+{
+    *why = what;
+    return -1;
+}
+
+typedef struct cursor {
+    const uint8_t *p;
+    size_t pos, len;
+} cursor;
+
+static bool take(cursor *cu, size_t n, const uint8_t **out)
+{
+    if (n > cu->len - cu->pos) return false;
+    if (out != NULL) *out = cu->p + cu->pos;
+    cu->pos += n;
+    return true;
+}
+
+static bool take_u8(cursor *cu, uint8_t *v)
+{
+    const uint8_t *b;
+    if (!take(cu, 1, &b)) return false;
+    *v = *b;
+    return true;
+}
+
+static float float_at(const uint8_t *b)
+{
+    float f;
+    memcpy(&f, b, sizeof f);
+    return f;
+}
+
+/* The three costs UCX turns into a lane score: a NaN, a negative time or
+ * a zero bandwidth makes it assert. */
+static bool attrs_sane(const uint8_t *attr)
+{
+    float overhead = float_at(attr), bandwidth = float_at(attr + 4), latency = float_at(attr + 8);
+    /* A negative bandwidth is how UCX <= 1.11 sent "dedicated - shared". */
+    return isfinite(overhead) && overhead >= 0 && overhead < 1 && isfinite(latency) &&
+           latency >= 0 && latency < 1 && isfinite(bandwidth) && fabsf(bandwidth) >= 1 &&
+           fabsf(bandwidth) < 1e15f;
+}
+
+static const tl_shape *shape_find(const addr_shape *s, uint16_t csum)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (s->tl[i].csum == csum) return &s->tl[i];
+    return NULL;
+}
+
+static int tl_entry(cursor *cu, unsigned *n_tls, addr_shape *learn, const addr_shape *check,
+                    bool *last, const char **why)
+{
+    const uint8_t *b, *attr;
+    uint8_t flags;
+    if (++*n_tls > ADDR_MAX_TLS) return bad(why, "too many transports");
+    if (!take(cu, 2, &b) || !take(cu, TL_ATTR_LEN, &attr) || !take_u8(cu, &flags))
+        return bad(why, "truncated transport entry");
+    uint16_t csum;
+    memcpy(&csum, b, sizeof csum);
+    if (!attrs_sane(attr)) return bad(why, "transport attributes out of range");
+    /* A worker address carries no endpoint addresses. */
+    if (flags & TL_HAS_EP_ADDR) return bad(why, "endpoint address in a worker address");
+    uint8_t iface_len = flags & TL_LEN_MASK;
+    if (!take(cu, iface_len, NULL)) return bad(why, "truncated interface address");
+    const tl_shape *mine = check ? shape_find(check, csum) : NULL;
+    if (mine != NULL && mine->iface_len != iface_len)
+        return bad(why, "interface address length differs from this host's");
+    if (learn != NULL && shape_find(learn, csum) == NULL)
+        learn->tl[learn->n++] = (tl_shape){csum, iface_len};
+    *last = flags & TL_LAST;
+    return 0;
+}
+
+static int device(cursor *cu, unsigned *n_tls, addr_shape *learn, const addr_shape *check,
+                  bool *last, const char **why)
+{
+    uint8_t md, dev, v;
+    if (!take_u8(cu, &md) || !take_u8(cu, &dev)) return bad(why, "truncated device");
+    if ((dev & DEV_NUM_PATHS) && (!take_u8(cu, &v) || v < 2))
+        return bad(why, "bad device path count");
+    if ((dev & DEV_SYS_DEVICE) && !take_u8(cu, &v)) return bad(why, "truncated device");
+    if (!take(cu, dev & DEV_LEN_MASK, NULL)) return bad(why, "truncated device address");
+    *last = dev & DEV_LAST;
+    bool last_tl = md & MD_EMPTY_DEV;
+    while (!last_tl)
+        if (tl_entry(cu, n_tls, learn, check, &last_tl, why) != 0) return -1;
+    return 0;
+}
+
+/* 0 if a[0..len) is a well-formed v1 worker address (see above). With
+ * learn, records the transport entries; with check, compares to them. */
+static int addr_walk(const uint8_t *a, size_t len, addr_shape *learn, const addr_shape *check,
+                     const char **why)
+{
+    cursor cu = {a, 0, len};
+    uint8_t hdr, v;
+    if (learn != NULL) learn->n = 0;
+    if (!take_u8(&cu, &hdr)) return bad(why, "empty");
+    if ((hdr & 0x0f) != ADDR_V1) return bad(why, "not a v1 address");
+    /* v1 always carries the worker id, whatever the flags say. */
+    if (!take(&cu, 8, NULL)) return bad(why, "truncated header");
+    if (((hdr >> 4) & HDR_CLIENT_ID) && !take(&cu, 8, NULL)) return bad(why, "truncated header");
+    if (((hdr >> 4) & HDR_DEBUG_INFO) && (!take_u8(&cu, &v) || !take(&cu, v, NULL)))
+        return bad(why, "truncated worker name");
+    /* Well formed, but nothing UCX could connect to: refused here. */
+    if (cu.pos < len && a[cu.pos] == NULL_RESOURCE) return bad(why, "no transports");
+    unsigned n_tls = 0;
+    bool last = false;
+    while (!last)
+        if (device(&cu, &n_tls, learn, check, &last, why) != 0) return -1;
+    if (n_tls == 0) return bad(why, "no transports");
+    if (cu.pos != len) return bad(why, "trailing bytes");
+    return 0;
+}
+
+/* 0, or KVCR_EINVAL naming what is wrong with a peer's worker address. */
+static int check_address(const ucx_ctx *c, const uint8_t *a, size_t len)
+{
+    if (len < ADDR_MIN || len > ADDR_MAX)
+        return kvcr_fail(KVCR_EINVAL, "malformed UCX worker address: %zu bytes", len);
+    /* UCX aborts on an address version it does not know. */
+    if ((a[0] & 0x0f) != c->addr_version)
+        return kvcr_fail(KVCR_EINVAL, "UCX worker address version %u, this host uses %u",
+                         a[0] & 0x0f, c->addr_version);
+    const char *why = NULL;
+    if (c->shape_known && addr_walk(a, len, NULL, &c->shape, &why) != 0)
+        return kvcr_fail(KVCR_EINVAL, "malformed UCX worker address: %s", why);
+    return 0;
+}
+
+/* ---- peers ---------------------------------------------------------------- */
+
+static void peer_error(void *arg, ucp_ep_h ep, ucs_status_t st)
+{
+    (void)ep;
+    ucx_peer *p = arg;
+    if (!p->failed)
+        kvcr_log(p->c->log, KVCR_LOG_WARN, "ucx peer unreachable: %s", ucs_status_string(st));
+    p->failed = true;
+}
+
+/* "  lane[0]:  3:sysv/memory.0 md[2]  -> md[2]/sysv/sysdev[255] am keepalive"
+ * becomes "sysv/memory.0 (am keepalive)". */
+static void lane_summary(const char *line, char *out, size_t size)
+{
+    const char *s = strchr(strstr(line, "lane["), ':');
+    if (s == NULL) return;
+    s += strspn(s + 1, " ") + 1;
+    s += strspn(s, "0123456789:");
+    size_t tl = strcspn(s, " \n");
+    const char *roles = strstr(s, "->");
+    size_t used = strlen(out);
+    snprintf(out + used, size - used, "%s%.*s", used ? ", " : "", (int)tl, s);
+    if (roles == NULL) return;
+    roles += 2 + strspn(roles + 2, " ");
+    roles += strcspn(roles, " \n");
+    roles += strspn(roles, " ");
+    size_t rl = strcspn(roles, "\n");
+    used = strlen(out);
+    if (rl > 0) snprintf(out + used, size - used, " (%.*s)", (int)rl, roles);
+}
+
+/* Logs the lanes UCX chose: the whole description at debug, a one-line
+ * list of transports at info. */
+static void log_lanes(const ucx_peer *p)
+{
+    const kvcr_logger *log = p->c->log;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&text, &size);
+    if (f == NULL) return;
+    ucp_ep_print_info(p->ep, f);
+    if (fclose(f) != 0 || text == NULL) {
+        free(text);
+        return;
+    }
+    kvcr_log(log, KVCR_LOG_DEBUG, "ucx endpoint %p:\n%s", (void *)p->ep, text);
+    char summary[512] = "", *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+        if (strstr(line, "lane[") != NULL) lane_summary(line, summary, sizeof summary);
+    kvcr_log(log, KVCR_LOG_INFO, "ucx endpoint %p lanes: %s", (void *)p->ep,
+             summary[0] ? summary : "(none listed)");
+    free(text);
+}
+
+int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer **out)
+{
+    if (worker_addr == NULL) return kvcr_fail(KVCR_EINVAL, "malformed UCX worker address: none");
+    int rc = check_address(c, worker_addr, len);
+    if (rc != 0) return rc;
+    /* UCX reads it with aligned loads; wire bytes may sit anywhere. */
+    void *addr = malloc(len);
+    ucx_peer *p = calloc(1, sizeof *p);
+    if (addr == NULL || p == NULL) {
+        free(addr);
+        free(p);
+        return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    }
+    memcpy(addr, worker_addr, len);
+    p->c = c;
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {peer_error, p},
+    };
+    ucs_status_t st = ucp_ep_create(c->worker, &ep, &p->ep);
+    free(addr); /* UCX keeps what it needs */
+    if (st != UCS_OK) {
+        free(p);
+        return kvcr_fail(KVCR_ESYS, "ucp_ep_create: %s", ucs_status_string(st));
+    }
+    log_lanes(p);
+    *out = p;
+    return 0;
+}
+
+bool ucx_peer_failed(const ucx_peer *p)
+{
+    return p->failed;
+}
+
+uint32_t ucx_peer_busy(const ucx_peer *p)
+{
+    return p->busy;
+}
+
+void ucx_peer_close(ucx_peer *p)
+{
+    if (p == NULL) return;
+    ucx_ctx *c = p->c;
+    if (p->busy != 0) {
+        /* Its writes still point at it: leaking beats a use after free. */
+        kvcr_log(c->log, KVCR_LOG_ERROR,
+                 "ucx_peer_close with %u writes running; endpoint left open", p->busy);
+        return;
+    }
+    /* A failed endpoint cannot flush; a live one finishes what it has. */
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = p->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+    };
+    void *req = ucp_ep_close_nbx(p->ep, &rp);
+    if (UCS_PTR_IS_PTR(req)) {
+        uint64_t deadline = kvcr_now_ns() + CLOSE_TIMEOUT_NS;
+        ucs_status_t st;
+        while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS && kvcr_now_ns() < deadline)
+            ucp_worker_progress(c->worker);
+        if (st == UCS_INPROGRESS)
+            kvcr_log(c->log, KVCR_LOG_WARN,
+                     "ucx endpoint close still running after 2 s; left to UCX");
+        else if (st != UCS_OK)
+            kvcr_log(c->log, KVCR_LOG_INFO, "ucx endpoint close: %s", ucs_status_string(st));
+        /* Freed now, or by UCX when it completes. */
+        ucp_request_free(req);
+    } else if (UCS_PTR_IS_ERR(req)) {
+        kvcr_log(c->log, KVCR_LOG_INFO, "ucx endpoint close: %s",
+                 ucs_status_string(UCS_PTR_STATUS(req)));
+    }
+    free(p);
+}
+
+int ucx_rkey_unpack(ucx_peer *p, const void *buf, size_t len, ucx_rkey **out)
+{
+    /* A packed rkey is a memory domain map (8 bytes), a memory type byte and
+     * one length-prefixed key per domain in the map: checked like the address. */
+    const uint8_t *b = buf;
+    if (b == NULL || len < 9 || len > 4096)
+        return kvcr_fail(KVCR_EINVAL, "malformed UCX rkey: %zu bytes", len);
+    uint64_t md_map;
+    memcpy(&md_map, b, sizeof md_map);
+    if (b[8] != UCS_MEMORY_TYPE_HOST)
+        return kvcr_fail(KVCR_EINVAL, "UCX rkey is not for host memory");
+    size_t pos = 9;
+    for (int i = 0; i < __builtin_popcountll(md_map); i++) {
+        if (pos >= len || b[pos] > len - pos - 1)
+            return kvcr_fail(KVCR_EINVAL, "malformed UCX rkey: truncated");
+        pos += 1 + b[pos];
+    }
+    if (pos != len) return kvcr_fail(KVCR_EINVAL, "malformed UCX rkey: trailing bytes");
+
+    ucx_rkey *r = calloc(1, sizeof *r);
+    if (r == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    ucs_status_t st = ucp_ep_rkey_unpack(p->ep, buf, &r->rkey);
+    if (st != UCS_OK) {
+        free(r);
+        return kvcr_fail(KVCR_ESYS, "ucp_ep_rkey_unpack: %s", ucs_status_string(st));
+    }
+    r->p = p;
+    *out = r;
+    return 0;
+}
+
+void ucx_rkey_destroy(ucx_rkey *r)
+{
+    if (r == NULL) return;
+    ucp_rkey_destroy(r->rkey);
+    free(r);
+}
+
+/* ---- writes --------------------------------------------------------------- */
+
+static bool mem_holds(const ucx_mem *m, const void *src, size_t len)
+{
+    uintptr_t a = (uintptr_t)src;
+    return a >= m->base && len <= m->len && a - m->base <= m->len - len;
+}
+
+static int check_segs(const ucx_peer *p, const ucx_seg *segs, size_t n)
+{
+    if (n > 0 && segs == NULL) return kvcr_fail(KVCR_EINVAL, "ucx write: no segments");
+    for (size_t i = 0; i < n; i++) {
+        const ucx_seg *s = &segs[i];
+        if (s->len == 0) continue;
+        if (s->src == NULL || s->rkey == NULL)
+            return kvcr_fail(KVCR_EINVAL, "ucx write: segment %zu has no source or rkey", i);
+        if (s->rkey->p != p)
+            return kvcr_fail(KVCR_EINVAL, "ucx write: segment %zu: rkey of another peer", i);
+        if (s->remote_addr + s->len < s->remote_addr)
+            return kvcr_fail(KVCR_EINVAL, "ucx write: segment %zu wraps around", i);
+        if (s->mem != NULL && (s->mem->c != p->c || !mem_holds(s->mem, s->src, s->len)))
+            return kvcr_fail(KVCR_EINVAL, "ucx write: segment %zu is not inside its memory", i);
+    }
+    return 0;
+}
+
+/* Segments from i on that continue each other on both sides under one
+ * rkey: their total length; *end is the first one not merged. The memory
+ * handle is kept only if they all lie in the same registration. */
+static size_t merge_run(const ucx_seg *segs, size_t n, size_t i, size_t *end, const ucx_mem **mem)
+{
+    const ucx_seg *first = &segs[i];
+    size_t len = first->len;
+    *mem = first->mem;
+    size_t j = i + 1;
+    for (; j < n; j++) {
+        const ucx_seg *s = &segs[j];
+        if (s->len == 0) continue;
+        bool follows = (const uint8_t *)s->src == (const uint8_t *)first->src + len &&
+                       s->remote_addr == first->remote_addr + len;
+        if (s->rkey != first->rkey || !follows) break;
+        if (s->mem != *mem) *mem = NULL;
+        len += s->len;
+    }
+    *end = j;
+    return len;
+}
+
+/* Posts one request of op; false once the write has failed. */
+static bool post(write_op *op, void *req)
+{
+    if (req == NULL) return true; /* done already */
+    if (UCS_PTR_IS_ERR(req)) {
+        op_fail(op, UCS_PTR_STATUS(req));
+        return false;
+    }
+    op->pending++; /* request_done frees it */
+    return true;
+}
+
+static bool post_puts(write_op *op, const ucx_seg *segs, size_t n)
+{
+    ucp_ep_h ep = op->p->ep;
+    for (size_t i = 0, end; i < n; i = end) {
+        if (segs[i].len == 0) {
+            end = i + 1;
+            continue;
+        }
+        const ucx_mem *mem;
+        size_t len = merge_run(segs, n, i, &end, &mem);
+        ucp_request_param_t rp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.send = request_done,
+            .user_data = op,
+        };
+        /* UCX 1.13 accepts the handle but its RMA path ignores it (user
+         * handles for RMA came in 1.14); its shared memory and emulated puts
+         * need no source registration anyway. A newer UCX skips a lookup. */
+        if (mem != NULL) {
+            rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+            rp.memh = mem->memh;
+        }
+        void *req = ucp_put_nbx(ep, segs[i].src, len, segs[i].remote_addr, segs[i].rkey->rkey, &rp);
+        if (!post(op, req)) return false;
+    }
+    return true;
+}
+
+int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, void (*done)(void *ud, int status),
+              void *ud)
+{
+    if (done == NULL) return kvcr_fail(KVCR_EINVAL, "ucx write: no completion callback");
+    int rc = check_segs(p, segs, n);
+    if (rc != 0) return rc;
+    if (p->failed) return kvcr_fail(KVCR_ESYS, "ucx write: peer is unreachable");
+    write_op *op = calloc(1, sizeof *op);
+    if (op == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    op->p = p;
+    op->done = done;
+    op->ud = ud;
+    p->busy++;
+    /* Every put first, then one flush: the puts pipeline, and the flush
+     * completes once all of them are complete at the destination. */
+    if (post_puts(op, segs, n)) {
+        ucp_request_param_t rp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.send = request_done,
+            .user_data = op,
+        };
+        post(op, ucp_ep_flush_nbx(p->ep, &rp));
+    }
+    op->posted = true;
+    if (op->pending == 0) queue_done(p->c, op);
+    return 0;
+}

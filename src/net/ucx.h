@@ -9,8 +9,16 @@
  * Endpoints use peer error handling, so a dead peer fails its writes
  * instead of hanging them. ucx_ctx_create sets UCX_MM_ERROR_HANDLING=y
  * unless the environment already sets it, so that same-host peers get
- * shared memory / CMA lanes instead of TCP loopback; the lanes chosen for
- * each endpoint are logged at info level. */
+ * shared memory lanes (sysv, posix) instead of TCP loopback; the lanes chosen for
+ * each endpoint are logged at info level. A peer that dies is noticed by
+ * UCX keepalive, every 1 s unless UCX_KEEPALIVE_INTERVAL is set.
+ *
+ * UCX 1.13 on one host: a put into memory registered with ucx_mem_register
+ * is emulated in software over the shared-memory message lane, so the
+ * destination's progress thread must be running (ucx_progress / ucx_fd) for
+ * the write to complete. Memory from ucx_mem_alloc is a shared memory
+ * segment that same-host peers map: puts into it are plain one-sided
+ * copies that need nothing from the destination. */
 #ifndef KVCR_NET_UCX_H
 #define KVCR_NET_UCX_H
 
@@ -42,21 +50,30 @@ void ucx_worker_address(const ucx_ctx *c, const void **addr, size_t *len);
 
 /* Registers [addr, addr+len) for remote writes. */
 int ucx_mem_register(ucx_ctx *c, void *addr, size_t len, ucx_mem **out);
+/* Allocates len bytes that UCX registers for remote writes (on one host a
+ * shared memory segment, see above); ucx_mem_addr gives the address.
+ * Freed by ucx_mem_deregister. */
+int ucx_mem_alloc(ucx_ctx *c, size_t len, ucx_mem **out);
+void *ucx_mem_addr(const ucx_mem *m);
 /* The packed rkey, valid until ucx_mem_deregister. */
 void ucx_mem_rkey(const ucx_mem *m, const void **rkey, size_t *len);
 void ucx_mem_deregister(ucx_mem *m);
 
 /* Creates an endpoint to a peer worker from its address (bytes from the
- * wire: a malformed address gives an error, never a crash). */
+ * wire: a malformed address gives an error, never a crash; see ucx.c for
+ * what is checked and what UCX is still trusted with). */
 int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer **out);
 /* True once UCX reported the peer unreachable; its writes fail. */
 bool ucx_peer_failed(const ucx_peer *p);
 /* Writes still running on the peer's endpoint. */
 uint32_t ucx_peer_busy(const ucx_peer *p);
-/* Closes the endpoint. Only with no write running (ucx_peer_busy == 0);
- * rkeys unpacked on it must be destroyed first. */
+/* Closes the endpoint. Only with no write running (ucx_peer_busy == 0:
+ * otherwise it logs an error and leaves the endpoint open); rkeys unpacked
+ * on it must be destroyed first. Waits at most 2 s for a live peer. */
 void ucx_peer_close(ucx_peer *p);
 
+/* buf is a packed rkey from ucx_mem_rkey on the peer; its layout is checked
+ * before UCX reads it. */
 int ucx_rkey_unpack(ucx_peer *p, const void *buf, size_t len, ucx_rkey **out);
 void ucx_rkey_destroy(ucx_rkey *r);
 

@@ -1,10 +1,13 @@
+#define _GNU_SOURCE /* pipe2 */
 #include "peer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +15,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-enum { CMD_COUNTERS = 'c', CMD_STOP = 's' };
 
 /* ---- shared ---------------------------------------------------------------- */
 
@@ -78,142 +79,6 @@ void peer_opts_init(peer_opts *o)
     o->abandon_timeout_ms = 4000;
 }
 
-/* ---- the child ----------------------------------------------------------- */
-
-typedef struct child {
-    rig r;
-    peer_opts o;
-    peer_counts counts;
-    uint64_t next_pin;
-    struct pending_pin {
-        uint64_t req;
-        size_t n;
-        uint32_t idx[256];
-        bool ok[256];
-        char names[256][24];
-    } pend[64];
-    size_t n_pend;
-} child;
-
-static int on_request_pin(void *ud, uint64_t req, const kvcr_key *keys, size_t n)
-{
-    child *c = ud;
-    c->counts.pin_requests++;
-    if (c->o.hold_pins || c->n_pend == 64 || n > 256) return c->o.hold_pins ? 0 : -1;
-    struct pending_pin *p = &c->pend[c->n_pend++];
-    p->req = req;
-    p->n = n;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t h;
-        p->ok[i] = peer_key_hash(NULL, &keys[i], &h) == 0 && h < c->o.fw_n;
-        snprintf(p->names[i], sizeof p->names[i], "%.*s",
-                 (int)(keys[i].len < 23 ? keys[i].len : 23), (const char *)keys[i].data);
-        p->idx[i] = p->ok[i] ? (uint32_t)h : 0;
-    }
-    return 0;
-}
-
-static void on_poll_pins(void *ud)
-{
-    child *c = ud;
-    for (size_t k = 0; k < c->n_pend; k++) {
-        struct pending_pin *p = &c->pend[k];
-        kvcr_block b[256];
-        kvcr_mem_ref refs[256];
-        for (size_t i = 0; i < p->n; i++) {
-            refs[i] = (kvcr_mem_ref){NULL, "", p->idx[i]};
-            b[i] = (kvcr_block){key_of(p->names[i]), &refs[i], p->ok[i] ? 1 : 0};
-            c->counts.pinned_keys += p->ok[i];
-        }
-        kvcr_pin_complete(c->r.kv, p->req, ++c->next_pin, b, p->n);
-    }
-    c->n_pend = 0;
-}
-
-static bool on_release_pin(void *ud, uint64_t pin)
-{
-    child *c = ud;
-    (void)pin;
-    c->counts.pin_releases++;
-    return true;
-}
-
-static void on_cancel_pin(void *ud, uint64_t req)
-{
-    child *c = ud;
-    (void)req;
-    c->counts.pin_cancels++;
-}
-
-static void on_resilience(void *ud, const kvcr_resilience_event *ev)
-{
-    child *c = ud;
-    (void)ev;
-    c->counts.resilience_events++;
-}
-
-static void child_poll(child *c)
-{
-    kvcr_op_result *res;
-    size_t n;
-    if (kvcr_poll(c->r.kv, &res, &n) == 0) kvcr_results_free(res);
-}
-
-static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
-{
-    static child c;
-    c.o = *o;
-    rig_init_remote(&c.r, o->block_size, o->fw_n ? o->fw_n : 1, o->slots);
-    if (o->deposit_n > c.r.fw_count) {
-        /* deposits come from framework blocks: make room */
-        free(c.r.fw);
-        c.r.fw_count = o->deposit_n;
-        c.r.fw = aligned_alloc(64, o->block_size * o->deposit_n);
-        c.r.region.addr = c.r.fw;
-        c.r.region.count = o->deposit_n;
-    }
-    for (uint32_t i = 0; i < c.r.fw_count; i++) rig_pattern(&c.r, i, i);
-    c.r.cfg.agent_name = "peer";
-    c.r.cfg.remote.control_port = o->port;
-    c.r.cfg.operation_timeout_ms = o->op_timeout_ms;
-    c.r.cfg.abandon_timeout_ms = o->abandon_timeout_ms;
-    c.r.cfg.callbacks.ud = &c.r; /* the rig's own callbacks take the rig */
-    if (o->pins || o->hold_pins) {
-        c.r.cfg.callbacks.request_pin = on_request_pin;
-        c.r.cfg.callbacks.poll_pins = on_poll_pins;
-        c.r.cfg.callbacks.release_pin = on_release_pin;
-        c.r.cfg.callbacks.cancel_pin_request = on_cancel_pin;
-    }
-    c.r.cfg.callbacks.resilience = on_resilience;
-    /* child is the rig's first member, so either pointer works as ud */
-    rig_start(&c.r);
-    for (uint32_t i = 0; i < o->deposit_n; i++) {
-        char k[24];
-        assert_int_equal(rig_deposit1(&c.r, peer_key(k, sizeof k, i), i, 0, NULL, NULL),
-                         KVCR_ENTRY_SUCCESS);
-    }
-    if (o->deposit_n > c.r.fw_count || o->fw_n == 0)
-        memset(c.r.fw, 0, c.r.fw_count * o->block_size); /* only KVCR DRAM has them now */
-    char ep[256];
-    snprintf(ep, sizeof ep, "%s", kvcr_control_endpoint(c.r.kv));
-    if (write(out, ep, sizeof ep) != (ssize_t)sizeof ep) _exit(3);
-    for (;;) {
-        struct pollfd fds[2] = {{cmd, POLLIN, 0}, {kvcr_fd(c.r.kv), POLLIN, 0}};
-        poll(fds, 2, 5);
-        child_poll(&c);
-        if (!(fds[0].revents & (POLLIN | POLLHUP))) continue;
-        char op;
-        if (read(cmd, &op, 1) != 1) op = CMD_STOP; /* the parent is gone */
-        if (op == CMD_COUNTERS) {
-            c.counts.dropped_messages = kvcr__test_dropped_messages(c.r.kv);
-            if (write(out, &c.counts, sizeof c.counts) != (ssize_t)sizeof c.counts) _exit(3);
-        } else {
-            rig_stop(&c.r);
-            _exit(0);
-        }
-    }
-}
-
 /* ---- the parent side ------------------------------------------------------- */
 
 static bool read_full(int fd, void *buf, size_t len, int timeout_ms)
@@ -229,21 +94,37 @@ static bool read_full(int fd, void *buf, size_t len, int timeout_ms)
     return true;
 }
 
+/* The peer runs in its own program (kvcr-test-peer), started with
+ * posix_spawn: no fork handlers run in this multi-threaded process (UCX's
+ * would touch locks its threads hold) and nothing of this process's UCX
+ * state reaches the child. */
 void peer_spawn(peer *p, const peer_opts *o)
 {
     int down[2], up[2];
-    assert_int_equal(pipe(down), 0);
-    assert_int_equal(pipe(up), 0);
-    fflush(NULL);
-    p->pid = fork();
-    assert_true(p->pid >= 0);
-    if (p->pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        child_main(o, down[0], up[1]);
-    }
+    assert_int_equal(pipe2(down, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(up, O_CLOEXEC), 0);
+    char args[9][24];
+    snprintf(args[0], sizeof args[0], "%zu", o->block_size);
+    snprintf(args[1], sizeof args[1], "%u", o->deposit_n);
+    snprintf(args[2], sizeof args[2], "%u", o->fw_n);
+    snprintf(args[3], sizeof args[3], "%u", o->slots);
+    snprintf(args[4], sizeof args[4], "%d", o->pins);
+    snprintf(args[5], sizeof args[5], "%d", o->hold_pins);
+    snprintf(args[6], sizeof args[6], "%u", o->port);
+    snprintf(args[7], sizeof args[7], "%u", o->op_timeout_ms);
+    snprintf(args[8], sizeof args[8], "%u", o->abandon_timeout_ms);
+    char *argv[] = {KVCR_TEST_PEER, args[0], args[1], args[2], args[3], args[4], args[5],
+                    args[6], args[7], args[8], NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, down[0], 0); /* dup2 clears close-on-exec */
+    posix_spawn_file_actions_adddup2(&fa, up[1], 1);
+    extern char **environ;
+    int rc = posix_spawn(&p->pid, KVCR_TEST_PEER, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
     close(down[0]);
     close(up[1]);
+    assert_int_equal(rc, 0);
     p->to_child = down[1];
     p->from_child = up[0];
     if (!read_full(p->from_child, p->endpoint, sizeof p->endpoint, 20000)) {
@@ -254,7 +135,7 @@ void peer_spawn(peer *p, const peer_opts *o)
 
 void peer_counters(peer *p, peer_counts *out)
 {
-    char op = CMD_COUNTERS;
+    char op = PEER_CMD_COUNTERS;
     assert_int_equal(write(p->to_child, &op, 1), 1);
     assert_true(read_full(p->from_child, out, sizeof *out, 10000));
 }
@@ -276,7 +157,7 @@ void peer_kill(peer *p)
 
 void peer_stop(peer *p)
 {
-    char op = CMD_STOP;
+    char op = PEER_CMD_STOP;
     assert_int_equal(write(p->to_child, &op, 1), 1);
     int status = 0;
     /* bounded: the child closes within its abandon timeout */

@@ -4,8 +4,8 @@
  * (peer_key_hash is the key adapter both sides use); block "k<i>" always
  * holds fill_pattern(seed i), so any side can check any block's bytes.
  *
- * Fork peers before the test creates its own instance: UCX must not be
- * initialised in a process that forks. */
+ * Peers are separate programs (kvcr-test-peer) started with posix_spawn,
+ * so a test may start them at any time, also after its own instance. */
 #ifndef KVCR_TEST_PEER_H
 #define KVCR_TEST_PEER_H
 
@@ -14,6 +14,8 @@
 #include <sys/types.h>
 
 #include "harness.h"
+
+enum { PEER_CMD_COUNTERS = 'c', PEER_CMD_STOP = 's' };
 
 typedef struct peer_opts {
     size_t block_size;
@@ -39,7 +41,7 @@ typedef struct peer {
 } peer;
 
 void peer_opts_init(peer_opts *o);
-/* Forks and waits until the child's instance is up (bounded: 20 s). */
+/* Starts a peer and waits until its instance is up (bounded: 20 s). */
 void peer_spawn(peer *p, const peer_opts *o);
 void peer_counters(peer *p, peer_counts *out);
 /* Kills with SIGKILL and reaps. */

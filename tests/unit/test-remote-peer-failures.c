@@ -146,6 +146,7 @@ static void test_restarted_source_at_same_address_is_fenced(void **state)
     o.slots = 0;
     o.fw_n = 8;
     o.hold_pins = true;
+    o.slots = 4;
     o.deposit_n = 1; /* k0 in KVCR DRAM; k1.. only through (held) pins */
     o.port = port;
     peer old;

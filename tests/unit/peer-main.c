@@ -1,0 +1,193 @@
+/* kvcr-test-peer: the peer process of the peer-to-peer tests (see peer.h).
+ * argv: block_size deposit_n fw_n slots pins hold_pins port op_ms abandon_ms.
+ * Commands arrive on stdin, answers leave on stdout. No cmocka assertion
+ * may fail here: every failure is an exit code the parent sees. */
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "peer.h"
+
+/* ---- the child ----------------------------------------------------------- */
+
+typedef struct child {
+    rig r;
+    peer_opts o;
+    peer_counts counts;
+    uint64_t next_pin;
+    struct pending_pin {
+        uint64_t req;
+        size_t n;
+        uint32_t idx[256];
+        bool ok[256];
+        char names[256][24];
+    } pend[64];
+    size_t n_pend;
+} child;
+
+static int on_request_pin(void *ud, uint64_t req, const kvcr_key *keys, size_t n)
+{
+    child *c = ud;
+    c->counts.pin_requests++;
+    if (c->o.hold_pins || c->n_pend == 64 || n > 256) return c->o.hold_pins ? 0 : -1;
+    struct pending_pin *p = &c->pend[c->n_pend++];
+    p->req = req;
+    p->n = n;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h;
+        p->ok[i] = peer_key_hash(NULL, &keys[i], &h) == 0 && h < c->o.fw_n;
+        snprintf(p->names[i], sizeof p->names[i], "%.*s",
+                 (int)(keys[i].len < 23 ? keys[i].len : 23), (const char *)keys[i].data);
+        p->idx[i] = p->ok[i] ? (uint32_t)h : 0;
+    }
+    return 0;
+}
+
+static void on_poll_pins(void *ud)
+{
+    child *c = ud;
+    for (size_t k = 0; k < c->n_pend; k++) {
+        struct pending_pin *p = &c->pend[k];
+        kvcr_block b[256];
+        kvcr_mem_ref refs[256];
+        for (size_t i = 0; i < p->n; i++) {
+            refs[i] = (kvcr_mem_ref){NULL, "", p->idx[i]};
+            b[i] = (kvcr_block){key_of(p->names[i]), &refs[i], p->ok[i] ? 1 : 0};
+            c->counts.pinned_keys += p->ok[i];
+        }
+        kvcr_pin_complete(c->r.kv, p->req, ++c->next_pin, b, p->n);
+    }
+    c->n_pend = 0;
+}
+
+static bool on_release_pin(void *ud, uint64_t pin)
+{
+    child *c = ud;
+    (void)pin;
+    c->counts.pin_releases++;
+    return true;
+}
+
+static void on_cancel_pin(void *ud, uint64_t req)
+{
+    child *c = ud;
+    (void)req;
+    c->counts.pin_cancels++;
+}
+
+static void on_resilience(void *ud, const kvcr_resilience_event *ev)
+{
+    child *c = ud;
+    (void)ev;
+    c->counts.resilience_events++;
+}
+
+static void child_poll(child *c)
+{
+    kvcr_op_result *res;
+    size_t n;
+    if (kvcr_poll(c->r.kv, &res, &n) == 0) kvcr_results_free(res);
+}
+
+/* Deposits k<i> from framework block i and waits for it (bounded). */
+static bool child_deposit(child *c, uint32_t i)
+{
+    char k[24];
+    kvcr_mem_ref ref = {NULL, "", i};
+    kvcr_block b = {key_of(peer_key(k, sizeof k, i)), &ref, 1};
+    kvcr_op_handle op;
+    if (kvcr_deposit(c->r.kv, &b, 1, 0, &op) != 0) return false;
+    for (int spin = 0; spin < 20000; spin++) {
+        kvcr_op_result *res;
+        size_t n;
+        if (kvcr_poll(c->r.kv, &res, &n) != 0) return false;
+        bool ok = n == 1 && res[0].op == op && res[0].entries[0].status == KVCR_ENTRY_SUCCESS;
+        kvcr_results_free(res);
+        if (n > 0) return ok;
+        usleep(500);
+    }
+    return false;
+}
+
+static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
+{
+    static child c;
+    c.o = *o;
+    rig_init_remote(&c.r, o->block_size, o->fw_n ? o->fw_n : 1, o->slots);
+    if (o->deposit_n > c.r.fw_count) {
+        /* deposits come from framework blocks: make room */
+        free(c.r.fw);
+        c.r.fw_count = o->deposit_n;
+        c.r.fw = aligned_alloc(64, o->block_size * o->deposit_n);
+        c.r.region.addr = c.r.fw;
+        c.r.region.count = o->deposit_n;
+    }
+    for (uint32_t i = 0; i < c.r.fw_count; i++) rig_pattern(&c.r, i, i);
+    c.r.cfg.agent_name = "peer";
+    c.r.cfg.remote.control_port = o->port;
+    c.r.cfg.operation_timeout_ms = o->op_timeout_ms;
+    c.r.cfg.abandon_timeout_ms = o->abandon_timeout_ms;
+    c.r.cfg.callbacks.ud = &c.r; /* the rig's own callbacks take the rig */
+    if (o->pins || o->hold_pins) {
+        c.r.cfg.callbacks.request_pin = on_request_pin;
+        c.r.cfg.callbacks.poll_pins = on_poll_pins;
+        c.r.cfg.callbacks.release_pin = on_release_pin;
+        c.r.cfg.callbacks.cancel_pin_request = on_cancel_pin;
+    }
+    c.r.cfg.callbacks.resilience = on_resilience;
+    /* child is the rig's first member, so either pointer works as ud.
+     * No cmocka assertion may fail in the child (it would carry on with the
+     * parent's test run): every failure here is an exit code. */
+    if (kvcr_create(&c.r.cfg, &c.r.kv) != 0) {
+        fprintf(stderr, "peer: kvcr_create: %s\n", kvcr_last_error());
+        _exit(4);
+    }
+    for (uint32_t i = 0; i < o->deposit_n; i++)
+        if (!child_deposit(&c, i)) _exit(5);
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", kvcr_control_endpoint(c.r.kv));
+    if (write(out, ep, sizeof ep) != (ssize_t)sizeof ep) _exit(3);
+    for (;;) {
+        struct pollfd fds[2] = {{cmd, POLLIN, 0}, {kvcr_fd(c.r.kv), POLLIN, 0}};
+        poll(fds, 2, 5);
+        child_poll(&c);
+        if (!(fds[0].revents & (POLLIN | POLLHUP))) continue;
+        char op;
+        if (read(cmd, &op, 1) != 1) op = PEER_CMD_STOP; /* the parent is gone */
+        if (op == PEER_CMD_COUNTERS) {
+            c.counts.dropped_messages = kvcr__test_dropped_messages(c.r.kv);
+            if (write(out, &c.counts, sizeof c.counts) != (ssize_t)sizeof c.counts) _exit(3);
+        } else {
+            int rc = kvcr_close(c.r.kv);
+            kvcr_free(c.r.kv);
+            _exit(rc == 0 ? 0 : 6);
+        }
+    }
+}
+
+static unsigned long arg(char **argv, int i)
+{
+    char *end;
+    unsigned long v = strtoul(argv[i], &end, 10);
+    if (*end != '\0') {
+        fprintf(stderr, "kvcr-test-peer: bad argument %d '%s'\n", i, argv[i]);
+        exit(2);
+    }
+    return v;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 10) {
+        fprintf(stderr, "kvcr-test-peer: started by the tests (peer.c), not by hand\n");
+        return 2;
+    }
+    peer_opts o = {.block_size = arg(argv, 1), .deposit_n = (uint32_t)arg(argv, 2),
+                   .fw_n = (uint32_t)arg(argv, 3), .slots = (uint32_t)arg(argv, 4),
+                   .pins = arg(argv, 5) != 0, .hold_pins = arg(argv, 6) != 0,
+                   .port = (uint16_t)arg(argv, 7), .op_timeout_ms = (uint32_t)arg(argv, 8),
+                   .abandon_timeout_ms = (uint32_t)arg(argv, 9)};
+    child_main(&o, 0, 1);
+}
