@@ -146,6 +146,11 @@ KVCR_API int kvcr_create(const kvcr_config *cfg, kvcr_t **out)
 KVCR_API int kvcr_close(kvcr_t *kv)
 {
     GUARD(kv);
+    /* Pin results the framework holds are taken while they still count. */
+    instance_lock(kv);
+    bool was_open = !kv->closed;
+    instance_unlock(kv);
+    if (was_open && kv->remote && kv->conf.cb.poll_pins) kv->conf.cb.poll_pins(kv->conf.cb.ud);
     instance_lock(kv);
     if (kv->closed) {
         instance_unlock(kv);
@@ -165,6 +170,7 @@ KVCR_API int kvcr_close(kvcr_t *kv)
         kvcr_log(&kv->log, KVCR_LOG_ERROR, "%llu operation(s) still pending after close",
                  (unsigned long long)kv->n_live);
     ops_discard_done(kv);
+    remote_close(kv);
     pending_event *events = kv->events_head;
     kv->events_head = kv->events_tail = NULL;
     instance_unlock(kv);

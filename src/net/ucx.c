@@ -142,13 +142,30 @@ static int ctx_fail(ucx_ctx *c, const char *what, ucs_status_t st)
     return rc;
 }
 
+/* Whether UCX_TLS leaves shared memory on (UCX warns about a variable no
+ * transport reads, e.g. with UCX_TLS=tcp). */
+static bool shared_memory_allowed(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (tls == NULL || tls[0] == '^') return true; /* default, or an exclusion list */
+    static const char *const shm[] = {"all", "sm", "shm", "mm", "posix", "sysv"};
+    for (size_t i = 0; i < sizeof shm / sizeof shm[0]; i++)
+        for (const char *at = strstr(tls, shm[i]); at; at = strstr(at + 1, shm[i])) {
+            size_t n = strlen(shm[i]);
+            bool starts = at == tls || at[-1] == ',';
+            bool ends = at[n] == '\0' || at[n] == ',';
+            if (starts && ends) return true;
+        }
+    return false;
+}
+
 static ucs_status_t read_config(ucp_config_t **cfg)
 {
     /* Shared memory transports only advertise peer error handling with this
      * set, and endpoints with error handling use only transports that do:
      * without it same-host peers talk over TCP loopback. The environment
      * is process-wide, so only a value nobody chose is filled in. */
-    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+    if (shared_memory_allowed()) setenv("UCX_MM_ERROR_HANDLING", "y", 0);
     ucs_status_t st = ucp_config_read(NULL, NULL, cfg);
     if (st != UCS_OK) return st;
     /* A killed same-host peer is only noticed by keepalive (its shared

@@ -25,8 +25,12 @@ typedef struct pull pull;
 int remote_start(kvcr_t *kv);
 /* Stops the progress thread after the transfers in flight ended (bounded
  * by the abandon timeout; what is left is reported as uncertain), then
- * releases UCX. Call without the lock, after kv->closed is set. */
+ * releases UCX and the control socket. Call without the lock, after
+ * kv->closed is set. */
 void remote_stop(kvcr_t *kv);
+/* Locked, at close after the last settling: cancels pending pin requests
+ * and asks once more for pins not yet released. */
+void remote_close(kvcr_t *kv);
 void remote_destroy(kvcr_t *kv);
 
 const char *remote_endpoint(const kvcr_t *kv);

@@ -309,6 +309,7 @@ void source_ucx_settle(remote *r);      /* UCX completions */
 void source_main(remote *r);            /* main thread */
 bool source_idle(const remote *r);
 void source_stop(remote *r);
+void source_close(remote *r);            /* main thread, at close */
 void source_destroy(remote *r);
 /* Runs one queued callback (pins, resilience) unlocked, then frees it. */
 void source_run_callback(remote *r, rcb *cb);

@@ -466,16 +466,39 @@ int remote_start(kvcr_t *kv)
     return 0;
 }
 
+/* Stops the progress thread, then gives up what only it used: the control
+ * socket (its port is free again once kvcr_close returns), the endpoints,
+ * the registrations and the UCX context. Pulls and writes stay for the
+ * caller's thread to settle. */
 void remote_stop(kvcr_t *kv)
 {
     remote *r = kv->remote;
-    if (r == NULL || !r->thread_started) return;
-    instance_lock(kv);
-    r->stop = true;
-    instance_unlock(kv);
-    remote_wake(r);
-    pthread_join(r->thread, NULL);
-    r->thread_started = false;
+    if (r == NULL) return;
+    if (r->thread_started) {
+        instance_lock(kv);
+        r->stop = true;
+        instance_unlock(kv);
+        remote_wake(r);
+        pthread_join(r->thread, NULL);
+        r->thread_started = false;
+        if (!target_idle(r) || !source_idle(r))
+            kvcr_log(&kv->log, KVCR_LOG_ERROR,
+                     "closing with peer transfers unresolved: their memory was reported uncertain");
+    }
+    /* Endpoints first: closing one ends the writes still on it (their
+     * completions land on ucx_done, never read again). */
+    while (r->routes) {
+        route *rt = r->routes;
+        r->routes = rt->next;
+        route_free(rt);
+    }
+    for (uint32_t i = 0; i < r->n_mems; i++)
+        if (r->mems[i]) ucx_mem_deregister(r->mems[i]);
+    r->n_mems = 0;
+    if (r->ctl) ctl_close(r->ctl);
+    r->ctl = NULL;
+    if (r->ucx) ucx_ctx_destroy(r->ucx);
+    r->ucx = NULL;
 }
 
 void remote_destroy(kvcr_t *kv)
@@ -483,16 +506,6 @@ void remote_destroy(kvcr_t *kv)
     remote *r = kv->remote;
     if (r == NULL) return;
     remote_stop(kv);
-    if (!target_idle(r) || !source_idle(r))
-        kvcr_log(&kv->log, KVCR_LOG_ERROR,
-                 "closing with peer transfers unresolved: their memory was reported uncertain");
-    /* Endpoints first: closing one ends the writes still on it (their
-     * completions land on ucx_done, never read again), then the writes. */
-    while (r->routes) {
-        route *rt = r->routes;
-        r->routes = rt->next;
-        route_free(rt);
-    }
     source_destroy(r);
     while (r->pulls) {
         pull *p = r->pulls;
@@ -503,10 +516,6 @@ void remote_destroy(kvcr_t *kv)
         next = cb->next;
         rcb_free(cb);
     }
-    for (uint32_t i = 0; i < r->n_mems; i++)
-        if (r->mems[i]) ucx_mem_deregister(r->mems[i]);
-    if (r->ctl) ctl_close(r->ctl);
-    if (r->ucx) ucx_ctx_destroy(r->ucx);
     for (wstat **b = r->wstats; b && b < r->wstats + r->n_wbuckets; b++)
         for (wstat *w = *b, *next; w; w = next) next = w->next, free(w);
     free(r->wstats);
@@ -556,6 +565,11 @@ void remote_main(kvcr_t *kv)
     remote *r = kv->remote;
     target_main(r);
     source_main(r);
+}
+
+void remote_close(kvcr_t *kv)
+{
+    if (kv->remote) source_close(kv->remote);
 }
 
 void remote_run_callbacks(kvcr_t *kv)

@@ -708,7 +708,8 @@ static void bind_pin(swrite *sw, sw_key *k, const fwres *f)
 static void resume(remote *r, swrite *sw)
 {
     uint64_t now = kvcr_now_ns();
-    if (sw->forced_fail || now >= sw->deadline_ns || (sw->status && sw->status->cancel_requested)) {
+    if (sw->forced_fail || r->exited || now >= sw->deadline_ns ||
+        (sw->status && sw->status->cancel_requested)) {
         sw->forced_fail = true;
         sw->n_wait = 0;
         to_post(r, sw);
@@ -947,6 +948,11 @@ void source_run_callback(remote *r, rcb *cb)
         bool ok = c->release_pin(c->ud, cb->id);
         instance_lock(kv);
         pin *p = pin_find(r, cb->id);
+        if (p == NULL && !ok && (p = calloc(1, sizeof *p)) != NULL) {
+            /* A pin we never installed (late, refused): retried all the same. */
+            *p = (pin){r->pins, cb->id, 0, true, true, false, 0};
+            r->pins = p;
+        }
         if (p != NULL) {
             p->release_queued = false;
             if (ok) {
@@ -970,6 +976,24 @@ void source_run_callback(remote *r, rcb *cb)
             log_resilience(r, &cb->ev);
     }
     rcb_free(cb);
+}
+
+/* kvcr_close, after the last settling: pending pin requests are
+ * cancelled, and pins still being released get one more attempt. */
+void source_close(remote *r)
+{
+    while (r->pin_reqs) {
+        pin_req *q = r->pin_reqs;
+        r->pin_reqs = q->next;
+        rcb *cb = calloc(1, sizeof *cb);
+        if (cb) cb->kind = RCB_CANCEL_PIN, cb->id = q->id, rcb_push(r, cb);
+        pin_req_free(q);
+    }
+    for (pin *p = r->pins; p; p = p->next)
+        if (p->releasing && !p->release_queued) {
+            p->release_queued = true;
+            queue_release(r, p->handle);
+        }
 }
 
 void source_destroy(remote *r)
