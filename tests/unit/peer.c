@@ -49,6 +49,64 @@ void peer_hint_json(char *buf, size_t cap, const char *source, const uint64_t *h
     if (at < cap) snprintf(buf + at, cap - at, "]}}]}");
 }
 
+void peer_hint_hashes(rig *r, const char *request, const char *source, const uint64_t *hashes,
+                      size_t n)
+{
+    char json[8192];
+    peer_hint_json(json, sizeof json, source, hashes, n);
+    int rc = kvcr_submit_hint(r->kv, request, json, strlen(json));
+    if (rc != 0) fprintf(stderr, "submit_hint: %s\n", kvcr_last_error());
+    assert_int_equal(rc, 0);
+}
+
+void peer_hint_range(rig *r, const char *request, const char *source, uint32_t first, uint32_t n)
+{
+    uint64_t hashes[256];
+    assert_true(n <= 256);
+    for (uint32_t i = 0; i < n; i++) hashes[i] = first + i;
+    peer_hint_hashes(r, request, source, hashes, n);
+}
+
+kvcr_op_handle peer_deliver(rig *r, const uint32_t *keys, const size_t *dst, size_t n,
+                            const char *request)
+{
+    char names[64][24];
+    kvcr_block b[64];
+    kvcr_mem_ref refs[64];
+    assert_true(n <= 64);
+    for (size_t i = 0; i < n; i++) {
+        refs[i] = (kvcr_mem_ref){NULL, "", dst[i]};
+        b[i] = (kvcr_block){key_of(peer_key(names[i], sizeof names[i], keys[i])), &refs[i], 1};
+    }
+    kvcr_op_handle op;
+    int rc = kvcr_deliver(r->kv, b, n, request, &op);
+    if (rc != 0) fprintf(stderr, "deliver: %s\n", kvcr_last_error());
+    assert_int_equal(rc, 0);
+    return op;
+}
+
+kvcr_op_handle peer_deliver_range(rig *r, uint32_t first, uint32_t n, size_t dst,
+                                  const char *request)
+{
+    uint32_t keys[64];
+    size_t at[64];
+    assert_true(n <= 64);
+    for (uint32_t i = 0; i < n; i++) keys[i] = first + i, at[i] = dst + i;
+    return peer_deliver(r, keys, at, n, request);
+}
+
+peer_counts peer_wait(peer *p, bool (*done)(const peer_counts *c))
+{
+    peer_counts c = {0};
+    for (int spin = 0; spin < 5000; spin++) {
+        peer_counters(p, &c);
+        if (done(&c)) return c;
+        usleep(1000);
+    }
+    fail_msg("the peer's counters did not reach the expected state within 5 s");
+    return c;
+}
+
 void rig_init_remote(rig *r, size_t block_size, size_t fw_count, size_t slots)
 {
     rig_init(r, block_size, fw_count, slots);

@@ -58,6 +58,22 @@ const char *peer_key(char *buf, size_t cap, uint32_t i);
 /* The kv_hint envelope naming source and the hashes. */
 void peer_hint_json(char *buf, size_t cap, const char *source, const uint64_t *hashes, size_t n);
 
+/* Submits a kv_hint naming source and hashes (or first..first+n-1) for
+ * the request (NULL: eager metadata only); asserts it was accepted. */
+void peer_hint_hashes(rig *r, const char *request, const char *source, const uint64_t *hashes,
+                      size_t n);
+void peer_hint_range(rig *r, const char *request, const char *source, uint32_t first, uint32_t n);
+
+/* Delivers k<keys[i]> into framework block dst[i] for the request. */
+kvcr_op_handle peer_deliver(rig *r, const uint32_t *keys, const size_t *dst, size_t n,
+                            const char *request);
+/* Delivers k<first..first+n-1> into framework blocks dst.. */
+kvcr_op_handle peer_deliver_range(rig *r, uint32_t first, uint32_t n, size_t dst,
+                                  const char *request);
+
+/* Polls the peer's counters until done(counts) holds (bounded: 5 s). */
+peer_counts peer_wait(peer *p, bool (*done)(const peer_counts *c));
+
 /* A rig with the remote tier on (key adapter set); adjust, then rig_start. */
 void rig_init_remote(rig *r, size_t block_size, size_t fw_count, size_t slots);
 

@@ -21,13 +21,9 @@ static void on_resilience(void *ud, const kvcr_resilience_event *ev)
     if (ev->state == KVCR_TRANSFER_UNCERTAIN) uncertain_events++;
 }
 
-static void hint(rig *r, const char *request, const char *source, uint32_t n)
+static bool pin_cancelled(const peer_counts *c)
 {
-    uint64_t hashes[16];
-    for (uint32_t i = 0; i < n; i++) hashes[i] = i;
-    char json[2048];
-    peer_hint_json(json, sizeof json, source, hashes, n);
-    assert_int_equal(kvcr_submit_hint(r->kv, request, json, strlen(json)), 0);
+    return c->pin_cancels >= 1;
 }
 
 /* The value of a gauge or counter in a fresh stats snapshot (-1: absent). */
@@ -66,7 +62,7 @@ static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **sta
     r.cfg.callbacks.resilience = on_resilience;
     uncertain_events = 0;
     rig_start(&r);
-    hint(&r, "f", src.endpoint, 4);
+    peer_hint_range(&r, "f", src.endpoint, 0, 4);
     kvcr_key k = key_of("k1");
     kvcr_op_handle op;
     assert_int_equal(kvcr_fetch(r.kv, &k, 1, "f", NULL, 0, &op), 0);
@@ -98,11 +94,7 @@ static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **sta
     assert_int_equal(q.status, KVCR_QUERY_MISS); /* the failed request stays failed */
 
     /* the source gave up its pin request once the write was fenced */
-    peer_counts c = {0};
-    for (int spin = 0; spin < 3000 && c.pin_cancels == 0; spin++) {
-        peer_counters(&src, &c);
-        if (c.pin_cancels == 0) usleep(1000);
-    }
+    peer_counts c = peer_wait(&src, pin_cancelled);
     assert_int_equal(c.pin_requests, 1);
     assert_int_equal(c.pin_cancels, 1);
     rig_stop(&r);
@@ -122,7 +114,7 @@ static void test_hint_without_request_connects_eagerly(void **state)
     r.cfg.enable_telemetry = true;
     rig_start(&r);
     assert_int_equal(stat(&r, "connected_remotes", NULL), 0);
-    hint(&r, NULL, src.endpoint, 2); /* no request: only the eager metadata */
+    peer_hint_range(&r, NULL, src.endpoint, 0, 2); /* no request: only the eager metadata */
     double peers = 0;
     for (int spin = 0; spin < 3000 && peers != 1; spin++) {
         peers = stat(&r, "connected_remotes", NULL);
@@ -131,7 +123,7 @@ static void test_hint_without_request_connects_eagerly(void **state)
     assert_int_equal(peers, 1); /* the source acknowledged our metadata */
 
     /* a transfer afterwards is counted in the remote telemetry */
-    hint(&r, "t", src.endpoint, 2);
+    peer_hint_range(&r, "t", src.endpoint, 0, 2);
     kvcr_mem_ref ref = {NULL, "", 0};
     kvcr_block b = {key_of("k1"), &ref, 1};
     kvcr_op_handle op;

@@ -11,20 +11,6 @@
 
 #define BS 4096
 
-static void hint_for(rig *r, const char *request, const char *source, uint32_t first,
-                     uint32_t n, const uint64_t *extra, size_t n_extra)
-{
-    uint64_t hashes[300];
-    size_t m = 0;
-    for (uint32_t i = 0; i < n; i++) hashes[m++] = first + i;
-    for (size_t i = 0; i < n_extra; i++) hashes[m++] = extra[i];
-    char json[8192];
-    peer_hint_json(json, sizeof json, source, hashes, m);
-    int rc = kvcr_submit_hint(r->kv, request, json, strlen(json));
-    if (rc != 0) fprintf(stderr, "submit_hint: %s\n", kvcr_last_error());
-    assert_int_equal(rc, 0);
-}
-
 static kvcr_query_result query_req(rig *r, uint32_t i, const char *request)
 {
     char k[24];
@@ -32,24 +18,6 @@ static kvcr_query_result query_req(rig *r, uint32_t i, const char *request)
     kvcr_query_result q;
     assert_int_equal(kvcr_query(r->kv, &key, 1, request, &q), 0);
     return q;
-}
-
-/* Delivers keys[i] into framework block dst[i] for the request. */
-static kvcr_op_handle deliver_req(rig *r, const uint32_t *keys, const size_t *dst, size_t n,
-                                  const char *request)
-{
-    char names[64][24];
-    kvcr_block b[64];
-    kvcr_mem_ref refs[64];
-    for (size_t i = 0; i < n; i++) {
-        refs[i] = (kvcr_mem_ref){NULL, "", dst[i]};
-        b[i] = (kvcr_block){key_of(peer_key(names[i], sizeof names[i], keys[i])), &refs[i], 1};
-    }
-    kvcr_op_handle op;
-    int rc = kvcr_deliver(r->kv, b, n, request, &op);
-    if (rc != 0) fprintf(stderr, "deliver: %s\n", kvcr_last_error());
-    assert_int_equal(rc, 0);
-    return op;
 }
 
 static void expect_block(rig *r, size_t fw_idx, uint32_t seed)
@@ -69,8 +37,10 @@ static void test_hinted_deliver_and_fetch_move_exact_bytes(void **state)
     rig r;
     rig_init_remote(&r, BS, 32, 32);
     rig_start(&r);
-    const uint64_t absent = 100;
-    hint_for(&r, "req-1", src.endpoint, 0, 16, &absent, 1);
+    uint64_t hashes[17];
+    for (uint32_t i = 0; i < 16; i++) hashes[i] = i;
+    hashes[16] = 100; /* hinted, but the source lacks it */
+    peer_hint_hashes(&r, "req-1", src.endpoint, hashes, 17);
 
     kvcr_query_result q = query_req(&r, 3, "req-1");
     assert_int_equal(q.status, KVCR_QUERY_FETCHABLE);
@@ -86,7 +56,7 @@ static void test_hinted_deliver_and_fetch_move_exact_bytes(void **state)
     kvcr_entry_status st[16];
     kvcr_reason why[16];
     kvcr_release_handle rh[16];
-    assert_int_equal(rig_wait(&r, deliver_req(&r, keys, dst, 8, "req-1"), st, why, NULL), 8);
+    assert_int_equal(rig_wait(&r, peer_deliver(&r, keys, dst, 8, "req-1"), st, why, NULL), 8);
     for (uint32_t i = 0; i < 8; i++) {
         assert_int_equal(st[i], KVCR_ENTRY_SUCCESS);
         expect_block(&r, 20 + i, i);
@@ -125,7 +95,7 @@ static void test_hinted_deliver_and_fetch_move_exact_bytes(void **state)
     /* a hinted key the source lacks: FAILED, then remembered as a miss */
     uint32_t miss = 100;
     size_t at = 30;
-    assert_int_equal(rig_wait(&r, deliver_req(&r, &miss, &at, 1, "req-1"), st, why, NULL), 1);
+    assert_int_equal(rig_wait(&r, peer_deliver(&r, &miss, &at, 1, "req-1"), st, why, NULL), 1);
     assert_int_equal(st[0], KVCR_ENTRY_FAILED);
     assert_int_equal(why[0], KVCR_REASON_NOT_FOUND);
     assert_int_equal(query_req(&r, 100, "req-1").status, KVCR_QUERY_MISS);
@@ -148,13 +118,13 @@ static void test_partial_hit_completes_present_keys_only(void **state)
     rig r;
     rig_init_remote(&r, BS, 8, 8);
     rig_start(&r);
-    const uint64_t extra[] = {50, 51};
-    hint_for(&r, "req-p", src.endpoint, 0, 4, extra, 2);
+    const uint64_t hashes[] = {0, 1, 2, 3, 50, 51}; /* 50 and 51: the source lacks them */
+    peer_hint_hashes(&r, "req-p", src.endpoint, hashes, 6);
     uint32_t keys[] = {1, 50, 2, 51};
     size_t dst[] = {0, 1, 2, 3};
     kvcr_entry_status st[4];
     kvcr_reason why[4];
-    assert_int_equal(rig_wait(&r, deliver_req(&r, keys, dst, 4, "req-p"), st, why, NULL), 4);
+    assert_int_equal(rig_wait(&r, peer_deliver(&r, keys, dst, 4, "req-p"), st, why, NULL), 4);
     assert_int_equal(st[0], KVCR_ENTRY_SUCCESS);
     assert_int_equal(st[1], KVCR_ENTRY_FAILED);
     assert_int_equal(why[1], KVCR_REASON_NOT_FOUND);
@@ -167,6 +137,11 @@ static void test_partial_hit_completes_present_keys_only(void **state)
     assert_int_equal(query_req(&r, 3, "req-p").status, KVCR_QUERY_FETCHABLE);
     rig_stop(&r);
     peer_stop(&src);
+}
+
+static bool all_pins_released(const peer_counts *c)
+{
+    return c->pin_releases == c->pin_requests;
 }
 
 static void test_framework_pins_shared_and_released_exactly_once(void **state)
@@ -182,15 +157,15 @@ static void test_framework_pins_shared_and_released_exactly_once(void **state)
     rig r;
     rig_init_remote(&r, BS, 32, 8);
     rig_start(&r);
-    hint_for(&r, "a", src.endpoint, 0, 8, NULL, 0);
-    hint_for(&r, "b", src.endpoint, 0, 8, NULL, 0);
+    peer_hint_range(&r, "a", src.endpoint, 0, 8);
+    peer_hint_range(&r, "b", src.endpoint, 0, 8);
     /* two overlapping requests at once: k0..k5 and k3..k7 */
     uint32_t ka[6], kb[5];
     size_t da[6], db[5];
     for (uint32_t i = 0; i < 6; i++) ka[i] = i, da[i] = i;
     for (uint32_t i = 0; i < 5; i++) kb[i] = 3 + i, db[i] = 10 + i;
-    kvcr_op_handle opa = deliver_req(&r, ka, da, 6, "a");
-    kvcr_op_handle opb = deliver_req(&r, kb, db, 5, "b");
+    kvcr_op_handle opa = peer_deliver(&r, ka, da, 6, "a");
+    kvcr_op_handle opb = peer_deliver(&r, kb, db, 5, "b");
     kvcr_entry_status st[8];
     assert_int_equal(rig_wait(&r, opa, st, NULL, NULL), 6);
     for (int i = 0; i < 6; i++) assert_int_equal(st[i], KVCR_ENTRY_SUCCESS);
@@ -201,12 +176,7 @@ static void test_framework_pins_shared_and_released_exactly_once(void **state)
 
     /* every pin the framework granted comes back exactly once, and no key
      * was pinned twice while its pin was held */
-    peer_counts c;
-    for (int spin = 0; spin < 2000; spin++) {
-        peer_counters(&src, &c);
-        if (c.pin_releases == c.pin_requests) break;
-        usleep(1000);
-    }
+    peer_counts c = peer_wait(&src, all_pins_released);
     assert_true(c.pin_requests >= 1);
     assert_int_equal(c.pin_releases, c.pin_requests);
     assert_true(c.pinned_keys >= 8 && c.pinned_keys <= 11);
@@ -226,23 +196,23 @@ static void test_second_source_fails_request_closed(void **state)
     rig r;
     rig_init_remote(&r, BS, 4, 4);
     rig_start(&r);
-    hint_for(&r, "mixed", src.endpoint, 0, 2, NULL, 0);
+    peer_hint_range(&r, "mixed", src.endpoint, 0, 2);
     assert_int_equal(query_req(&r, 0, "mixed").status, KVCR_QUERY_FETCHABLE);
-    hint_for(&r, "mixed", "tcp://127.0.0.1:9", 0, 2, NULL, 0); /* a different source */
+    peer_hint_range(&r, "mixed", "tcp://127.0.0.1:9", 0, 2); /* a different source */
     assert_int_equal(query_req(&r, 0, "mixed").status, KVCR_QUERY_MISS);
     uint32_t k = 0;
     size_t d = 0;
     kvcr_entry_status st;
     kvcr_reason why;
-    assert_int_equal(rig_wait(&r, deliver_req(&r, &k, &d, 1, "mixed"), &st, &why, NULL), 1);
+    assert_int_equal(rig_wait(&r, peer_deliver(&r, &k, &d, 1, "mixed"), &st, &why, NULL), 1);
     assert_int_equal(st, KVCR_ENTRY_FAILED);
     assert_int_equal(why, KVCR_REASON_NOT_FOUND);
     uint8_t zero[BS] = {0};
     assert_memory_equal(r.fw, zero, BS);
     /* discarding the hint forgets the request */
     assert_int_equal(kvcr_discard_hint(r.kv, "mixed"), 0);
-    hint_for(&r, "mixed", src.endpoint, 0, 2, NULL, 0);
-    assert_int_equal(rig_wait(&r, deliver_req(&r, &k, &d, 1, "mixed"), &st, &why, NULL), 1);
+    peer_hint_range(&r, "mixed", src.endpoint, 0, 2);
+    assert_int_equal(rig_wait(&r, peer_deliver(&r, &k, &d, 1, "mixed"), &st, &why, NULL), 1);
     assert_int_equal(st, KVCR_ENTRY_SUCCESS);
     expect_block(&r, 0, 0);
     rig_stop(&r);
@@ -256,7 +226,7 @@ static void test_without_key_adapter_nothing_is_remote(void **state)
     rig_init_remote(&r, BS, 4, 4);
     r.cfg.callbacks.key_hash = NULL;
     rig_start(&r);
-    hint_for(&r, "x", "tcp://127.0.0.1:9", 0, 4, NULL, 0);
+    peer_hint_range(&r, "x", "tcp://127.0.0.1:9", 0, 4);
     assert_int_equal(query_req(&r, 1, "x").status, KVCR_QUERY_MISS);
     assert_non_null(kvcr_control_endpoint(r.kv));
     assert_int_equal(strncmp(kvcr_control_endpoint(r.kv), "tcp://127.0.0.1:", 16), 0);

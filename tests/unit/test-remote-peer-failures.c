@@ -48,37 +48,14 @@ static int reset_events(void **state)
     return 0;
 }
 
-static void hint(rig *r, const char *request, const char *source, uint32_t n)
+static bool pin_requested(const peer_counts *c)
 {
-    uint64_t hashes[64];
-    for (uint32_t i = 0; i < n; i++) hashes[i] = i;
-    char json[4096];
-    peer_hint_json(json, sizeof json, source, hashes, n);
-    assert_int_equal(kvcr_submit_hint(r->kv, request, json, strlen(json)), 0);
+    return c->pin_requests >= 1;
 }
 
-static kvcr_op_handle deliver(rig *r, uint32_t first, uint32_t n, size_t dst, const char *request)
+static bool six_dropped(const peer_counts *c)
 {
-    char names[64][24];
-    kvcr_block b[64];
-    kvcr_mem_ref refs[64];
-    for (uint32_t i = 0; i < n; i++) {
-        refs[i] = (kvcr_mem_ref){NULL, "", dst + i};
-        b[i] = (kvcr_block){key_of(peer_key(names[i], sizeof names[i], first + i)), &refs[i], 1};
-    }
-    kvcr_op_handle op;
-    assert_int_equal(kvcr_deliver(r->kv, b, n, request, &op), 0);
-    return op;
-}
-
-static void wait_pin_requests(peer *p, uint64_t n)
-{
-    peer_counts c = {0};
-    for (int spin = 0; spin < 5000 && c.pin_requests < n; spin++) {
-        peer_counters(p, &c);
-        if (c.pin_requests < n) usleep(1000);
-    }
-    assert_true(c.pin_requests >= n);
+    return c->dropped_messages >= 6;
 }
 
 static bool all_zero(const uint8_t *p, size_t len)
@@ -109,9 +86,9 @@ static void test_source_killed_mid_transfer_fails_by_abandon_deadline(void **sta
     peer_spawn(&src, &o);
     rig r;
     rig_remote(&r, 300, 900);
-    hint(&r, "req", src.endpoint, 8);
-    kvcr_op_handle op = deliver(&r, 0, 4, 0, "req");
-    wait_pin_requests(&src, 1);
+    peer_hint_range(&r, "req", src.endpoint, 0, 8);
+    kvcr_op_handle op = peer_deliver_range(&r, 0, 4, 0, "req");
+    peer_wait(&src, pin_requested);
     peer_kill(&src);
 
     kvcr_entry_status st[4];
@@ -157,13 +134,13 @@ static void test_restarted_source_at_same_address_is_fenced(void **state)
     rig r;
     rig_remote(&r, 300, 900);
     /* a first transfer teaches the target which process serves there */
-    hint(&r, "r0", endpoint, 8);
+    peer_hint_range(&r, "r0", endpoint, 0, 8);
     kvcr_entry_status s0;
-    assert_int_equal(rig_wait(&r, deliver(&r, 0, 1, 8, "r0"), &s0, NULL, NULL), 1);
+    assert_int_equal(rig_wait(&r, peer_deliver_range(&r, 0, 1, 8, "r0"), &s0, NULL, NULL), 1);
     assert_int_equal(s0, KVCR_ENTRY_SUCCESS);
-    hint(&r, "r1", endpoint, 8);
-    kvcr_op_handle op1 = deliver(&r, 1, 2, 0, "r1");
-    wait_pin_requests(&old, 1);
+    peer_hint_range(&r, "r1", endpoint, 0, 8);
+    kvcr_op_handle op1 = peer_deliver_range(&r, 1, 2, 0, "r1");
+    peer_wait(&old, pin_requested);
     peer_kill(&old);
 
     /* a new process at the same address, holding every block */
@@ -189,9 +166,9 @@ static void test_restarted_source_at_same_address_is_fenced(void **state)
     for (int attempt = 0; attempt < 3 && !served; attempt++) {
         char req[16];
         snprintf(req, sizeof req, "r%d", 2 + attempt);
-        hint(&r, req, endpoint, 8);
+        peer_hint_range(&r, req, endpoint, 0, 8);
         kvcr_entry_status s;
-        assert_int_equal(rig_wait(&r, deliver(&r, 3, 1, 3, req), &s, NULL, NULL), 1);
+        assert_int_equal(rig_wait(&r, peer_deliver_range(&r, 3, 1, 3, req), &s, NULL, NULL), 1);
         if (attempt == 0) assert_int_equal(s, KVCR_ENTRY_FAILED);
         served = s == KVCR_ENTRY_SUCCESS;
     }
@@ -249,11 +226,7 @@ static void test_garbage_from_a_peer_is_dropped_and_counted(void **state)
     for (size_t i = 0; i < sizeof big; i++) big[i] = (uint8_t)(i * 7);
     send_raw(push, big, sizeof big);
 
-    peer_counts c = {0};
-    for (int spin = 0; spin < 5000 && c.dropped_messages < 6; spin++) {
-        peer_counters(&src, &c);
-        if (c.dropped_messages < 6) usleep(1000);
-    }
+    peer_counts c = peer_wait(&src, six_dropped);
     assert_int_equal(c.dropped_messages, 6);
     zmq_close(push);
     zmq_ctx_term(ctx);
@@ -261,9 +234,9 @@ static void test_garbage_from_a_peer_is_dropped_and_counted(void **state)
     /* the source still serves a well-formed peer */
     rig r;
     rig_remote(&r, 2000, 4000);
-    hint(&r, "ok", src.endpoint, 2);
+    peer_hint_range(&r, "ok", src.endpoint, 0, 2);
     kvcr_entry_status st[2];
-    assert_int_equal(rig_wait(&r, deliver(&r, 0, 2, 5, "ok"), st, NULL, NULL), 2);
+    assert_int_equal(rig_wait(&r, peer_deliver_range(&r, 0, 2, 5, "ok"), st, NULL, NULL), 2);
     assert_int_equal(st[0], KVCR_ENTRY_SUCCESS);
     assert_int_equal(st[1], KVCR_ENTRY_SUCCESS);
     assert_true(rig_has_pattern(&r, r.fw + 5 * BS, 0));
