@@ -82,13 +82,21 @@ static bool has_block(const uint8_t *p, size_t len, uint64_t seed)
     return true;
 }
 
-/* After the last round (shift s), destination element (i + s) mod n must
- * hold block i: a round that moved nothing leaves the previous round's
- * bytes there, which differ. */
+/* Where block i lands in round `shift`: element (i * 5 + shift) mod n. The
+ * destinations are scattered, as an engine's free blocks are, so that no
+ * side can merge neighbouring blocks into one larger transfer; n is a power
+ * of two, so this is a permutation. */
+static size_t dest(const job *j, size_t i, uint64_t shift)
+{
+    return (size_t)((i * 5 + shift) % j->n);
+}
+
+/* After the last round, every destination must hold its block: a round that
+ * moved nothing leaves the previous round's bytes there, which differ. */
 static void check_dest(const uint8_t *dst, const job *j, uint64_t shift, const char *who)
 {
     for (size_t i = 0; i < j->n; i++)
-        if (!has_block(dst + ((i + shift) % j->n) * j->block, j->block, i + 1))
+        if (!has_block(dst + dest(j, i, shift) * j->block, j->block, i + 1))
             bench_fail("%s: block %zu arrived with the wrong bytes", who, i);
 }
 
@@ -192,11 +200,14 @@ static void cleanup(void)
 }
 
 /* In a child: die with the parent, and hold no other child's pipes (so each
- * child sees end of file when the parent closes its end). */
+ * child sees end of file when the parent closes its end). Its stdout is the
+ * parent's stderr: UCX logs to stdout, and only the parent's figures (one
+ * JSON object a line with --json) may appear there. */
 static void in_child(void)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != g_parent) _exit(1);
+    dup2(STDERR_FILENO, STDOUT_FILENO);
     for (int i = 0; i < MAX_LIVE; i++) {
         if (g_live[i] == NULL) continue;
         close(g_live[i]->to);
@@ -220,13 +231,8 @@ static void child_spawn(child *c, const char *what, child_main fn, const job *j)
         in_child();
         close(down[1]);
         close(up[0]);
-        /* Before anything initialises UCX in this process. Without shared
-         * memory lanes UCX_MM_ERROR_HANDLING (set as KVCR sets it) goes
-         * unused, which UCX would warn about in every process. */
-        if (j->tls) {
-            setenv("UCX_TLS", j->tls, 1);
-            setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
-        }
+        /* Before anything initialises UCX in this process. */
+        if (j->tls) setenv("UCX_TLS", j->tls, 1);
         fn(j, down[0], up[1]);
         exit(0);
     }
@@ -336,27 +342,33 @@ static void ucs_check(ucs_status_t st, const raw_side *s, const char *what)
     if (st != UCS_OK) bench_fail("%s: %s: %s", s->who, what, ucs_status_string(st));
 }
 
-static void raw_start(raw_side *s, const char *who, size_t len)
+static void raw_start(raw_side *s, const char *who, const job *j)
 {
     s->who = who;
-    s->len = len;
-    /* As KVCR does: shared memory lanes with peer error handling. */
-    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+    s->len = j->n * j->block;
+    /* The context KVCR creates (src/net/ucx.c): shared memory lanes with
+     * peer error handling, keepalive every second, RMA with wakeup. (With
+     * UCX_TLS=tcp no shared memory transport reads the variable, and UCX
+     * would warn that it is unused.) */
+    if (j->tls == NULL) setenv("UCX_MM_ERROR_HANDLING", "y", 0);
     ucp_config_t *cfg;
     ucs_check(ucp_config_read(NULL, NULL, &cfg), s, "ucp_config_read");
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
+    if (getenv("UCX_KEEPALIVE_INTERVAL") == NULL)
+        (void)ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "1s");
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                      .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
     ucs_status_t st = ucp_init(&p, cfg, &s->ctx);
     ucp_config_release(cfg);
     ucs_check(st, s, "ucp_init");
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
     ucs_check(ucp_worker_create(s->ctx, &wp, &s->worker), s, "ucp_worker_create");
-    s->buf = xalloc(len);
-    memset(s->buf, 0, len); /* every page touched before timing */
+    s->buf = xalloc(s->len);
+    memset(s->buf, 0, s->len); /* every page touched before timing */
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
         .address = s->buf,
-        .length = len};
+        .length = s->len};
     ucs_check(ucp_mem_map(s->ctx, &mp, &s->memh), s, "ucp_mem_map");
 }
 
@@ -404,7 +416,7 @@ static void raw_target(const job *j, int in, int out)
 {
     const char *who = "raw UCX target";
     raw_side s;
-    raw_start(&s, who, j->n * j->block);
+    raw_start(&s, who, j);
     ucp_address_t *addr;
     size_t addr_len;
     ucs_check(ucp_worker_get_address(s.worker, &addr, &addr_len), &s, "ucp_worker_get_address");
@@ -446,7 +458,7 @@ static void raw_source(const job *j, int in, int out)
 {
     const char *who = "raw UCX source";
     raw_side s;
-    raw_start(&s, who, j->n * j->block);
+    raw_start(&s, who, j);
     for (size_t i = 0; i < j->n; i++) fill_block(s.buf + i * j->block, j->block, i + 1);
     static raw_hello h;
     long len = down_recv(in, &h, sizeof h, START_LIMIT_S, who);
@@ -475,7 +487,7 @@ static void raw_source(const job *j, int in, int out)
         for (size_t first = 0; first < j->n; first += j->batch) {
             size_t end = first + j->batch < j->n ? first + j->batch : j->n;
             for (size_t i = first; i < end; i++) {
-                uint64_t to = h.base + ((i + shift) % j->n) * j->block;
+                uint64_t to = h.base + dest(j, i, shift) * j->block;
                 void *req = ucp_put_nbx(ep, s.buf + i * j->block, j->block, to, rkey, &put);
                 if (UCS_PTR_IS_ERR(req)) ucs_check(UCS_PTR_STATUS(req), &s, "ucp_put_nbx");
                 if (req != NULL) ucp_request_free(req); /* the flush covers it */
@@ -576,14 +588,14 @@ static void kv_stop(kv_side *s)
     free(s->blocks);
 }
 
-/* Keys [first, end) into framework elements (i + shift) mod n. */
+/* Keys [first, end) into their destinations of round `shift`. */
 static size_t kv_batch(kv_side *s, const job *j, size_t first, uint64_t shift)
 {
     size_t end = first + j->batch < j->n ? first + j->batch : j->n;
     for (size_t i = first; i < end; i++) {
         size_t k = i - first;
         int len = snprintf(s->names[k], sizeof s->names[k], "k%zu", i);
-        s->refs[k] = (kvcr_mem_ref){NULL, "", (i + shift) % j->n};
+        s->refs[k] = (kvcr_mem_ref){NULL, "", dest(j, i, shift)};
         s->blocks[k] = (kvcr_block){{(const uint8_t *)s->names[k], (size_t)len}, &s->refs[k], 1};
     }
     return end - first;
@@ -700,6 +712,10 @@ static void kv_target(const job *j, int in, int out)
     free(json);
     pair_result res = {best, shift};
     up_send(out, &res, sizeof res, s.who);
+    /* The source closes first, while this instance still answers it: a
+     * peer that vanished under it would be logged as unreachable. */
+    uint8_t stop;
+    down_recv(in, &stop, 1, CHILD_LIMIT_S, s.who);
     kv_stop(&s);
 }
 
@@ -736,10 +752,11 @@ static double kvcr_pair(const job *j)
     pair_result res;
     if (from_child(&tgt, &res, sizeof res, CHILD_LIMIT_S, "delivering") != sizeof res)
         bench_fail("the %s sent a bad result", tgt.what);
-    child_done(&tgt);
     uint8_t stop = 's';
     to_child(&src, &stop, 1, "stopping");
     child_done(&src);
+    to_child(&tgt, &stop, 1, "stopping");
+    child_done(&tgt);
     return res.gbs;
 }
 
@@ -907,7 +924,7 @@ static double redis_get(redisContext *c, const job *j)
                 redisReply *rep = redis_reply(c);
                 if (rep->type != REDIS_REPLY_STRING || rep->len != j->block)
                     bench_fail("redis: GET of block %zu did not answer its %zu bytes", i, j->block);
-                memcpy(dst + ((i + shift) % j->n) * j->block, rep->str, j->block);
+                memcpy(dst + dest(j, i, shift) * j->block, rep->str, j->block);
                 freeReplyObject(rep);
             }
         }

@@ -21,9 +21,21 @@
 /* ---- options ------------------------------------------------------------------- */
 
 static const char usage_text[] =
-    "usage: kvcr demo [--engines N] [--block-size BYTES] [--requests N] [--conversations N]\n"
-    "                 [--system-blocks N] [--slots N] [--prefill-ms MS] [--time-limit S]\n"
-    "                 [--seed N] [--local-only] [--quick] [--json]\n";
+    "usage: kvcr demo [options]\n"
+    "  --engines N         engine processes, 1..16 (default 3)\n"
+    "  --block-size BYTES  bytes per KV block, a multiple of 8, k/m suffixes (default 256k)\n"
+    "  --requests N        requests to play (default 300)\n"
+    "  --conversations N   conversations played at once (default 16)\n"
+    "  --system-blocks N   blocks of the system prompt they all share (default 8)\n"
+    "  --slots N           KVCR DRAM slots per engine (default 256)\n"
+    "  --in-flight N       requests in flight at once (default: one per engine)\n"
+    "  --prefill-ms MS     modelled prefill cost of one block (default 2)\n"
+    "  --time-limit S      wall-clock limit of the whole run (default 120)\n"
+    "  --seed N            workload seed (default 1)\n"
+    "  --local-only        no peer tier: the baseline without peer-to-peer reuse\n"
+    "  --quick             a short run for ctest (64 KiB blocks, 60 requests, 8 conversations,\n"
+    "                      4 system blocks, 128 slots, 60 s limit); options given explicitly win\n"
+    "  --json              print the final figures as one JSON object\n";
 
 static int bad_option(const char *what, const char *arg)
 {
@@ -38,9 +50,12 @@ static bool parse_num(const char *s, double lo, double hi, double *out)
     errno = 0;
     double v = strtod(s, &end);
     if (end == s || errno != 0) return false;
-    if (*end == 'k' || *end == 'K') v *= 1024, end++;
-    else if (*end == 'm' || *end == 'M') v *= 1024 * 1024, end++;
-    else if (*end == 'g' || *end == 'G') v *= 1024.0 * 1024 * 1024, end++;
+    if (*end == 'k' || *end == 'K')
+        v *= 1024, end++;
+    else if (*end == 'm' || *end == 'M')
+        v *= 1024 * 1024, end++;
+    else if (*end == 'g' || *end == 'G')
+        v *= 1024.0 * 1024 * 1024, end++;
     if (*end != '\0' || !(v >= lo && v <= hi)) return false;
     *out = v;
     return true;
@@ -48,9 +63,15 @@ static bool parse_num(const char *s, double lo, double hi, double *out)
 
 static int parse_opts(int argc, char **argv, demo_opts *o)
 {
-    *o = (demo_opts){.engines = 3, .block_size = 256 * 1024, .requests = 300,
-                     .conversations = 16, .system_blocks = 8, .slots = 256,
-                     .prefill_ms = 2.0, .time_limit_s = 120, .seed = 1};
+    *o = (demo_opts){.engines = 3,
+                     .block_size = 256 * 1024,
+                     .requests = 300,
+                     .conversations = 16,
+                     .system_blocks = 8,
+                     .slots = 256,
+                     .prefill_ms = 2.0,
+                     .time_limit_s = 120,
+                     .seed = 1};
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--quick") == 0) {
             /* A few seconds for ctest; explicit options still win. */
@@ -62,9 +83,30 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
             o->slots = 128;
             o->time_limit_s = 60;
         }
+    const struct {
+        const char *name;
+        double lo, hi;
+        int *i; /* exactly one of the three targets */
+        size_t *z;
+        double *d;
+    } num[] = {
+        {"--engines", 1, DEMO_MAX_ENGINES, .i = &o->engines},
+        {"--block-size", 64, 64 << 20, .z = &o->block_size},
+        {"--requests", 1, 1e7, .i = &o->requests},
+        {"--conversations", 1, 1e5, .i = &o->conversations},
+        {"--system-blocks", 0, DEMO_MAX_BLOCKS / 2, .i = &o->system_blocks},
+        {"--slots", 8, 1 << 24, .i = &o->slots},
+        {"--in-flight", 1, 1024, .i = &o->in_flight},
+        {"--prefill-ms", 0, 1e4, .d = &o->prefill_ms},
+        {"--time-limit", 1, 86400, .d = &o->time_limit_s},
+    };
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--quick") == 0) continue;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage_text, stdout);
+            return -1;
+        }
         if (strcmp(a, "--json") == 0) {
             o->json = true;
             continue;
@@ -73,32 +115,29 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
             o->local_only = true;
             continue;
         }
-        static const struct {
-            const char *name;
-            double lo, hi;
-        } num[] = {{"--engines", 1, DEMO_MAX_ENGINES}, {"--block-size", 64, 64 << 20},
-                   {"--requests", 1, 1e7},             {"--conversations", 1, 1e5},
-                   {"--system-blocks", 0, DEMO_MAX_BLOCKS / 2}, {"--slots", 8, 1 << 24},
-                   {"--prefill-ms", 0, 1e4},           {"--time-limit", 1, 86400},
-                   {"--seed", 0, 1.8e19}};
+        if (strcmp(a, "--seed") == 0) { /* exact, so not through a double */
+            if (i + 1 == argc) return bad_option("missing value for", a);
+            char *end;
+            errno = 0;
+            o->seed = strtoull(argv[++i], &end, 0);
+            if (errno != 0 || end == argv[i] || *end != '\0' || argv[i][0] == '-')
+                return bad_option(a, argv[i]);
+            continue;
+        }
         size_t k = 0;
         while (k < sizeof num / sizeof *num && strcmp(a, num[k].name) != 0) k++;
         if (k == sizeof num / sizeof *num) return bad_option("unknown option", a);
         if (i + 1 == argc) return bad_option("missing value for", a);
         double v;
-        if (!parse_num(argv[++i], num[k].lo, num[k].hi, &v))
-            return bad_option(num[k].name, argv[i]);
-        switch (k) {
-        case 0: o->engines = (int)v; break;
-        case 1: o->block_size = (size_t)v; break;
-        case 2: o->requests = (int)v; break;
-        case 3: o->conversations = (int)v; break;
-        case 4: o->system_blocks = (int)v; break;
-        case 5: o->slots = (int)v; break;
-        case 6: o->prefill_ms = v; break;
-        case 7: o->time_limit_s = v; break;
-        default: o->seed = (uint64_t)v; break;
-        }
+        if (!parse_num(argv[++i], num[k].lo, num[k].hi, &v) ||
+            (num[k].d == NULL && v != (double)(long long)v))
+            return bad_option(a, argv[i]);
+        if (num[k].i)
+            *num[k].i = (int)v;
+        else if (num[k].z)
+            *num[k].z = (size_t)v;
+        else
+            *num[k].d = v;
     }
     if (o->block_size % 8 != 0) {
         fprintf(stderr, "kvcr: demo: --block-size must be a multiple of 8 (got %zu)\n%s",
@@ -111,10 +150,11 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
 /* ---- processes ------------------------------------------------------------------ */
 
 typedef struct cluster {
-    int n;                      /* children: [0] the router, [1..] the engines */
+    int n; /* children: [0] the router, [1..] the engines */
     pid_t pid[1 + DEMO_MAX_ENGINES];
     int status[1 + DEMO_MAX_ENGINES];
-    int to_router, from_router; /* the driver's ends */
+    bool killed[1 + DEMO_MAX_ENGINES]; /* by us: its end is not news */
+    int to_router, from_router;        /* the driver's ends */
 } cluster;
 
 enum { P_D2R, P_R2D, P_N };
@@ -122,8 +162,14 @@ enum { P_D2R, P_R2D, P_N };
 /* All pipes are made first; each child keeps only its own ends. */
 static int pipes[P_N + 2 * DEMO_MAX_ENGINES][2];
 
-static int e2r(int e) { return P_N + 2 * e; }
-static int r2e(int e) { return P_N + 2 * e + 1; }
+static int e2r(int e)
+{
+    return P_N + 2 * e;
+}
+static int r2e(int e)
+{
+    return P_N + 2 * e + 1;
+}
 
 static void close_all_but(int n_pipes, const int *keep, int n_keep)
 {
@@ -135,44 +181,72 @@ static void close_all_but(int n_pipes, const int *keep, int n_keep)
         }
 }
 
-static void kill_all(cluster *c)
+static const char *who(int i)
 {
-    for (int i = 0; i < c->n; i++)
-        if (c->pid[i] > 0) kill(c->pid[i], SIGKILL);
+    static char buf[32];
+    if (i == 0)
+        snprintf(buf, sizeof buf, "the router");
+    else
+        snprintf(buf, sizeof buf, "engine %d", i - 1);
+    return buf;
 }
 
-/* Reaps every child, waiting at most `patience` seconds before SIGKILL.
- * 0 when every child exited 0. */
+/* Collects child i if it has ended (or, with block, once it ends). */
+static bool collect(cluster *c, int i, bool block)
+{
+    int st;
+    pid_t r = waitpid(c->pid[i], &st, block ? 0 : WNOHANG);
+    if (r != c->pid[i] && !(r < 0 && errno == ECHILD)) return false;
+    c->status[i] = r == c->pid[i] ? st : 0;
+    c->pid[i] = 0;
+    return true;
+}
+
+/* SIGKILLs every child still running. One that already ended keeps its
+ * own status, so a crash is still reported as such; `grace` seconds let a
+ * child that is dying (its pipes already closed) finish first. */
+static void kill_all(cluster *c, double grace)
+{
+    for (double until = demo_now() + grace;; usleep(10000)) {
+        int left = 0;
+        for (int i = 0; i < c->n; i++) left += c->pid[i] > 0 && !collect(c, i, false);
+        if (left == 0 || demo_now() >= until) break;
+    }
+    for (int i = 0; i < c->n; i++) {
+        if (c->pid[i] <= 0 || collect(c, i, false)) continue;
+        kill(c->pid[i], SIGKILL);
+        c->killed[i] = true;
+    }
+}
+
+/* Reaps every child, killing those still running after `patience`
+ * seconds. 0 when every child exited 0 by itself; others are named. */
 static int reap_all(cluster *c, double patience)
 {
     double until = demo_now() + patience;
-    int left = 0;
-    for (int i = 0; i < c->n; i++) left += c->pid[i] > 0;
-    while (left > 0) {
-        for (int i = 0; i < c->n; i++) {
-            if (c->pid[i] <= 0) continue;
-            int st;
-            pid_t r = waitpid(c->pid[i], &st, demo_now() > until ? 0 : WNOHANG);
-            if (r == c->pid[i] || (r < 0 && errno == ECHILD)) {
-                c->status[i] = r == c->pid[i] ? st : 0;
-                c->pid[i] = 0;
-                left--;
-            }
-        }
-        if (left > 0 && demo_now() > until) kill_all(c); /* then the blocking waits end */
-        if (left > 0) usleep(10000);
-    }
     int bad = 0;
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < c->n; i++)
+            if (c->pid[i] > 0 && !collect(c, i, c->killed[i])) left++;
+        if (left == 0) break;
+        if (demo_now() > until) {
+            for (int i = 0; i < c->n; i++)
+                if (c->pid[i] > 0 && !c->killed[i]) {
+                    fprintf(stderr, "kvcr demo: %s did not stop within %.0f s\n", who(i), patience);
+                    bad = 1;
+                }
+            kill_all(c, 0);
+        }
+        usleep(10000);
+    }
     for (int i = 0; i < c->n; i++) {
         int st = c->status[i];
-        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
-        char who[32];
-        if (i == 0) snprintf(who, sizeof who, "the router");
-        else snprintf(who, sizeof who, "engine %d", i - 1);
+        if (c->killed[i] || (WIFEXITED(st) && WEXITSTATUS(st) == 0)) continue;
         if (WIFSIGNALED(st))
-            fprintf(stderr, "kvcr demo: %s was killed by signal %d\n", who, WTERMSIG(st));
+            fprintf(stderr, "kvcr demo: %s was killed by signal %d\n", who(i), WTERMSIG(st));
         else
-            fprintf(stderr, "kvcr demo: %s exited with status %d\n", who, WEXITSTATUS(st));
+            fprintf(stderr, "kvcr demo: %s exited with status %d\n", who(i), WEXITSTATUS(st));
         bad = 1;
     }
     return bad;
@@ -193,7 +267,7 @@ static int start_cluster(const demo_opts *o, cluster *c, double deadline)
         pid_t pid = fork();
         if (pid < 0) {
             fprintf(stderr, "kvcr demo: fork: %s\n", strerror(errno));
-            kill_all(c);
+            kill_all(c, 0);
             reap_all(c, 0);
             return 1;
         }
@@ -202,7 +276,7 @@ static int start_cluster(const demo_opts *o, cluster *c, double deadline)
             int rc;
             if (i == 0) {
                 int keep[2 + 2 * DEMO_MAX_ENGINES], k = 0, from_e[DEMO_MAX_ENGINES],
-                    to_e[DEMO_MAX_ENGINES];
+                                                    to_e[DEMO_MAX_ENGINES];
                 keep[k++] = pipes[P_D2R][0];
                 keep[k++] = pipes[P_R2D][1];
                 for (int e = 0; e < o->engines; e++) {
@@ -251,8 +325,8 @@ static void conv_extend(workload *w, conv *c, int k)
 {
     for (int i = 0; i < k; i++, c->n++) {
         uint64_t prev = c->n ? c->h[c->n - 1] : w->root;
-        uint64_t chunk = c->n < w->o->system_blocks ? (uint64_t)c->n
-                                                     : (c->id << 20 | (uint64_t)c->n);
+        uint64_t chunk =
+            c->n < w->o->system_blocks ? (uint64_t)c->n : (c->id << 20 | (uint64_t)c->n);
         c->h[c->n] = demo_chain(prev, chunk);
     }
 }
@@ -281,120 +355,10 @@ static void conv_next(workload *w, conv *c)
         conv_extend(w, c, k);
 }
 
-/* ---- figures ---------------------------------------------------------------------- */
-
-typedef struct totals {
-    uint64_t requests, blocks, local, remote, recomputed, remote_failed, local_failed;
-    uint64_t hinted, hint_refused, deposited, not_stored, verified, wrong, peer_bytes;
-    double peer_s, local_s;
-} totals;
-
-static void add(totals *t, const demo_result *r)
-{
-    t->requests++;
-    t->blocks += r->n_blocks;
-    t->local += r->local_hit;
-    t->remote += r->remote_hit;
-    t->recomputed += r->recomputed;
-    t->remote_failed += r->remote_failed;
-    t->local_failed += r->local_failed;
-    t->hinted += r->source >= 0;
-    t->hint_refused += r->hint_refused;
-    t->deposited += r->deposited;
-    t->not_stored += r->deposit_not_stored;
-    t->verified += r->verified_blocks;
-    t->wrong += r->wrong_bytes;
-    t->peer_bytes += r->peer_bytes;
-    t->peer_s += r->peer_s;
-    t->local_s += r->local_s;
-}
-
-static double pct(uint64_t a, uint64_t b)
-{
-    return b ? 100.0 * (double)a / (double)b : 0;
-}
-
-static void progress(const demo_opts *o, const totals *t, bool last)
-{
-    static double shown;
-    static int tenth;
-    bool tty = isatty(STDERR_FILENO);
-    double now = demo_now();
-    if (tty) {
-        if (!last && now - shown < 0.2) return;
-        shown = now;
-        fprintf(stderr, "\r  %" PRIu64 "/%d requests  hit rate %5.1f%% (local %5.1f%%, peer %5.1f%%)%s",
-                t->requests, o->requests, pct(t->local + t->remote, t->blocks),
-                pct(t->local, t->blocks), pct(t->remote, t->blocks), last ? "\n" : "");
-        return;
-    }
-    int now_tenth = (int)(t->requests * 10 / (uint64_t)o->requests);
-    if (now_tenth == tenth && !last) return;
-    if (last && now_tenth == tenth && t->requests != (uint64_t)o->requests) now_tenth = -1;
-    tenth = now_tenth;
-    fprintf(stderr, "  %" PRIu64 "/%d requests  hit rate %.1f%% (local %.1f%%, peer %.1f%%)\n",
-            t->requests, o->requests, pct(t->local + t->remote, t->blocks),
-            pct(t->local, t->blocks), pct(t->remote, t->blocks));
-}
-
-static void report(const demo_opts *o, const totals *t, const totals *per, int started,
-                   double wall)
-{
-    double mb = (double)o->block_size / 1e6, cost = o->prefill_ms / 1e3;
-    double gbs = t->peer_s > 0 ? (double)t->peer_bytes / t->peer_s / 1e9 : 0;
-    double all_s = (double)t->blocks * cost;
-    double kvcr_s = (double)t->recomputed * cost + t->peer_s + t->local_s;
-    if (o->json) {
-        printf("{\"engines\":%d,\"requests\":%" PRIu64 ",\"conversations\":%d,\"block_size\":%zu,"
-               "\"blocks\":%" PRIu64 ",\"local_g2_hit\":%" PRIu64 ",\"remote_g2_pulled\":%" PRIu64
-               ",\"recomputed\":%" PRIu64 ",\"hit_rate\":%.4f,\"local_hit_rate\":%.4f,"
-               "\"remote_hit_rate\":%.4f,\"hinted_requests\":%" PRIu64
-               ",\"remote_failed\":%" PRIu64 ",\"peer_bytes\":%" PRIu64 ",\"peer_transfer_s\":%.6f,"
-               "\"peer_gbps\":%.4f,\"prefill_ms_per_block\":%.4g,\"prefill_all_s\":%.4f,"
-               "\"prefill_with_kvcr_s\":%.4f,\"prefill_saved_s\":%.4f,\"verified_blocks\":%" PRIu64
-               ",\"wrong_bytes\":%" PRIu64 ",\"wall_s\":%.3f,\"peer_tier\":%s}\n",
-               o->engines, t->requests, started, o->block_size, t->blocks, t->local, t->remote,
-               t->recomputed, pct(t->local + t->remote, t->blocks) / 100,
-               pct(t->local, t->blocks) / 100, pct(t->remote, t->blocks) / 100, t->hinted,
-               t->remote_failed, t->peer_bytes, t->peer_s, gbs, o->prefill_ms, all_s, kvcr_s,
-               all_s - kvcr_s, t->verified, t->wrong, wall, o->local_only ? "false" : "true");
-        return;
-    }
-    printf("\n%-22s %" PRIu64 " in %.1f s (%d conversations, %" PRIu64 " with a router hint)\n",
-           "requests", t->requests, wall, started, t->hinted);
-    printf("%-22s %" PRIu64 " of %zu KiB (%.1f MB)\n", "blocks", t->blocks, o->block_size / 1024,
-           (double)t->blocks * mb);
-    printf("  %-20s %8" PRIu64 "  %5.1f%%\n", "local G2 hit", t->local, pct(t->local, t->blocks));
-    printf("  %-20s %8" PRIu64 "  %5.1f%%\n", "remote G2 pulled", t->remote,
-           pct(t->remote, t->blocks));
-    printf("  %-20s %8" PRIu64 "  %5.1f%%", "recomputed", t->recomputed,
-           pct(t->recomputed, t->blocks));
-    if (t->remote_failed || t->local_failed)
-        printf("  (%" PRIu64 " hinted pulls and %" PRIu64 " local hits failed and were recomputed)",
-               t->remote_failed, t->local_failed);
-    printf("\n%-22s %.1f%%\n", "hit rate", pct(t->local + t->remote, t->blocks));
-    printf("%-22s %.1f MB in %.3f s of transfers: %.2f GB/s\n", "peer to peer",
-           (double)t->peer_bytes / 1e6, t->peer_s, gbs);
-    printf("%-22s %.2f ms/block: %.2f s recomputing everything, %.2f s with KVCR "
-           "(%.2f s recompute + %.3f s deliveries)\n",
-           "prefill (modelled)", o->prefill_ms, all_s, kvcr_s, (double)t->recomputed * cost,
-           t->peer_s + t->local_s);
-    printf("%-22s %.2f s (%.1f%%)\n", "prefill time saved", all_s - kvcr_s,
-           all_s > 0 ? 100 * (all_s - kvcr_s) / all_s : 0);
-    printf("%-22s %" PRIu64 " blocks delivered and verified, %" PRIu64 " wrong bytes%s\n",
-           "verification", t->verified, t->wrong, t->wrong ? "  <-- FAILED" : "");
-    printf("\n%-8s %8s %8s %8s %10s %10s\n", "engine", "requests", "local", "pulled", "recomputed",
-           "peer MB");
-    for (int e = 0; e < o->engines; e++)
-        printf("%-8d %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10" PRIu64 " %10.1f\n", e,
-               per[e].requests, per[e].local, per[e].remote, per[e].recomputed,
-               (double)per[e].peer_bytes / 1e6);
-    fflush(stdout);
-}
-
 /* ---- the driver ------------------------------------------------------------------- */
 
-/* Sends requests (one in flight per engine) until all are answered. */
+/* Sends requests (--in-flight at once, default one per engine) until all
+ * are answered. */
 static int drive(const demo_opts *o, cluster *cl, double deadline, totals *t, totals *per,
                  workload *w)
 {
@@ -411,7 +375,7 @@ static int drive(const demo_opts *o, cluster *cl, double deadline, totals *t, to
     }
     int *conv_of = calloc((size_t)o->requests, sizeof *conv_of);
     if (conv_of == NULL) return 1;
-    int sent = 0, in_flight = 0, max_in_flight = o->engines;
+    int sent = 0, in_flight = 0, max_in_flight = o->in_flight ? o->in_flight : o->engines;
     int rc = 0;
     while (t->requests < (uint64_t)o->requests) {
         while (sent < o->requests && in_flight < max_in_flight) {
@@ -432,14 +396,16 @@ static int drive(const demo_opts *o, cluster *cl, double deadline, totals *t, to
             in_flight++;
         }
         if (demo_now() > deadline) {
-            progress(o, t, true);
-            fprintf(stderr, "kvcr demo: FAILED: the time limit of %.0f s passed with %" PRIu64
-                            " of %d requests answered\n",
+            demo_progress(o, t, true);
+            fprintf(stderr,
+                    "kvcr demo: the time limit of %.0f s passed with %" PRIu64
+                    " of %d requests answered\n",
                     o->time_limit_s, t->requests, o->requests);
             rc = 1;
             goto out;
         }
         if (demo_recv(cl->from_router, &type, msg, sizeof msg - 1, &len, deadline) != 0) {
+            if (errno == ETIMEDOUT) continue; /* the time limit, reported above */
             fprintf(stderr, "kvcr demo: the router stopped answering: %s\n", strerror(errno));
             rc = 1;
             goto out;
@@ -462,13 +428,13 @@ static int drive(const demo_opts *o, cluster *cl, double deadline, totals *t, to
             rc = 1;
             goto out;
         }
-        add(t, &r);
-        add(&per[r.engine], &r);
+        demo_add(t, &r);
+        demo_add(&per[r.engine], &r);
         in_flight--;
         conv *c = &w->c[conv_of[r.req_no]];
         c->busy = false;
         conv_next(w, c);
-        progress(o, t, t->requests == (uint64_t)o->requests);
+        demo_progress(o, t, t->requests == (uint64_t)o->requests);
     }
 out:
     free(conv_of);
@@ -479,22 +445,25 @@ int cmd_demo(int argc, char **argv)
 {
     demo_opts o;
     int rc = parse_opts(argc, argv, &o);
-    if (rc != 0) return rc;
+    if (rc != 0) return rc < 0 ? 0 : rc; /* -1: --help */
     double t0 = demo_now(), deadline = t0 + o.time_limit_s;
     signal(SIGPIPE, SIG_IGN);
     if (!o.json)
-        printf("kvcr demo: %d engines + a router, %d requests over %d conversations, "
-               "%zu KiB blocks, %d KVCR DRAM slots per engine, seed %" PRIu64 "%s\n",
-               o.engines, o.requests, o.conversations, o.block_size / 1024, o.slots, o.seed,
-               o.local_only ? " (peer tier off)" : "");
+        printf(
+            "kvcr demo: %d engines + a router, %d requests over %d conversations, "
+            "%s blocks, %d KVCR DRAM slots per engine, seed %" PRIu64 "%s\n",
+            o.engines, o.requests, o.conversations, demo_size_text(o.block_size), o.slots, o.seed,
+            o.local_only ? " (peer tier off)" : "");
 
     cluster cl = {0};
-    if (start_cluster(&o, &cl, deadline) != 0) return 1;
+    /* Children stop on their own only if the driver could not stop them. */
+    if (start_cluster(&o, &cl, deadline + 10) != 0) return 1;
 
     workload w = {.o = &o, .rng = o.seed, .root = demo_mix(o.seed ^ 0x726f6f74ull)};
     w.c = calloc((size_t)o.conversations, sizeof *w.c);
     totals t = {0}, per[DEMO_MAX_ENGINES] = {{0}};
-    if (w.c == NULL) {
+    t.pulls = calloc((size_t)o.requests, sizeof *t.pulls);
+    if (w.c == NULL || t.pulls == NULL) {
         fprintf(stderr, "kvcr demo: out of memory\n");
         rc = 1;
     } else {
@@ -507,25 +476,30 @@ int cmd_demo(int argc, char **argv)
         /* engines close within their abandon timeout */
         if (reap_all(&cl, 30) != 0) rc = 1;
     } else {
-        kill_all(&cl);
+        kill_all(&cl, 0.2);
         reap_all(&cl, 5);
     }
     close(cl.to_router);
     close(cl.from_router);
-    if (rc == 0) report(&o, &t, per, w.started, wall);
+    if (rc == 0) demo_report(&o, &t, per, w.started, wall);
     free(w.c);
+    free(t.pulls);
     if (rc != 0) {
         fprintf(stderr, "kvcr demo: FAILED\n");
         return 1;
     }
     if (t.wrong > 0 || t.hint_refused > 0) {
-        fprintf(stderr, "kvcr demo: FAILED: %" PRIu64 " wrong bytes in delivered blocks, %" PRIu64
-                        " router hints refused\n", t.wrong, t.hint_refused);
+        fprintf(stderr,
+                "kvcr demo: FAILED: %" PRIu64 " wrong bytes in delivered blocks, %" PRIu64
+                " router hints refused\n",
+                t.wrong, t.hint_refused);
         return 1;
     }
     if (!o.local_only && t.hinted > 0 && t.remote == 0) {
-        fprintf(stderr, "kvcr demo: FAILED: %" PRIu64 " requests carried a router hint but no "
-                        "block was pulled from a peer (%" PRIu64 " pulls failed)\n",
+        fprintf(stderr,
+                "kvcr demo: FAILED: %" PRIu64
+                " requests carried a router hint but no "
+                "block was pulled from a peer (%" PRIu64 " pulls failed)\n",
                 t.hinted, t.remote_failed);
         return 1;
     }

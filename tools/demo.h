@@ -1,7 +1,8 @@
 /* Shared pieces of `kvcr demo`: a workload driver, a KV-aware router and
  * N engine processes on one machine, talking over pipes.
  *
- *   driver ──REQ──► router ──REQ + kv_hint──► engine i ──HELLO/INV/DONE──► router ──DONE──► driver
+ *   driver --REQ--> router --REQ + kv_hint--> engine i
+ *   engine i --HELLO, INV, DONE--> router --READY, DONE--> driver
  *
  * Every process is forked by the driver before any KVCR (or UCX)
  * initialisation anywhere; only the engines create a KVCR instance. Blocks
@@ -17,9 +18,10 @@
 
 enum {
     DEMO_MAX_ENGINES = 16,
-    DEMO_MAX_BLOCKS = 64,      /* blocks per request = the engine's "GPU KV buffer" */
-    DEMO_MSG_MAX = 64 * 1024,  /* largest message on any pipe */
-    DEMO_ENDPOINT_MAX = 256
+    DEMO_MAX_BLOCKS = 64,     /* blocks per request = the engine's "GPU KV buffer" */
+    DEMO_MSG_MAX = 64 * 1024, /* largest message on any pipe */
+    DEMO_ENDPOINT_MAX = 256,
+    DEMO_REASONS = 16 /* > every kvcr_reason */
 };
 
 typedef struct demo_opts {
@@ -27,10 +29,11 @@ typedef struct demo_opts {
     size_t block_size;
     int requests;
     int conversations;
-    int system_blocks;      /* the shared system prompt */
-    int slots;              /* KVCR DRAM slots per engine */
-    double prefill_ms;      /* modelled prefill cost of one block */
-    double time_limit_s;    /* the whole run, wall clock */
+    int in_flight;       /* requests in flight at once; 0: one per engine */
+    int system_blocks;   /* the shared system prompt */
+    int slots;           /* KVCR DRAM slots per engine */
+    double prefill_ms;   /* modelled prefill cost of one block */
+    double time_limit_s; /* the whole run, wall clock */
     uint64_t seed;
     bool quick, json, local_only;
 } demo_opts;
@@ -54,9 +57,9 @@ typedef struct demo_hello {
 
 typedef struct demo_req {
     uint32_t req_no;
-    int32_t source;       /* engine the hint names, -1: none (set by the router) */
+    int32_t source; /* engine the hint names, -1: none (set by the router) */
     uint32_t n_blocks;
-    uint32_t hint_len;    /* bytes of hint JSON after the hashes (router -> engine) */
+    uint32_t hint_len; /* bytes of hint JSON after the hashes (router -> engine) */
 } demo_req;
 
 typedef struct demo_inv {
@@ -71,16 +74,30 @@ typedef struct demo_result {
     int32_t engine, source;
     uint32_t n_blocks;
     uint32_t local_hit, remote_hit, recomputed;
-    uint32_t remote_failed;    /* FETCHABLE but the pull failed: recomputed */
-    uint32_t local_failed;     /* HIT but the deliver failed: recomputed */
-    uint32_t hint_refused;     /* kvcr_submit_hint refused the router's hint */
+    uint32_t remote_failed;            /* FETCHABLE but the pull failed: recomputed */
+    uint32_t local_failed;             /* HIT but the deliver failed: recomputed */
+    uint32_t hint_refused;             /* kvcr_submit_hint refused the router's hint */
+    uint32_t why_failed[DEMO_REASONS]; /* failed delivers by kvcr_reason */
     uint32_t deposited, deposit_not_stored;
+    uint32_t resilience; /* uncertain / stalled transfer events seen by the engine */
     uint64_t verified_blocks, wrong_bytes;
     uint64_t peer_bytes;
-    double peer_s;             /* submit to completion of the peer deliver */
-    double local_s;            /* same for the local deliver */
-    double wall_s;             /* the whole request inside the engine */
+    double peer_t0; /* demo_now() (CLOCK_MONOTONIC, host-wide) at its submit */
+    double peer_s;  /* submit to completion of the peer deliver */
+    double local_s; /* same for the local deliver */
+    double wall_s;  /* the whole request inside the engine */
 } demo_result;
+
+/* Sums of demo_result over requests (the whole cluster, or one engine). */
+typedef struct totals {
+    uint64_t requests, blocks, local, remote, recomputed, remote_failed, local_failed;
+    uint64_t hinted, hint_refused, deposited, not_stored, verified, wrong, peer_bytes;
+    uint64_t resilience;
+    uint64_t why_failed[DEMO_REASONS];
+    double peer_s, local_s;
+    double (*pulls)[2]; /* [start, end] of every pull (the cluster totals only) */
+    size_t n_pulls;
+} totals;
 
 /* ---- demo_common.c ---------------------------------------------------------- */
 
@@ -103,6 +120,16 @@ int demo_recv(int fd, uint32_t *type, void *buf, size_t cap, size_t *len, double
 
 /* Child processes: die with the driver, ignore SIGPIPE (writes fail). */
 void demo_child_setup(int driver_pid);
+
+/* ---- demo_report.c: the figures ----------------------------------------------- */
+
+void demo_add(totals *t, const demo_result *r);
+/* A progress line on stderr (redrawn on a terminal, every 10% otherwise). */
+void demo_progress(const demo_opts *o, const totals *t, bool last);
+/* The final table, or one JSON object with --json. Sorts t->pulls. */
+void demo_report(const demo_opts *o, totals *t, const totals *per, int started, double wall);
+/* "256 KiB", or "1000 B" when not a whole number of KiB (a static buffer). */
+const char *demo_size_text(size_t bytes);
 
 /* ---- the processes --------------------------------------------------------- */
 

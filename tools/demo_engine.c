@@ -31,6 +31,7 @@ typedef struct engine {
     uint8_t *fw, *pool;
     size_t bs;
     bool router_gone;
+    uint32_t resilience; /* events since the last request's report */
 } engine;
 
 static int fail(const engine *e, const char *what, int rc)
@@ -69,6 +70,18 @@ static int on_inventory(void *ud, const kvcr_inventory_event *ev)
         }
     }
     return 0;
+}
+
+/* A peer transfer that failed may still touch our memory, or one of our
+ * source writes stalled: the tier's business, but never silent here. */
+static void on_resilience(void *ud, const kvcr_resilience_event *ev)
+{
+    engine *e = ud;
+    static const char *const state[] = {"uncertain", "quiesced", "source stalled"};
+    if (ev->state != KVCR_TRANSFER_QUIESCED) e->resilience++;
+    fprintf(stderr, "kvcr demo: engine %d: resilience event (%s, %s side): %s\n", e->idx,
+            (unsigned)ev->state < 3 ? state[ev->state] : "?", ev->source_side ? "source" : "target",
+            ev->message ? ev->message : "");
 }
 
 /* ---- operations ----------------------------------------------------------------- */
@@ -115,8 +128,13 @@ static int wait_ops(engine *e, pending *p, int n)
         for (int k = 0; k < n; k++) left += !p[k].done;
         if (left == 0) return 0;
         if (now > until) {
-            fprintf(stderr, "kvcr demo: engine %d: %d operation(s) not completed within %.0f s\n",
-                    e->idx, left, WAIT_LIMIT_S);
+            if (now > e->deadline)
+                fprintf(stderr, "kvcr demo: engine %d: the time limit passed\n", e->idx);
+            else
+                fprintf(stderr,
+                        "kvcr demo: engine %d: %d operation(s) not completed within "
+                        "%.0f s\n",
+                        e->idx, left, WAIT_LIMIT_S);
             return 1;
         }
         struct pollfd pfd = {e->kfd, POLLIN, 0};
@@ -137,7 +155,8 @@ static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t 
         refs[i] = (kvcr_mem_ref){NULL, "", idx[i]};
         b[i] = (kvcr_block){keys[idx[i]], &refs[i], 1};
     }
-    int rc = deliver ? kvcr_deliver(e->kv, b, n, rid, &p->op) : kvcr_deposit(e->kv, b, n, 0, &p->op);
+    int rc =
+        deliver ? kvcr_deliver(e->kv, b, n, rid, &p->op) : kvcr_deposit(e->kv, b, n, 0, &p->op);
     return rc == 0 ? 0 : fail(e, deliver ? "kvcr_deliver" : "kvcr_deposit", rc);
 }
 
@@ -150,8 +169,8 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     size_t n = rq->n_blocks, bs = e->bs;
     char rid[32];
     snprintf(rid, sizeof rid, "req-%" PRIu32, rq->req_no);
-    *out = (demo_result){.req_no = rq->req_no, .engine = e->idx, .source = rq->source,
-                         .n_blocks = (uint32_t)n};
+    *out = (demo_result){
+        .req_no = rq->req_no, .engine = e->idx, .source = rq->source, .n_blocks = (uint32_t)n};
     /* Last request's blocks must not pass for this one's. */
     memset(e->fw, 0xA5, n * bs);
 
@@ -191,7 +210,10 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     double l0 = demo_now();
     if (submit(e, true, keys, loc, n_loc, rid, &p[1], st[1], why[1]) != 0) return 1;
     if (wait_ops(e, p, 2) != 0) return 1;
-    if (n_rem) out->peer_s = p[0].done_at - r0;
+    if (n_rem) {
+        out->peer_t0 = r0;
+        out->peer_s = p[0].done_at - r0;
+    }
     if (n_loc) out->local_s = p[1].done_at - l0;
 
     for (size_t i = 0; i < n_rem; i++) {
@@ -201,6 +223,7 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
             keep[n_keep++] = rem[i]; /* offloaded here too: shareable from now on */
         } else {
             out->remote_failed++;
+            out->why_failed[(unsigned)why[0][i] < DEMO_REASONS ? (unsigned)why[0][i] : 0]++;
             redo[n_redo++] = rem[i];
         }
     }
@@ -209,6 +232,7 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
             out->local_hit++;
         } else {
             out->local_failed++;
+            out->why_failed[(unsigned)why[1][i] < DEMO_REASONS ? (unsigned)why[1][i] : 0]++;
             redo[n_redo++] = loc[i];
         }
     }
@@ -221,10 +245,10 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
             out->verified_blocks++;
             out->wrong_bytes += bad;
             if (bad)
-                fprintf(stderr, "kvcr demo: engine %d: block %" PRIu32 " of request %" PRIu32
-                                " (%s) has %" PRIu64 " wrong bytes\n",
-                        e->idx, idx[i], rq->req_no, k == 0 ? "pulled from a peer" : "local",
-                        bad);
+                fprintf(stderr,
+                        "kvcr demo: engine %d: block %" PRIu32 " of request %" PRIu32
+                        " (%s) has %" PRIu64 " wrong bytes\n",
+                        e->idx, idx[i], rq->req_no, k == 0 ? "pulled from a peer" : "local", bad);
         }
     }
     /* "Prefill": the KV of the blocks nobody had. Its cost is modelled by
@@ -250,6 +274,8 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     if ((rc = kvcr_poll(e->kv, &res, &n_res)) != 0) return fail(e, "kvcr_poll", rc);
     kvcr_results_free(res);
     if ((rc = kvcr_discard_hint(e->kv, rid)) != 0) return fail(e, "kvcr_discard_hint", rc);
+    out->resilience = e->resilience;
+    e->resilience = 0;
     out->wall_s = demo_now() - t0;
     return 0;
 }
@@ -293,6 +319,7 @@ static int start(engine *e)
     cfg.callbacks.ud = e;
     cfg.callbacks.key_hash = key_hash;
     cfg.callbacks.inventory = on_inventory;
+    cfg.callbacks.resilience = on_resilience;
     int rc = kvcr_create(&cfg, &e->kv);
     if (rc != 0) return fail(e, "kvcr_create", rc);
     e->kfd = kvcr_fd(e->kv);
@@ -350,7 +377,10 @@ static int loop(engine *e)
 
 int demo_engine_main(const demo_opts *o, int idx, int from_router, int to_router, double deadline)
 {
-    engine e = {.o = o, .idx = idx, .from_router = from_router, .to_router = to_router,
+    engine e = {.o = o,
+                .idx = idx,
+                .from_router = from_router,
+                .to_router = to_router,
                 .deadline = deadline};
     int rc = start(&e);
     if (rc == 0) rc = loop(&e);

@@ -79,6 +79,7 @@ typedef struct router {
     uint64_t rng;
 } router;
 
+/* Tells the driver why the router gives up; returns -1. */
 static int fatal(router *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static int fatal(router *r, const char *fmt, ...)
@@ -89,7 +90,7 @@ static int fatal(router *r, const char *fmt, ...)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     demo_send(r->to_driver, MSG_FATAL, text, strlen(text) + 1, NULL, 0);
-    return 1;
+    return -1;
 }
 
 static int pick_target(router *r)
@@ -134,29 +135,33 @@ static int route(router *r, const demo_req *in, const uint64_t *h)
         bool first = true;
         for (int i = 0; i < prefix[s] && at < sizeof json; i++) {
             if (mask[i] >> t & 1u) continue;
-            at += (size_t)snprintf(json + at, sizeof json - at, "%s%" PRIu64, first ? "" : ",",
-                                   h[i]);
+            at +=
+                (size_t)snprintf(json + at, sizeof json - at, "%s%" PRIu64, first ? "" : ",", h[i]);
             first = false;
         }
         if (at < sizeof json) at += (size_t)snprintf(json + at, sizeof json - at, "]}}]}");
-        if (at >= sizeof json) return fatal(r, "router: a hint did not fit in %zu bytes", sizeof json);
+        if (at >= sizeof json)
+            return fatal(r, "router: a hint did not fit in %zu bytes", sizeof json);
         out.source = s;
         out.hint_len = (uint32_t)at;
     }
     static uint8_t msg[DEMO_MSG_MAX];
     memcpy(msg, &out, sizeof out);
     memcpy(msg + sizeof out, h, (size_t)n * 8);
-    if (demo_send(r->to_engine[t], MSG_REQ, msg, sizeof out + (size_t)n * 8, json, out.hint_len) != 0)
+    if (demo_send(r->to_engine[t], MSG_REQ, msg, sizeof out + (size_t)n * 8, json, out.hint_len) !=
+        0)
         return fatal(r, "router: engine %d does not take requests (%s)", t, strerror(errno));
     r->busy[t]++;
     return 0;
 }
 
-/* One message from the driver (e < 0) or from engine e. 1: stop cleanly. */
+/* One message from the driver (e < 0) or from engine e: 0 to go on, 1 to
+ * stop cleanly, -1 on failure. */
 static int handle(router *r, int e, uint32_t type, const uint8_t *msg, size_t len)
 {
     if (e < 0 && type == MSG_STOP) {
-        for (int i = 0; i < r->o->engines; i++) demo_send(r->to_engine[i], MSG_STOP, NULL, 0, NULL, 0);
+        for (int i = 0; i < r->o->engines; i++)
+            demo_send(r->to_engine[i], MSG_STOP, NULL, 0, NULL, 0);
         return 1;
     }
     if (e < 0 && type == MSG_REQ && len >= sizeof(demo_req)) {
@@ -179,7 +184,8 @@ static int handle(router *r, int e, uint32_t type, const uint8_t *msg, size_t le
     if (e >= 0 && type == MSG_INV && len >= sizeof(demo_inv)) {
         demo_inv iv;
         memcpy(&iv, msg, sizeof iv);
-        if (len != sizeof iv + iv.n * 8) return fatal(r, "router: malformed inventory from engine %d", e);
+        if (len != sizeof iv + iv.n * 8)
+            return fatal(r, "router: malformed inventory from engine %d", e);
         uint64_t *h = malloc(iv.n * 8 + 8);
         if (h == NULL) return fatal(r, "router: out of memory");
         memcpy(h, msg + sizeof iv, iv.n * 8);
@@ -198,12 +204,19 @@ static int handle(router *r, int e, uint32_t type, const uint8_t *msg, size_t le
 int demo_router_main(const demo_opts *o, int from_driver, int to_driver, const int *from_engine,
                      const int *to_engine, double deadline)
 {
-    router r = {.o = o, .from_driver = from_driver, .to_driver = to_driver,
-                .from_engine = from_engine, .to_engine = to_engine, .deadline = deadline,
+    router r = {.o = o,
+                .from_driver = from_driver,
+                .to_driver = to_driver,
+                .from_engine = from_engine,
+                .to_engine = to_engine,
+                .deadline = deadline,
                 .rng = o->seed ^ 0x726f75746572ull};
     r.inv.cap = 1u << 14;
     r.inv.t = calloc(r.inv.cap, sizeof(slot));
-    if (r.inv.t == NULL) return fatal(&r, "router: out of memory");
+    if (r.inv.t == NULL) {
+        fatal(&r, "router: out of memory");
+        return 1;
+    }
     static uint8_t msg[DEMO_MSG_MAX];
     int rc = 0;
     while (rc == 0) {
@@ -213,16 +226,19 @@ int demo_router_main(const demo_opts *o, int from_driver, int to_driver, const i
         }
         struct pollfd fds[1 + DEMO_MAX_ENGINES];
         fds[0] = (struct pollfd){from_driver, POLLIN, 0};
-        for (int e = 0; e < o->engines; e++) fds[1 + e] = (struct pollfd){from_engine[e], POLLIN, 0};
+        for (int e = 0; e < o->engines; e++)
+            fds[1 + e] = (struct pollfd){from_engine[e], POLLIN, 0};
         if (poll(fds, (nfds_t)(1 + o->engines), 100) <= 0) continue;
         for (int i = 0; i <= o->engines && rc == 0; i++) {
             if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             uint32_t type;
             size_t len;
             if (demo_recv(fds[i].fd, &type, msg, sizeof msg, &len, deadline) != 0) {
-                if (i == 0) rc = -1; /* the driver is gone */
-                else rc = fatal(&r, "engine %d stopped talking to the router (%s)", i - 1,
-                                strerror(errno));
+                if (i == 0)
+                    rc = -1; /* the driver is gone */
+                else
+                    rc = fatal(&r, "engine %d stopped talking to the router (%s)", i - 1,
+                               strerror(errno));
                 break;
             }
             rc = handle(&r, i - 1, type, msg, len);

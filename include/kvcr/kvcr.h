@@ -157,7 +157,11 @@ int kvcr_create(const kvcr_config *cfg, kvcr_t **out);
 /* Stops the instance: queued copies are cancelled, running ones are waited
  * for, every pending entry fails with KVCR_REASON_CLOSED, claims are
  * dropped. Later calls fail with KVCR_ECLOSED. A second close returns 0.
- * After close returns no KVCR thread touches registered memory. */
+ * With the remote tier: poll_pins runs once more, pulls already sent are
+ * probed and waited for (at most the abandon timeout; what is left is
+ * reported UNCERTAIN through the resilience callback), pending pin requests
+ * are cancelled, pins are released, and the control port and UCX are given
+ * up. After close returns no KVCR thread touches registered memory. */
 int kvcr_close(kvcr_t *kv);
 
 /* Closes if needed, then releases the instance. No other thread may be

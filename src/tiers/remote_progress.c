@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tiers/remote_int.h"
@@ -23,6 +24,7 @@
 
 #define MSG_BATCH 64
 #define IDLE_WAIT_MS 20
+#define ACTIVE_WAIT_NS 20000 /* between polls while transfers are in flight */
 #define MS 1000000ull
 
 /* ---- peers ---------------------------------------------------------------- */
@@ -358,6 +360,7 @@ static void *progress_main(void *arg)
         instance_lock(kv);
         busy |= turn_locked(r, &next_ns);
         swrite *posts = source_take_posts(r);
+        bool transfers = posts != NULL || !source_idle(r) || !target_idle(r);
         bool done = r->stop && target_idle(r) && source_idle(r);
         if (r->stop && give_up == 0)
             give_up = kvcr_now_ns() + (uint64_t)kv->conf.abandon_timeout_ms * MS + 1000 * MS;
@@ -374,16 +377,27 @@ static void *progress_main(void *arg)
         }
         if (done) break;
         if (busy) continue;
-        if (!ucx_arm(r->ucx)) continue;
-        uint64_t now = kvcr_now_ns();
-        int timeout = next_ns > now ? (int)((next_ns - now + MS - 1) / MS) : 0;
-        if (timeout > IDLE_WAIT_MS) timeout = IDLE_WAIT_MS;
+        int timeout;
+        if (transfers) {
+            /* Active wait: on one host UCX moves a put in fragments that
+             * only progress on both sides drives, and not every step
+             * raises an fd event. */
+            timeout = 0;
+        } else {
+            if (!ucx_arm(r->ucx)) continue;
+            uint64_t now = kvcr_now_ns();
+            timeout = next_ns > now ? (int)((next_ns - now + MS - 1) / MS) : 0;
+            if (timeout > IDLE_WAIT_MS) timeout = IDLE_WAIT_MS;
+        }
         struct pollfd fds[3] = {{r->wake_fd, POLLIN, 0}, {ctl_fd(r->ctl), POLLIN, 0},
                                 {ucx_fd(r->ucx), POLLIN, 0}};
-        if (poll(fds, 3, timeout) > 0 && (fds[0].revents & POLLIN)) {
+        int ready = poll(fds, 3, timeout);
+        if (ready > 0 && (fds[0].revents & POLLIN)) {
             uint64_t ticks;
             ssize_t rd = read(r->wake_fd, &ticks, sizeof ticks);
             (void)rd;
+        } else if (ready == 0 && transfers) {
+            nanosleep(&(struct timespec){0, ACTIVE_WAIT_NS}, NULL);
         }
     }
     return NULL;

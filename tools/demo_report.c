@@ -1,0 +1,200 @@
+/* kvcr demo: the figures. Per-request results from the engines add up
+ * into totals; the driver prints progress while they arrive and then the
+ * table (or, with --json, one object). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "demo.h"
+#include "kvcr/kvcr.h"
+
+void demo_add(totals *t, const demo_result *r)
+{
+    t->requests++;
+    t->blocks += r->n_blocks;
+    t->local += r->local_hit;
+    t->remote += r->remote_hit;
+    t->recomputed += r->recomputed;
+    t->remote_failed += r->remote_failed;
+    t->local_failed += r->local_failed;
+    t->hinted += r->source >= 0;
+    t->hint_refused += r->hint_refused;
+    t->deposited += r->deposited;
+    t->not_stored += r->deposit_not_stored;
+    t->verified += r->verified_blocks;
+    t->wrong += r->wrong_bytes;
+    t->peer_bytes += r->peer_bytes;
+    t->resilience += r->resilience;
+    t->peer_s += r->peer_s;
+    t->local_s += r->local_s;
+    for (int i = 0; i < DEMO_REASONS; i++) t->why_failed[i] += r->why_failed[i];
+    if (t->pulls && r->peer_s > 0) {
+        t->pulls[t->n_pulls][0] = r->peer_t0;
+        t->pulls[t->n_pulls++][1] = r->peer_t0 + r->peer_s;
+    }
+}
+
+static int by_start(const void *a, const void *b)
+{
+    const double *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/* Seconds during which at least one pull was running, anywhere. */
+static double pull_time(totals *t)
+{
+    qsort(t->pulls, t->n_pulls, sizeof *t->pulls, by_start);
+    double sum = 0, start = 0, end = -1;
+    for (size_t i = 0; i < t->n_pulls; i++) {
+        if (t->pulls[i][0] > end) {
+            if (end > start) sum += end - start;
+            start = t->pulls[i][0];
+            end = t->pulls[i][1];
+        } else if (t->pulls[i][1] > end) {
+            end = t->pulls[i][1];
+        }
+    }
+    if (end > start) sum += end - start;
+    return sum;
+}
+
+/* "256 KiB", or "1000 B" when not a whole number of KiB. */
+const char *demo_size_text(size_t bytes)
+{
+    static char buf[32];
+    if (bytes % 1024 == 0)
+        snprintf(buf, sizeof buf, "%zu KiB", bytes / 1024);
+    else
+        snprintf(buf, sizeof buf, "%zu B", bytes);
+    return buf;
+}
+
+static double pct(uint64_t a, uint64_t b)
+{
+    return b ? 100.0 * (double)a / (double)b : 0;
+}
+
+void demo_progress(const demo_opts *o, const totals *t, bool last)
+{
+    static double shown;
+    static int tenth;
+    bool tty = isatty(STDERR_FILENO);
+    double now = demo_now();
+    if (tty) {
+        if (!last && now - shown < 0.2) return;
+        shown = now;
+        fprintf(stderr,
+                "\r  %" PRIu64 "/%d requests  hit rate %5.1f%% (local %5.1f%%, peer %5.1f%%)%s",
+                t->requests, o->requests, pct(t->local + t->remote, t->blocks),
+                pct(t->local, t->blocks), pct(t->remote, t->blocks), last ? "\n" : "");
+        return;
+    }
+    int now_tenth = (int)(t->requests * 10 / (uint64_t)o->requests);
+    if (now_tenth == tenth && !last) return;
+    if (last && now_tenth == tenth && t->requests != (uint64_t)o->requests) now_tenth = -1;
+    tenth = now_tenth;
+    fprintf(stderr, "  %" PRIu64 "/%d requests  hit rate %.1f%% (local %.1f%%, peer %.1f%%)\n",
+            t->requests, o->requests, pct(t->local + t->remote, t->blocks),
+            pct(t->local, t->blocks), pct(t->remote, t->blocks));
+}
+
+/* One member of the --json object (first opens it). */
+static void ju(const char *name, uint64_t v, bool first)
+{
+    printf("%s\"%s\":%" PRIu64, first ? "{" : ",", name, v);
+}
+
+static void jf(const char *name, double v)
+{
+    printf(",\"%s\":%.6g", name, v);
+}
+
+void demo_report(const demo_opts *o, totals *t, const totals *per, int started, double wall)
+{
+    double cost = o->prefill_ms / 1e3, busy = pull_time(t);
+    double gbs = t->peer_s > 0 ? (double)t->peer_bytes / t->peer_s / 1e9 : 0;
+    double agg = busy > 0 ? (double)t->peer_bytes / busy / 1e9 : 0;
+    double all_s = (double)t->blocks * cost;
+    double kvcr_s = (double)t->recomputed * cost + t->peer_s + t->local_s;
+    if (o->json) {
+        ju("engines", (uint64_t)o->engines, true);
+        ju("requests", t->requests, false);
+        ju("conversations_started", (uint64_t)started, false);
+        ju("block_size", o->block_size, false);
+        ju("blocks", t->blocks, false);
+        ju("local_g2_hit", t->local, false);
+        ju("remote_g2_pulled", t->remote, false);
+        ju("recomputed", t->recomputed, false);
+        jf("hit_rate", pct(t->local + t->remote, t->blocks) / 100);
+        jf("local_hit_rate", pct(t->local, t->blocks) / 100);
+        jf("remote_hit_rate", pct(t->remote, t->blocks) / 100);
+        ju("hinted_requests", t->hinted, false);
+        ju("remote_failed", t->remote_failed, false);
+        ju("local_failed", t->local_failed, false);
+        ju("peer_pulls", t->n_pulls, false);
+        ju("peer_bytes", t->peer_bytes, false);
+        jf("peer_transfer_s", t->peer_s);
+        jf("peer_gbps", gbs);
+        jf("peer_busy_s", busy);
+        jf("peer_aggregate_gbps", agg);
+        jf("prefill_ms_per_block", o->prefill_ms);
+        jf("prefill_all_s", all_s);
+        jf("prefill_with_kvcr_s", kvcr_s);
+        jf("prefill_saved_s", all_s - kvcr_s);
+        ju("verified_blocks", t->verified, false);
+        ju("wrong_bytes", t->wrong, false);
+        ju("resilience_events", t->resilience, false);
+        jf("wall_s", wall);
+        printf(",\"peer_tier\":%s}\n", o->local_only ? "false" : "true");
+        fflush(stdout);
+        return;
+    }
+    printf("\n%-20s %" PRIu64 " in %.1f s (%d conversations started, %" PRIu64
+           " with a router hint)\n",
+           "requests", t->requests, wall, started, t->hinted);
+    printf("%-20s %" PRIu64 " x %s = %.1f MB\n", "blocks", t->blocks, demo_size_text(o->block_size),
+           (double)t->blocks * (double)o->block_size / 1e6);
+    printf("  %-18s %8" PRIu64 "  %5.1f%%\n", "local G2 hit", t->local, pct(t->local, t->blocks));
+    printf("  %-18s %8" PRIu64 "  %5.1f%%\n", "remote G2 pulled", t->remote,
+           pct(t->remote, t->blocks));
+    printf("  %-18s %8" PRIu64 "  %5.1f%%", "recomputed", t->recomputed,
+           pct(t->recomputed, t->blocks));
+    if (t->remote_failed || t->local_failed) {
+        printf("  (failed deliveries, recomputed: %" PRIu64 " pulls, %" PRIu64 " local;",
+               t->remote_failed, t->local_failed);
+        for (int i = 0; i < DEMO_REASONS; i++)
+            if (t->why_failed[i])
+                printf(" %s %" PRIu64, kvcr_reason_name((kvcr_reason)i), t->why_failed[i]);
+        printf(")");
+    }
+    printf("\n%-20s %.1f%% (local %.1f%% + peer %.1f%%)\n", "hit rate",
+           pct(t->local + t->remote, t->blocks), pct(t->local, t->blocks),
+           pct(t->remote, t->blocks));
+    if (o->local_only)
+        printf("%-20s off (--local-only): no control endpoints, no router hints\n", "peer to peer");
+    else
+        printf(
+            "%-20s %.1f MB in %zu pulls: %.2f GB/s (%.3f s of pulls summed); "
+            "%.2f GB/s aggregate (%.3f s with a pull running)\n",
+            "peer to peer", (double)t->peer_bytes / 1e6, t->n_pulls, gbs, t->peer_s, agg, busy);
+    printf(
+        "%-20s %.2f ms/block: %.2f s recomputing everything, %.2f s with KVCR "
+        "(%.2f s recompute + %.3f s deliveries)\n",
+        "prefill (modelled)", o->prefill_ms, all_s, kvcr_s, (double)t->recomputed * cost,
+        t->peer_s + t->local_s);
+    printf("%-20s %.2f s (%.1f%%)\n", "prefill time saved", all_s - kvcr_s,
+           all_s > 0 ? 100 * (all_s - kvcr_s) / all_s : 0);
+    printf("%-20s %" PRIu64 " blocks delivered, every byte checked: %" PRIu64 " wrong bytes%s\n",
+           "verification", t->verified, t->wrong, t->wrong ? "  <-- FAILED" : "");
+    if (t->resilience)
+        printf("%-20s %" PRIu64 " uncertain or stalled peer transfers (see stderr)\n",
+               "resilience events", t->resilience);
+    printf("\n%-8s %8s %8s %8s %10s %10s\n", "engine", "requests", "local", "pulled", "recomputed",
+           "pulled MB");
+    for (int e = 0; e < o->engines; e++)
+        printf("%-8d %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10" PRIu64 " %10.1f\n", e,
+               per[e].requests, per[e].local, per[e].remote, per[e].recomputed,
+               (double)per[e].peer_bytes / 1e6);
+    fflush(stdout);
+}
