@@ -61,8 +61,8 @@ typedef struct {
     kvcr_policy_ops ops;
     char policy_name[KVCR_NAME_MAX];
     /* libkvcr calls running with the GIL released; changed only with the
-     * GIL held. close() frees the instance (its sockets and UCX context with
-     * it) at once when no other call runs, else dealloc does. */
+     * GIL held. close() frees the instance at once when no other call runs,
+     * else dealloc does. */
     long calls;
     bool closed;
 } Instance;
@@ -697,7 +697,8 @@ static void Instance_dealloc(Instance *self)
 static int live(Instance *self)
 {
     if (self->kv != NULL) return 1;
-    PyErr_SetString(PyExc_RuntimeError, "the KVCR instance is not initialised");
+    PyErr_SetString(PyExc_RuntimeError, self->closed ? "the instance is closed"
+                                                     : "the KVCR instance is not initialised");
     return 0;
 }
 
@@ -1290,7 +1291,11 @@ static PyObject *Instance_stats(Instance *self, PyObject *args)
 
 /* close(): stops the instance; afterwards no callback runs again, so the
  * references to them are dropped (they may form cycles through the
- * framework's objects). */
+ * framework's objects). When no other thread is inside a call the
+ * instance is freed here too (kvcr_free), so what kvcr_close keeps (the
+ * event fd, the index, UCX state on older libkvcr) goes at once instead of
+ * at garbage collection, which a framework cycle may delay indefinitely;
+ * otherwise dealloc frees it. Later calls raise "the instance is closed". */
 static PyObject *Instance_close(Instance *self, PyObject *noargs)
 {
     (void)noargs;
@@ -1302,7 +1307,15 @@ static PyObject *Instance_close(Instance *self, PyObject *noargs)
     Py_END_ALLOW_THREADS
     self->calls--;
     if (rc != 0) return raise_rc(rc);
+    self->closed = true;
     drop_callbacks(self);
+    if (self->calls == 0 && self->kv != NULL) {
+        kvcr_t *kv = self->kv;
+        self->kv = NULL; /* later calls: "the instance is closed" */
+        Py_BEGIN_ALLOW_THREADS
+        kvcr_free(kv);
+        Py_END_ALLOW_THREADS
+    }
     Py_RETURN_NONE;
 }
 

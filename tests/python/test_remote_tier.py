@@ -224,6 +224,21 @@ def test_raising_pin_callbacks_are_contained(peers, targets):
     assert final["released"] == c["released"]
 
 
+def test_closing_a_source_cancels_its_pending_pin_requests(peers, targets):
+    src = peers(mode="pins", n=4, hold=True)  # takes the pin request, never answers
+    t = targets(slots=4, op_ms=500)
+    t.kv.submit_hint(envelope(src.endpoint, range(4)), request_id="req")
+    op = t.kv.deliver({key(i): t.ref(i) for i in range(2)}, request_id="req")
+    c = src.wait_counters(lambda c: c["pin_requests"] >= 1)
+    assert c["pin_requests"] >= 1 and c["cancels"] == [], c
+    final = stopped(src)  # a clean close: the framework hears the request is off
+    assert final["granted"] == [] and final["released"] == {}
+    assert len(final["cancels"]) == final["pin_requests"], final
+    entries = t.wait(op)
+    assert all(not e.success for e in entries.values()), entries
+    assert t.fw[:2 * BLOCK] == bytes(2 * BLOCK)
+
+
 def test_a_source_killed_mid_transfer_reports_uncertain_destinations(peers, targets):
     events = []
     src = peers(mode="pins", n=8, hold=True)  # takes the pin request, never answers

@@ -83,9 +83,12 @@ def test_store_lookup_load_round_trip_with_inventory_events():
     tier.submit_store(job(1, [key(1), key(2)], [0, 1]))
     assert finished(tier, 1) == [v.JobResult(1, True)]
     events = tier.take_events()
-    assert [e.keys for e in events] == [[key(1), key(2)]]
-    assert events[0].medium is v.Medium.CPU and not events[0].removed
-    assert events[0].ownership == "kvcr" and events[0].removal_expected
+    # libkvcr batches the commits of one poll into one event: both keys, in
+    # request order. (Two copies that finish in different polls give two
+    # events; with the peer tier's threads running that happens now and then.)
+    assert [k for e in events for k in e.keys] == [key(1), key(2)]
+    assert all(e.medium is v.Medium.CPU and not e.removed for e in events)
+    assert all(e.ownership == "kvcr" and e.removal_expected for e in events)
     assert tier.take_events() == []
     ctx = v.ReqContext(req_id="r")
     assert tier.lookup(key(1), ctx) is v.LookupResult.HIT
