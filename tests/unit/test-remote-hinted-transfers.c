@@ -219,6 +219,50 @@ static void test_second_source_fails_request_closed(void **state)
     peer_stop(&src);
 }
 
+/* Three processes: one target pulls from two sources at once, each request
+ * hinted to the source that has its blocks; with opportunistic_query every
+ * key of a hinted request is fetchable, and a key its source lacks fails. */
+static void test_two_sources_serve_one_target_concurrently(void **state)
+{
+    (void)state;
+    peer_opts o;
+    peer_opts_init(&o);
+    o.deposit_n = 8;
+    peer a, b;
+    peer_spawn(&a, &o);
+    o.deposit_n = 16; /* b also holds k8..k15 */
+    peer_spawn(&b, &o);
+    rig r;
+    rig_init_remote(&r, BS, 32, 8);
+    r.cfg.remote.opportunistic_query = true;
+    rig_start(&r);
+    peer_hint_range(&r, "from-a", a.endpoint, 0, 1); /* hashes do not matter now */
+    peer_hint_range(&r, "from-b", b.endpoint, 0, 1);
+    assert_int_equal(query_req(&r, 12, "from-b").status, KVCR_QUERY_FETCHABLE);
+    assert_int_equal(query_req(&r, 12, "from-a").status, KVCR_QUERY_FETCHABLE);
+    kvcr_op_handle op_a = peer_deliver_range(&r, 0, 8, 0, "from-a");
+    kvcr_op_handle op_b = peer_deliver_range(&r, 8, 8, 8, "from-b");
+    uint32_t lacking = 12; /* a does not hold k12 */
+    size_t at = 20;
+    kvcr_op_handle op_miss = peer_deliver(&r, &lacking, &at, 1, "from-a");
+    kvcr_entry_status st[8];
+    kvcr_reason why[8];
+    assert_int_equal(rig_wait(&r, op_a, st, NULL, NULL), 8);
+    for (int i = 0; i < 8; i++) assert_int_equal(st[i], KVCR_ENTRY_SUCCESS);
+    assert_int_equal(rig_wait(&r, op_b, st, NULL, NULL), 8);
+    for (int i = 0; i < 8; i++) assert_int_equal(st[i], KVCR_ENTRY_SUCCESS);
+    for (uint32_t i = 0; i < 16; i++) expect_block(&r, i, i);
+    assert_int_equal(rig_wait(&r, op_miss, st, why, NULL), 1);
+    assert_int_equal(st[0], KVCR_ENTRY_FAILED);
+    assert_int_equal(why[0], KVCR_REASON_NOT_FOUND);
+    uint8_t zero[BS] = {0};
+    assert_memory_equal(r.fw + 20 * BS, zero, BS);
+    assert_int_equal(query_req(&r, 12, "from-a").status, KVCR_QUERY_MISS); /* remembered */
+    rig_stop(&r);
+    peer_stop(&a);
+    peer_stop(&b);
+}
+
 static void test_without_key_adapter_nothing_is_remote(void **state)
 {
     (void)state;
@@ -240,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_partial_hit_completes_present_keys_only),
         cmocka_unit_test(test_framework_pins_shared_and_released_exactly_once),
         cmocka_unit_test(test_second_source_fails_request_closed),
+        cmocka_unit_test(test_two_sources_serve_one_target_concurrently),
         cmocka_unit_test(test_without_key_adapter_nothing_is_remote),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
