@@ -24,6 +24,7 @@ typedef struct rpeer {
     bool has_inc;      /* its incarnation, as last learned */
     uint8_t inc[WIRE_INCARNATION_LEN];
     bool eager;        /* a hint asked us to publish our metadata to it */
+    uint32_t eager_tries;
 } rpeer;
 
 /* ---- routes: how to write into a target (progress only) -------------------- */
@@ -248,7 +249,6 @@ struct remote {
 
     rpeer *peers;
     uint32_t n_peers, cap_peers;
-    bool eager_due;
 
     pull *pulls;                  /* every live pull */
     pull *todo, *todo_tail;       /* pulls with work for main */

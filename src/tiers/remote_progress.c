@@ -24,6 +24,7 @@
 
 #define MSG_BATCH 64
 #define IDLE_WAIT_MS 20
+#define EAGER_TRIES 50
 #define ACTIVE_WAIT_NS 20000 /* between polls while transfers are in flight */
 #define MS 1000000ull
 
@@ -289,19 +290,26 @@ static void on_message(void *ud, const void *data, size_t len)
     wire_msg_free(&m);
 }
 
-/* Eager metadata: a hint named a source we have not published to. */
-static void publish_eager(remote *r)
+/* Eager metadata: a hint named a source that has not acknowledged ours.
+ * Published again every metadata_retry_interval_ms until it answers, for
+ * at most EAGER_TRIES attempts (a source that never answers is left to the
+ * start_write of a real request). */
+static void publish_eager(remote *r, uint64_t now, uint64_t *next_ns)
 {
-    if (!r->eager_due) return;
-    r->eager_due = false;
-    uint64_t now = kvcr_now_ns();
     for (uint32_t i = 0; i < r->n_peers; i++) {
         rpeer *p = &r->peers[i];
         if (!p->eager) continue;
-        p->eager = false;
-        if (p->acked || now < p->retry_ns) continue;
-        wire_msg m = {.type = WIRE_METADATA};
-        send_msg(r, p->endpoint, &m, MD_FORCE);
+        if (p->acked || p->eager_tries >= EAGER_TRIES) {
+            p->eager = false;
+            continue;
+        }
+        if (now >= p->retry_ns) {
+            wire_msg m = {.type = WIRE_METADATA};
+            p->eager_tries++;
+            if (send_msg(r, p->endpoint, &m, MD_FORCE) != 0)
+                p->retry_ns = now + (uint64_t)r->kv->conf.remote.metadata_retry_interval_ms * MS;
+        }
+        if (p->retry_ns < *next_ns) *next_ns = p->retry_ns;
     }
 }
 
@@ -337,7 +345,7 @@ static bool turn_locked(remote *r, uint64_t *next_ns)
     source_ucx_settle(r);
     size_t got = ctl_recv(r->ctl, MSG_BATCH, on_message, r);
     target_adopt(r, now);
-    publish_eager(r);
+    publish_eager(r, now, next_ns);
     if (r->stop) {
         target_stop(r, now);
         source_stop(r);
@@ -554,7 +562,7 @@ void remote_hint_source(kvcr_t *kv, const char *source)
     rpeer *p = peer_get(r, source, true);
     if (p == NULL || p->acked || p->eager) return;
     p->eager = true;
-    r->eager_due = true;
+    p->eager_tries = 0;
     remote_wake(r);
 }
 
