@@ -41,7 +41,9 @@ typedef struct rregion {
 typedef struct route {
     struct route *next;
     char agent[WIRE_MAX_NAME + 1]; /* the target's logical name */
-    uint32_t generation;            /* bumped when the target is replaced */
+    uint32_t users;                 /* source writes created on it */
+    bool replaced;                  /* the target restarted or changed: nothing more is
+                                     * written through it (kept until its users end) */
     ucx_peer *peer;
     uint8_t *worker_addr;
     size_t worker_len;
@@ -140,8 +142,7 @@ typedef struct swrite {
     bool on_main, on_post;
     uint64_t number;              /* source op number (resilience events) */
     struct wstat *status;
-    route *route;
-    uint32_t route_gen;
+    route *route;                 /* holds a use of it until the write ends */
     char agent[WIRE_MAX_NAME + 1];
     char reply_to[CTL_MAX_ENDPOINT + 1];  /* the target's endpoint */
     char reflected[CTL_MAX_ENDPOINT + 1]; /* our address as the target used it */
@@ -241,6 +242,7 @@ struct remote {
     wire_metadata md;
     ctl_channel *ctl;
     route *routes;
+    route *replaced_routes;       /* still used by writes that will fail */
     swrite *ucx_done;             /* finished in UCX, to settle under the lock */
     uint64_t last_turn_ns;
 
@@ -285,6 +287,8 @@ void peer_invalidate(remote *r, const char *endpoint);
 int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule);
 enum { MD_NEVER = 0, MD_RETRY, MD_FORCE };
 int route_resolve(remote *r, const wire_msg *m, route **out);
+/* A source write ended on the progress thread: its use of the route too. */
+void route_release(remote *r, route *rt);
 void rcb_push(remote *r, rcb *cb);
 void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
                     const kvcr_mem_ref *regions, size_t n, const char *fmt, ...)

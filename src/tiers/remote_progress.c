@@ -185,7 +185,8 @@ static int route_load(remote *r, const wire_bytes *agent, const wire_metadata *m
 
 /* The route to the message's sender (its agent name is the logical name).
  * Metadata in the message replaces a route that differs (a restarted or
- * reconfigured target) unless writes to it are still running. */
+ * reconfigured target) unless writes to it are running in UCX; writes
+ * queued on the old route fail instead of writing through the new one. */
 int route_resolve(remote *r, const wire_msg *m, route **out)
 {
     route *rt = route_find(r, &m->agent);
@@ -193,25 +194,46 @@ int route_resolve(remote *r, const wire_msg *m, route **out)
         *out = rt;
         return rt ? 0 : kvcr_fail(KVCR_ENOENT, "no metadata from this target yet");
     }
-    uint32_t generation = 0;
     if (rt != NULL) {
         if (ucx_peer_busy(rt->peer) > 0)
             return kvcr_fail(KVCR_EBUSY, "target replaced while writes to it are running");
-        generation = rt->generation + 1;
         route **link = &r->routes;
         while (*link != rt) link = &(*link)->next;
         *link = rt->next;
-        route_free(rt);
+        rt->replaced = true;
+        if (rt->users > 0) {
+            rt->next = r->replaced_routes;
+            r->replaced_routes = rt;
+        } else {
+            route_free(rt);
+        }
         kvcr_log(&r->kv->log, KVCR_LOG_INFO, "target %.*s changed its metadata: route replaced",
                  (int)m->agent.len, (const char *)m->agent.data);
     }
     int rc = route_load(r, &m->agent, &m->md, &rt);
     if (rc != 0) return rc;
-    rt->generation = generation;
     rt->next = r->routes;
     r->routes = rt;
     *out = rt;
     return 0;
+}
+
+void route_release(remote *r, route *rt)
+{
+    if (--rt->users > 0 || !rt->replaced) return;
+    route **link = &r->replaced_routes;
+    while (*link != rt) link = &(*link)->next;
+    *link = rt->next;
+    route_free(rt);
+}
+
+static void free_routes(route **list)
+{
+    while (*list) {
+        route *rt = *list;
+        *list = rt->next;
+        route_free(rt);
+    }
 }
 
 /* ---- callbacks for the polling thread ------------------------------------- */
@@ -509,11 +531,8 @@ void remote_stop(kvcr_t *kv)
     }
     /* Endpoints first: closing one ends the writes still on it (their
      * completions land on ucx_done, never read again). */
-    while (r->routes) {
-        route *rt = r->routes;
-        r->routes = rt->next;
-        route_free(rt);
-    }
+    free_routes(&r->routes);
+    free_routes(&r->replaced_routes);
     for (uint32_t i = 0; i < r->n_mems; i++)
         if (r->mems[i]) ucx_mem_deregister(r->mems[i]);
     r->n_mems = 0;
@@ -529,9 +548,10 @@ void remote_destroy(kvcr_t *kv)
     if (r == NULL) return;
     remote_stop(kv);
     source_destroy(r);
-    while (r->pulls) {
+    while (r->pulls) { /* never settled: close gave up on them */
         pull *p = r->pulls;
         r->pulls = p->next;
+        for (uint32_t i = 0; p->fetch && i < p->n_keys; i++) free(p->keys[i].fill);
         remote_pull_free(p);
     }
     for (rcb *cb = r->cbs, *next; cb; cb = next) {

@@ -145,6 +145,8 @@ static void to_post(remote *r, swrite *sw)
 /* The write is over on the progress side: main releases what it holds. */
 static void sw_end(remote *r, swrite *sw)
 {
+    route_release(r, sw->route);
+    sw->route = NULL;
     sw->state = SW_DONE;
     if (sw->status) sw->status->ended_ns = kvcr_now_ns();
     to_main(r, sw);
@@ -229,7 +231,6 @@ static swrite *sw_new(remote *r, const wire_msg *m, route *rt, const char **why)
     sw->n_dst = n_refs;
     sw->owner = r;
     sw->route = rt;
-    sw->route_gen = rt->generation;
     sw->op = m->op;
     copy_str(sw->agent, sizeof sw->agent, &m->agent);
     copy_str(sw->reply_to, sizeof sw->reply_to, &m->from);
@@ -366,6 +367,7 @@ static void on_start_write(remote *r, const wire_msg *m)
     sw->start_ns = now;
     sw->deadline_ns = now + (uint64_t)(budget * 1e6);
     sw->number = r->next_source_no++;
+    rt->users++;
     sw->status = st;
     st->sw = sw;
     sw->next = r->swrites;
@@ -430,7 +432,7 @@ swrite *source_take_posts(remote *r)
         sw->on_post = false;
         bool fenced = sw->status && sw->status->cancel_requested;
         bool late = kvcr_now_ns() >= sw->deadline_ns;
-        if (sw->forced_fail || fenced || late || r->stalled || sw->route->generation != sw->route_gen) {
+        if (sw->forced_fail || fenced || late || r->stalled || sw->route->replaced) {
             send_done(r, sw, false, true);
             sw_end(r, sw);
         } else if (sw->n_segs == 0) {

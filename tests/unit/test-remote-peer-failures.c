@@ -178,6 +178,46 @@ static void test_restarted_source_at_same_address_is_fenced(void **state)
     peer_stop(&fresh);
 }
 
+/* A target that comes back under the same agent name (new memory, new
+ * endpoint) gets a fresh route; the write queued for the old one fails
+ * instead of writing through the new one, and the old route goes away
+ * once that write ends. */
+static void test_target_back_under_same_name_gets_a_fresh_route(void **state)
+{
+    (void)state;
+    peer_opts o;
+    peer_opts_init(&o);
+    o.hold_pins = true; /* k1.. wait for pins forever */
+    o.fw_n = 4;
+    o.slots = 4;
+    o.deposit_n = 1; /* k0 in KVCR DRAM */
+    peer src;
+    peer_spawn(&src, &o);
+
+    rig old;
+    rig_remote(&old, 300, 900);
+    peer_hint_range(&old, "r", src.endpoint, 0, 4);
+    kvcr_op_handle stuck = peer_deliver_range(&old, 1, 1, 1, "r");
+    peer_wait(&src, pin_requested);
+
+    rig fresh; /* same agent name "test", other memory and endpoint */
+    rig_remote(&fresh, 2000, 4000);
+    peer_hint_range(&fresh, "r", src.endpoint, 0, 4);
+    kvcr_entry_status st;
+    assert_int_equal(rig_wait(&fresh, peer_deliver_range(&fresh, 0, 1, 2, "r"), &st, NULL, NULL),
+                     1);
+    assert_int_equal(st, KVCR_ENTRY_SUCCESS);
+    assert_true(rig_has_pattern(&fresh, fresh.fw + 2 * BS, 0));
+    assert_true(all_zero(fresh.fw + 1 * BS, BS)); /* the old request wrote nothing here */
+
+    assert_int_equal(rig_wait(&old, stuck, &st, NULL, NULL), 1);
+    assert_int_equal(st, KVCR_ENTRY_FAILED);
+    assert_true(all_zero(old.fw + 1 * BS, BS));
+    rig_stop(&old);
+    rig_stop(&fresh);
+    peer_stop(&src); /* exits 0 only if its close was clean */
+}
+
 static void send_raw(void *sock, const void *data, size_t len)
 {
     assert_int_equal(zmq_send(sock, data, len, 0), (int)len);
@@ -252,6 +292,7 @@ int main(void)
                                reset_events),
         cmocka_unit_test_setup(test_restarted_source_at_same_address_is_fenced, reset_events),
         cmocka_unit_test_setup(test_garbage_from_a_peer_is_dropped_and_counted, reset_events),
+        cmocka_unit_test_setup(test_target_back_under_same_name_gets_a_fresh_route, reset_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
