@@ -35,6 +35,11 @@ void bench_check(int rc, const char *what);
 /* Exits 1 after printing what failed; for checks the library cannot make. */
 _Noreturn void bench_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Parses the options every benchmark takes ([--json] [--quick]) into *o
+ * and *quick; prints the usage of `kvcr bench <o->bench>` and returns
+ * false on anything else. */
+bool bench_options(int argc, char **argv, bench_out *o, bool *quick);
+
 int bench_local(int argc, char **argv);
 int bench_peer(int argc, char **argv);
 

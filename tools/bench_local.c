@@ -401,18 +401,8 @@ _Static_assert(sizeof full_sizes == sizeof quick_sizes, "the quick run has the s
 int bench_local(int argc, char **argv)
 {
     bench_out o = {.bench = "local"};
-    bool quick = false;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            o.json = true;
-        } else if (strcmp(argv[i], "--quick") == 0) {
-            quick = true;
-        } else {
-            fprintf(stderr, "kvcr: unknown option '%s'\nusage: kvcr bench local [--json] [--quick]\n",
-                    argv[i]);
-            return 2;
-        }
-    }
+    bool quick;
+    if (!bench_options(argc, argv, &o, &quick)) return 2;
     if (!o.json)
         printf("kvcr bench local%s: ratio = ours / baseline, both measured in this run\n\n",
                quick ? " --quick" : "");

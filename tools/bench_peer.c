@@ -1001,18 +1001,8 @@ static void report(bench_out *o, const char *sfx, const figures *big, const figu
 int bench_peer(int argc, char **argv)
 {
     bench_out o = {.bench = "peer"};
-    bool quick = false;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            o.json = true;
-        } else if (strcmp(argv[i], "--quick") == 0) {
-            quick = true;
-        } else {
-            fprintf(stderr, "kvcr: unknown option '%s'\nusage: kvcr bench peer [--json] [--quick]\n",
-                    argv[i]);
-            return 2;
-        }
-    }
+    bool quick;
+    if (!bench_options(argc, argv, &o, &quick)) return 2;
     g_parent = getpid();
     signal(SIGPIPE, SIG_IGN); /* a dead child's pipe is an error, not a signal */
     atexit(cleanup);

@@ -40,6 +40,23 @@ _Noreturn void bench_fail(const char *fmt, ...)
     exit(1);
 }
 
+bool bench_options(int argc, char **argv, bench_out *o, bool *quick)
+{
+    *quick = false;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            o->json = true;
+        } else if (strcmp(argv[i], "--quick") == 0) {
+            *quick = true;
+        } else {
+            fprintf(stderr, "kvcr: unknown option '%s'\nusage: kvcr bench %s [--json] [--quick]\n",
+                    argv[i], o->bench);
+            return false;
+        }
+    }
+    return true;
+}
+
 void bench_report(bench_out *o, const bench_figure *f)
 {
     double ratio = 0;
