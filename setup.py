@@ -52,9 +52,9 @@ class BuildWithLibkvcr(build_ext):
                 sys.exit(f"kvcr: the CMake build did not produce {lib}")
             for ext in self.extensions:
                 ext.extra_objects = [lib]
-                deps = ["libxxhash", "ucx", "libzmq", "msgpack"]
+                deps = ["libxxhash", "ucx", "libzmq", "msgpack", "liburing"]
                 ext.libraries = [l[2:] for l in _pkg_config("--libs-only-l", *deps)] \
-                    or ["xxhash", "ucp", "uct", "ucs", "zmq", "msgpackc"]
+                    or ["xxhash", "ucp", "uct", "ucs", "zmq", "msgpackc", "uring"]
                 ext.libraries += ["pthread", "m"]
                 ext.library_dirs = [l[2:] for l in _pkg_config("--libs-only-L", *deps)]
                 # libkvcr's symbols stay inside the extension.

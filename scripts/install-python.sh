@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 DEBIAN_PY=/usr/bin/python3
 PACKAGES=(python3-dev python3-pytest python3-pip python3-setuptools
           build-essential cmake ninja-build pkg-config libxxhash-dev
-          libucx-dev libzmq3-dev libmsgpack-dev)
+          libucx-dev libzmq3-dev libmsgpack-dev liburing-dev)
 
 source scripts/debian-packages.sh
 ensure_debian_packages install-python "${PACKAGES[@]}"
