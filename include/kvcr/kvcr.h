@@ -64,6 +64,22 @@ typedef struct kvcr_remote_options {
     const char *advertise_host;         /* host peers are told; default control_host */
 } kvcr_remote_options;
 
+/* The G3 tier: KVCR-owned slot files on local disk (O_DIRECT, io_uring).
+ * Blocks the policy evicts from KVCR DRAM with MOVE_TO/COPY_TO G3 are
+ * written there; fetch reads them back into KVCR DRAM and deliver straight
+ * into framework memory. Every slot carries its key, a generation and an
+ * xxHash3 checksum: a slot that does not verify is a miss, never bytes. A
+ * restarted instance on the same files finds its blocks again. */
+typedef struct kvcr_g3_options {
+    const char *const *paths;         /* one slot file per path (striped); NULL: no G3 */
+    size_t n_paths;
+    uint64_t capacity_bytes_per_file; /* data bytes per file: whole slots */
+    const char *backend;              /* default "io_uring" (the reference's names are
+                                       * accepted and served by io_uring) */
+    uint32_t queue_depth;             /* I/O in flight per store; default 16, 1..1024 */
+    uint64_t max_staging_bytes;       /* spills held in DRAM while written; default 64 MiB */
+} kvcr_g3_options;
+
 /* Memory that a failed peer transfer may still touch (UNCERTAIN), and later
  * the news that the transport proved it quiet (QUIESCED) or that this
  * instance's source side stalled (SOURCE_STALLED: it serves no more peers). */
@@ -131,6 +147,7 @@ typedef struct kvcr_config {
     size_t n_framework_regions;
 
     kvcr_remote_options remote;
+    kvcr_g3_options g3;
 
     uint32_t operation_timeout_ms;          /* default 1000, > 0 */
     uint32_t abandon_timeout_ms;            /* default 5000, >= 2 * operation */

@@ -14,6 +14,9 @@ KVCR_API void kvcr_config_init(kvcr_config *cfg)
     cfg->remote.eager_ctrl_connect = true;
     cfg->remote.metadata_retry_interval_ms = 100;
     cfg->remote.backend = "UCX";
+    cfg->g3.backend = "io_uring";
+    cfg->g3.queue_depth = 16;
+    cfg->g3.max_staging_bytes = 64ull << 20;
     cfg->operation_timeout_ms = 1000;
     cfg->abandon_timeout_ms = 5000;
     cfg->copy_threads = 2;
@@ -78,11 +81,35 @@ static int check_policy(const kvcr_config *cfg, const kvcr_policy_ops *p)
                          p->name ? p->name : "?");
     bool has_dram = cfg->local_dram != NULL && cfg->n_local_dram > 0;
     bool miss_dram = (p->required_tiers & KVCR_TIER_BIT(KVCR_TIER_LOCAL_G2)) && !has_dram;
-    bool miss_g3 = (p->required_tiers & KVCR_TIER_BIT(KVCR_TIER_G3)) != 0; /* G3: not built */
+    bool miss_g3 = (p->required_tiers & KVCR_TIER_BIT(KVCR_TIER_G3)) && cfg->g3.n_paths == 0;
     if (miss_dram || miss_g3)
         return kvcr_fail(KVCR_EINVAL, "%s requires configured %s%s%s", p->name ? p->name : "policy",
                          miss_dram ? "DRAM" : "", miss_dram && miss_g3 ? ", " : "",
                          miss_g3 ? "G3" : "");
+    return 0;
+}
+
+/* G3's rules on the rest of the configuration; the files' own rules (paths,
+ * slot size, capacity, locks, O_DIRECT) are checked when they are opened. */
+static int check_g3(const kvcr_config *cfg)
+{
+    const kvcr_g3_options *g = &cfg->g3;
+    if (g->n_paths == 0 && g->paths == NULL) return 0;
+    if (g->n_paths == 0 || g->paths == NULL)
+        return kvcr_fail(KVCR_EINVAL, "G3 requires at least one file path");
+    for (size_t i = 0; i < g->n_paths; i++)
+        if (g->paths[i] == NULL || g->paths[i][0] == '\0')
+            return kvcr_fail(KVCR_EINVAL, "G3 file path %zu must be a non-empty string", i);
+    if (g->backend != NULL && g->backend[0] == '\0')
+        return kvcr_fail(KVCR_EINVAL, "G3 backend must be non-empty");
+    if (g->queue_depth < 1 || g->queue_depth > 1024)
+        return kvcr_fail(KVCR_EINVAL, "G3 queue_depth must be between 1 and 1024");
+    if (g->max_staging_bytes == 0)
+        return kvcr_fail(KVCR_EINVAL, "G3 max_staging_bytes must be positive");
+    if (cfg->local_dram == NULL || cfg->n_local_dram == 0)
+        return kvcr_fail(KVCR_EINVAL, "G3 requires local DRAM");
+    if (cfg->n_pool_layouts != 1)
+        return kvcr_fail(KVCR_EINVAL, "G3 supports exactly one pool layout");
     return 0;
 }
 
@@ -284,6 +311,19 @@ static int copy_regions(const kvcr_config *cfg, const bool *dup, kvcr_conf *out)
     return 0;
 }
 
+static int copy_g3(const kvcr_config *cfg, kvcr_conf *out)
+{
+    out->g3 = cfg->g3;
+    out->g3.backend = NULL; /* only io_uring exists; the name was checked */
+    out->g3_paths = calloc(cfg->g3.n_paths, sizeof *out->g3_paths);
+    if (out->g3_paths == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < cfg->g3.n_paths; i++)
+        if ((out->g3_paths[i] = strdup(cfg->g3.paths[i])) == NULL)
+            return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    out->g3.paths = (const char *const *)out->g3_paths;
+    return 0;
+}
+
 int conf_build(const kvcr_config *cfg, kvcr_conf *out)
 {
     memset(out, 0, sizeof *out);
@@ -293,9 +333,12 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
                          KVCR_NAME_MAX);
     int rc = check_pool_layouts(cfg);
     if (rc == 0) rc = check_scalars(cfg);
-    const kvcr_policy_ops *policy = cfg->policy ? cfg->policy : kvcr_policy_builtin("lru");
+    /* The default policy spills to G3 when there is one. */
+    const kvcr_policy_ops *policy =
+        cfg->policy ? cfg->policy : kvcr_policy_builtin(cfg->g3.n_paths ? "g3_lru" : "lru");
     if (rc == 0) rc = check_policy(cfg, policy);
     if (rc == 0) rc = check_remote(&cfg->remote);
+    if (rc == 0) rc = check_g3(cfg);
     if (rc == 0) rc = check_local_dram(cfg);
     bool *dup = NULL;
     if (rc == 0 && cfg->n_framework_regions > 0) {
@@ -316,6 +359,10 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
     out->n_pools = (uint32_t)cfg->n_pool_layouts;
     out->has_local_dram = cfg->n_local_dram > 0;
     out->remote = cfg->remote;
+    if (cfg->g3.n_paths > 0 && (rc = copy_g3(cfg, out)) != 0) {
+        conf_destroy(out);
+        return rc;
+    }
     if (out->remote.enabled) {
         const char *host = cfg->remote.control_host ? cfg->remote.control_host : "127.0.0.1";
         snprintf(out->control_host, sizeof out->control_host, "%s", host);
@@ -338,6 +385,9 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
 
 void conf_destroy(kvcr_conf *c)
 {
+    for (size_t i = 0; c->g3_paths && i < c->g3.n_paths; i++) free(c->g3_paths[i]);
+    free(c->g3_paths);
+    c->g3_paths = NULL;
     free(c->regions);
     c->regions = NULL;
     c->n_regions = 0;

@@ -32,6 +32,8 @@ typedef struct kvcr_conf {
     size_t n_regions;
     kvcr_remote_options remote; /* strings point into the buffers below */
     char control_host[KVCR_NAME_MAX], advertise_host[KVCR_NAME_MAX];
+    kvcr_g3_options g3;      /* paths copied into g3_paths; n_paths 0: no G3 */
+    char **g3_paths;
     uint32_t operation_timeout_ms, abandon_timeout_ms;
     double watermark_percent;
     bool enable_telemetry;
@@ -46,9 +48,10 @@ enum op_kind { OP_DEPOSIT = 0, OP_DELIVER, OP_FETCH };
 /* copy_job.kind: whose job it is. */
 enum job_kind { JOB_FILL = 1, JOB_DELIVER };
 
-/* What a pending entry waits for. WAIT_REMOTE: a peer writes the bytes; no
- * deadline or abort can stop that, the pull settles the entry. */
-enum entry_wait { WAIT_NONE = 0, WAIT_FILL, WAIT_COPY, WAIT_REMOTE };
+/* What a pending entry waits for. WAIT_TRANSFER: a peer or the disk writes
+ * the bytes; no deadline or abort can stop that, the transfer settles the
+ * entry. */
+enum entry_wait { WAIT_NONE = 0, WAIT_FILL, WAIT_COPY, WAIT_TRANSFER };
 
 typedef struct op_rec op_rec;
 
@@ -89,7 +92,7 @@ struct op_rec {
  * form a list through their entries. */
 typedef struct fill {
     block_id block;
-    bool remote;         /* a peer writes it (never a copy job) */
+    bool external;       /* a peer or G3 fills it (never a copy job) */
     kvcr_op_handle origin;
     uint32_t origin_idx; /* the entry of `origin` that started it */
     op_rec *w_op;
@@ -146,6 +149,7 @@ struct kvcr {
 
     hint_table hints;
     struct remote *remote; /* the peer-to-peer tier, NULL when off */
+    struct g3_tier *g3;    /* the G3 tier, NULL when off */
 
     pending_event *events_head, *events_tail;
     kvcr_capacity_need pressure[KVCR_MAX_POOLS];

@@ -12,6 +12,7 @@
 #include "core/ops.h"
 #include "core/residency.h"
 #include "core/testing.h"
+#include "tiers/g3.h"
 #include "tiers/remote.h"
 #include "util/api.h"
 #include "util/clock.h"
@@ -61,6 +62,7 @@ static int guard(const kvcr_t *kv, const char *fn)
 static void release_parts(kvcr_t *kv)
 {
     remote_destroy(kv);
+    g3_destroy(kv);
     res_destroy(kv);
     hint_table_destroy(&kv->hints);
     ops_discard_done(kv);
@@ -127,6 +129,10 @@ KVCR_API int kvcr_create(const kvcr_config *cfg, kvcr_t **out)
         release_parts(kv);
         return kvcr_fail(KVCR_ESYS, "eventfd failed: %m");
     }
+    if (kv->conf.g3.n_paths > 0 && (rc = g3_start(kv)) != 0) {
+        release_parts(kv);
+        return rc; /* g3_start named the cause */
+    }
     rc = copy_engine_start(&kv->copier, kv->conf.copy_threads, kv->event_fd);
     if (rc != 0) {
         release_parts(kv);
@@ -164,6 +170,7 @@ KVCR_API int kvcr_close(kvcr_t *kv)
      * stops. */
     copy_engine_stop(&kv->copier);
     remote_stop(kv);
+    g3_stop(kv); /* reads and spills in flight land first */
     instance_lock(kv);
     ops_progress(kv);
     if (kv->live_head != NULL)
@@ -217,6 +224,8 @@ static kvcr_query_result query_one(kvcr_t *kv, const kvcr_key *k, uint64_t hash,
         if (state == G2_FILLING)
             return (kvcr_query_result){KVCR_QUERY_FETCHING, KVCR_TIER_LOCAL_G2};
     }
+    if (id != BLOCK_NONE && index_get(&kv->index, id)->g3_state == G3_READY)
+        return (kvcr_query_result){KVCR_QUERY_FETCHABLE, KVCR_TIER_G3};
     if (st != NULL && remote_accepts(kv, st, k->data, k->len))
         return (kvcr_query_result){KVCR_QUERY_FETCHABLE, KVCR_TIER_REMOTE_G2};
     return (kvcr_query_result){KVCR_QUERY_MISS, KVCR_TIER_NONE};
@@ -449,7 +458,7 @@ KVCR_API int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out)
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_stats_take: out must not be NULL");
     *out = NULL;
     if (kv->telemetry == NULL) return 0;
-    size_t cap = 6 + 8 * (1 + (size_t)kv->conf.n_pools);
+    size_t cap = 11 + 8 * (1 + (size_t)kv->conf.n_pools);
     gauge_set s = {calloc(cap, sizeof *s.g), calloc(cap, sizeof *s.names), 0};
     int rc = s.g && s.names ? 0 : kvcr_fail(KVCR_ENOMEM, "out of memory");
     instance_lock(kv);
@@ -463,6 +472,15 @@ KVCR_API int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out)
         gauge_add(&s, "", "pinned_keys", pinned);
         gauge_add(&s, "", "connected_remotes", peers);
         gauge_add(&s, "", "completed", (double)kv->n_done);
+        if (kv->g3) {
+            double total, free_, evictable, pending;
+            g3_gauges(kv, &total, &free_, &evictable, &pending);
+            gauge_add(&s, "", "g3_total_slots", total);
+            gauge_add(&s, "", "g3_free_slots", free_);
+            gauge_add(&s, "", "g3_allocated_slots", total - free_);
+            gauge_add(&s, "", "g3_evictable_slots", evictable);
+            gauge_add(&s, "", "g3_pending_stores", pending);
+        }
         if (kv->conf.has_local_dram) {
             pool_gauges(&s, "local_g2_", kv->pools, kv->conf.n_pools);
             for (uint32_t p = 0; p < kv->conf.n_pools; p++) {

@@ -49,6 +49,7 @@ KVCR_API const char *kvcr_reason_name(kvcr_reason reason)
     case KVCR_REASON_NO_LOCAL_DRAM: return "NO_LOCAL_DRAM";
     case KVCR_REASON_CLOSED: return "CLOSED";
     case KVCR_REASON_POLICY: return "POLICY";
+    case KVCR_REASON_CORRUPT: return "CORRUPT";
     default: return "";
     }
 }

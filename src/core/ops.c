@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "core/residency.h"
+#include "tiers/g3.h"
 #include "tiers/remote.h"
 #include "util/clock.h"
 
@@ -585,6 +586,25 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
 
 /* ---- deliver ------------------------------------------------------------ */
 
+/* G3 holds one slot per block, of the single pool's block size. */
+static bool g3_layout(const op_rec *o, const op_entry *e)
+{
+    return e->n_segs == 1 && o->seg_pool[e->seg_off] == 0;
+}
+
+/* A block only G3 holds, read straight into the framework's memory. */
+static void deliver_g3(kvcr_t *kv, op_rec *o, uint32_t i, block_id id)
+{
+    op_entry *e = &o->e[i];
+    if (!g3_layout(o, e)) {
+        entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
+        return;
+    }
+    e->wait = WAIT_TRANSFER;
+    kvcr_reason why = g3_read_deliver(kv, id, o, i, o->seg_addr[e->seg_off]);
+    if (why != KVCR_REASON_NONE) entry_finish(kv, o, i, KVCR_ENTRY_FAILED, why);
+}
+
 static void deliver_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint_state *st,
                           const kvcr_block *blk)
 {
@@ -594,8 +614,10 @@ static void deliver_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint
     if (b == NULL || b->g2_state == G2_NONE || b->g2_state == G2_DISCARDING) {
         kvcr_reason why = b && b->g2_state == G2_DISCARDING ? KVCR_REASON_DISCARDING
                                                             : KVCR_REASON_NOT_FOUND;
-        if (p != NULL && remote_accepts(kv, st, entry_key(o, e), e->key_len)) {
-            e->wait = WAIT_REMOTE;
+        if (b != NULL && b->g3_state == G3_READY) {
+            deliver_g3(kv, o, i, id);
+        } else if (p != NULL && remote_accepts(kv, st, entry_key(o, e), e->key_len)) {
+            e->wait = WAIT_TRANSFER;
             remote_pull_add_deliver(kv, p, o, i, blk->refs, (uint32_t)blk->n_refs, entry_key(o, e),
                                     e->key_len);
         } else {
@@ -649,24 +671,38 @@ static void deliver_done(kvcr_t *kv, op_rec *o, uint32_t i, bool ok)
 
 /* ---- fetch -------------------------------------------------------------- */
 
-/* A fetch of a key only the hinted peer has: KVCR slots now, filled by the
- * peer's write. */
-static void fetch_remote(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, pull *p)
+/* A fetch of a key only G3 or the hinted peer has: KVCR slots now, filled
+ * by the disk read or the peer's write. NULL when the entry failed. */
+static fill *fetch_external(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, kvcr_tier source)
 {
     op_entry *e = &o->e[i];
     fill *f = fill_new(e->n_segs);
     if (f == NULL) {
-        kvcr_log(&kv->log, KVCR_LOG_ERROR, "out of memory: cannot start a remote fetch");
+        kvcr_log(&kv->log, KVCR_LOG_ERROR, "out of memory: cannot start a fetch from %s",
+                 kvcr_tier_name(source));
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NO_CAPACITY);
-        return;
+        return NULL;
     }
-    if (!reserve_slots(kv, o, i, &id, KVCR_TIER_REMOTE_G2, true, KVCR_ENTRY_FAILED)) {
+    if (!reserve_slots(kv, o, i, &id, source, true, KVCR_ENTRY_FAILED)) {
         free(f);
-        return;
+        return NULL;
     }
     start_fill(kv, o, i, id, f);
-    f->remote = true;
-    remote_pull_add_fill(kv, p, f, entry_key(o, e), e->key_len);
+    f->external = true;
+    return f;
+}
+
+static void fetch_g3(kvcr_t *kv, op_rec *o, uint32_t i, block_id id)
+{
+    op_entry *e = &o->e[i];
+    if (!g3_layout(o, e)) {
+        entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
+        return;
+    }
+    fill *f = fetch_external(kv, o, i, id, KVCR_TIER_G3);
+    if (f == NULL) return;
+    kvcr_reason why = g3_read_fill(kv, id, f, f->segs[0].dst);
+    if (why != KVCR_REASON_NONE) fill_done(kv, f, false, why);
 }
 
 static void fetch_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint_state *st)
@@ -679,10 +715,13 @@ static void fetch_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint_s
     block_id id = entry_find(kv, o, e);
     block *b = id != BLOCK_NONE ? index_get(&kv->index, id) : NULL;
     if (b == NULL || b->g2_state == G2_NONE) {
-        if (p != NULL && remote_accepts(kv, st, entry_key(o, e), e->key_len))
-            fetch_remote(kv, o, i, id, p);
-        else
+        fill *f;
+        if (b != NULL && b->g3_state == G3_READY)
+            fetch_g3(kv, o, i, id);
+        else if (p == NULL || !remote_accepts(kv, st, entry_key(o, e), e->key_len))
             entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NOT_FOUND);
+        else if ((f = fetch_external(kv, o, i, id, KVCR_TIER_REMOTE_G2)) != NULL)
+            remote_pull_add_fill(kv, p, f, entry_key(o, e), e->key_len);
     } else if (!same_layout(kv, b, &o->seg_pool[e->seg_off], e->n_segs)) {
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
     } else if (b->g2_state == G2_READY) {
@@ -869,6 +908,7 @@ void ops_cancel_all(kvcr_t *kv)
 void ops_progress(kvcr_t *kv)
 {
     if (kv->remote) remote_main(kv);
+    g3_settle(kv);
     copy_job *job = copy_take_done(&kv->copier);
     while (job != NULL) {
         copy_job *next = job->next;
@@ -945,9 +985,9 @@ void ops_discard_done(kvcr_t *kv)
     kv->n_done = 0;
 }
 
-/* ---- the remote tier settles its entries and fills ------------------------ */
+/* ---- the remote and G3 tiers settle their entries and fills ---------------- */
 
-void ops_remote_entry_done(kvcr_t *kv, op_rec *o, uint32_t i, bool ok, kvcr_reason why)
+void ops_entry_settle(kvcr_t *kv, op_rec *o, uint32_t i, bool ok, kvcr_reason why)
 {
     entry_finish(kv, o, i, ok ? KVCR_ENTRY_SUCCESS : KVCR_ENTRY_FAILED,
                  ok ? KVCR_REASON_NONE : why);
@@ -969,7 +1009,7 @@ void ops_remote_fill_discard(kvcr_t *kv, fill *f)
     }
 }
 
-void ops_remote_fill_done(kvcr_t *kv, fill *f, bool ok, kvcr_reason why)
+void ops_fill_settle(kvcr_t *kv, fill *f, bool ok, kvcr_reason why)
 {
     if (index_get(&kv->index, f->block)->g2_state == G2_DISCARDING) ok = false;
     fill_done(kv, f, ok, why);

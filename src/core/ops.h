@@ -32,13 +32,14 @@ int ops_check_refs(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n);
 /* The address of a checked reference, and the pool its label names. */
 uint8_t *ops_ref_addr(const kvcr_t *kv, const kvcr_mem_ref *r, uint32_t *pool);
 
-/* Locked: the remote tier settles entries and fills it was given. */
-void ops_remote_entry_done(kvcr_t *kv, op_rec *o, uint32_t i, bool ok, kvcr_reason why);
+/* Locked: the remote and G3 tiers settle the entries and fills they were
+ * given. */
+void ops_entry_settle(kvcr_t *kv, op_rec *o, uint32_t i, bool ok, kvcr_reason why);
 /* A fetch's deadline passed while a peer may still write the slots: fail
  * the waiters now, keep the slots (G2_DISCARDING) until the pull ends. */
 void ops_remote_fill_discard(kvcr_t *kv, struct fill *f);
-/* The pull ended: commit (ok) or free the slots. A discarded fill is only
- * freed. */
-void ops_remote_fill_done(kvcr_t *kv, struct fill *f, bool ok, kvcr_reason why);
+/* The transfer ended: commit (ok) or free the slots. A discarded fill is
+ * only freed. */
+void ops_fill_settle(kvcr_t *kv, struct fill *f, bool ok, kvcr_reason why);
 
 #endif

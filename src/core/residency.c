@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tiers/g3.h"
 #include "util/clock.h"
 
 /* ---- layout and policy view ---------------------------------------------- */
@@ -46,7 +47,8 @@ void res_meta(const kvcr_t *kv, block_id id, uint64_t size_bytes, kvcr_block_met
     meta->size_bytes = b->n_slots ? block_bytes(kv, b) : size_bytes;
     meta->access_count = b->access_count;
     meta->last_access = b->last_access_ns ? kvcr_ns_to_s(b->last_access_ns) : -1.0;
-    meta->resident_tiers = b->g2_state == G2_READY ? KVCR_TIER_BIT(KVCR_TIER_LOCAL_G2) : 0;
+    meta->resident_tiers = (b->g2_state == G2_READY ? KVCR_TIER_BIT(KVCR_TIER_LOCAL_G2) : 0) |
+                           (b->g3_state == G3_READY ? KVCR_TIER_BIT(KVCR_TIER_G3) : 0);
     meta->position = -1;
 }
 
@@ -159,7 +161,7 @@ static void retry_unscored(kvcr_t *kv)
 
 /* ---- inventory and capacity notices ------------------------------------- */
 
-static void queue_event(kvcr_t *kv, kvcr_tier tier, bool removed, const block_id *ids, uint32_t n)
+void res_queue_event(kvcr_t *kv, kvcr_tier tier, bool removed, const block_id *ids, uint32_t n)
 {
     if (n == 0 || kv->conf.cb.inventory == NULL) return;
     size_t bytes = sizeof(pending_event) + n * sizeof(kvcr_key);
@@ -205,7 +207,7 @@ void res_flush_commits(kvcr_t *kv)
     for (uint32_t done = 0; done < kv->n_commit;) {
         uint32_t m = kv->n_commit - done < 64 ? kv->n_commit - done : 64;
         for (uint32_t i = 0; i < m; i++) ids[i] = kv->commits[done + i].block;
-        queue_event(kv, KVCR_TIER_LOCAL_G2, false, ids, m);
+        res_queue_event(kv, KVCR_TIER_LOCAL_G2, false, ids, m);
         done += m;
     }
     kv->n_commit = 0;
@@ -262,15 +264,22 @@ static void give_slots(kvcr_t *kv, block *b)
     b->g2_state = G2_NONE;
 }
 
-/* A ready block leaves G2: the policy hears of it, its slots are free. */
+/* A ready block leaves G2: its slots are free, and the policy hears of it
+ * unless G3 still holds it. */
 static void remove_ready(kvcr_t *kv, block_id id)
 {
+    unqueue(kv, id);
+    give_slots(kv, index_get(&kv->index, id));
+    if (index_get(&kv->index, id)->g3_state == G3_NONE) res_removed(kv, id);
+}
+
+void res_removed(kvcr_t *kv, block_id id)
+{
+    if (kv->conf.policy->on_remove == NULL) return;
     kvcr_block_meta meta;
     res_meta(kv, id, 0, &meta);
     meta.resident_tiers = 0;
-    unqueue(kv, id);
-    give_slots(kv, index_get(&kv->index, id));
-    if (kv->conf.policy->on_remove) kv->conf.policy->on_remove(kv->conf.policy_ud, &meta);
+    kv->conf.policy->on_remove(kv->conf.policy_ud, &meta);
 }
 
 static bool frees_short_pool(const kvcr_t *kv, const block *b, const uint64_t *shortage)
@@ -283,24 +292,46 @@ static bool frees_short_pool(const kvcr_t *kv, const block *b, const uint64_t *s
     return false;
 }
 
-static bool victim_approved(kvcr_t *kv, block_id id)
+/* The policy's word on evicting a block from `tier`, sanitised: KEEP,
+ * DROP, or (from G2 with a G3 tier) a spill to G3. */
+kvcr_action res_eviction_decision(kvcr_t *kv, block_id id, kvcr_tier tier)
 {
     kvcr_block_meta meta;
     res_meta(kv, id, 0, &meta);
     kvcr_placement d = {KVCR_ACTION_KEEP, KVCR_TIER_NONE};
-    int rc = kv->conf.policy->decide_eviction(kv->conf.policy_ud, &meta, KVCR_TIER_LOCAL_G2, &d);
-    if (rc != 0 || (d.action != KVCR_ACTION_KEEP && d.action != KVCR_ACTION_DROP)) {
+    int rc = kv->conf.policy->decide_eviction(kv->conf.policy_ud, &meta, tier, &d);
+    bool spill = (d.action == KVCR_ACTION_MOVE_TO || d.action == KVCR_ACTION_COPY_TO) &&
+                 d.tier == KVCR_TIER_G3 && tier == KVCR_TIER_LOCAL_G2 && kv->g3 != NULL;
+    if (rc != 0 || (d.action != KVCR_ACTION_KEEP && d.action != KVCR_ACTION_DROP && !spill)) {
         kvcr_log(&kv->log, KVCR_LOG_WARN, "policy '%s' decide_eviction %s; keeping the block",
                  policy_name(kv), rc != 0 ? "failed" : "returned an action this build cannot do");
-        return false;
+        return KVCR_ACTION_KEEP;
     }
-    return d.action == KVCR_ACTION_DROP;
+    return spill ? KVCR_ACTION_MOVE_TO : d.action;
+}
+
+/* A placement the policy asked for failed: it may only DROP (anything else
+ * is logged and dropped all the same, as the reference does). */
+void res_recovery(kvcr_t *kv, block_id id, kvcr_tier target, kvcr_tier source, const char *why)
+{
+    kvcr_log(&kv->log, KVCR_LOG_WARN, "moving a block to %s failed (%s); it is dropped",
+             kvcr_tier_name(target), why);
+    if (kv->conf.policy->decide_recovery == NULL) return;
+    kvcr_block_meta meta;
+    res_meta(kv, id, 0, &meta);
+    kvcr_placement_failure f = {{KVCR_ACTION_MOVE_TO, target}, source, why, 1};
+    kvcr_placement d = {KVCR_ACTION_DROP, KVCR_TIER_NONE};
+    int rc = kv->conf.policy->decide_recovery(kv->conf.policy_ud, &meta, &f, &d);
+    if (rc != 0 || d.action != KVCR_ACTION_DROP)
+        kvcr_log(&kv->log, KVCR_LOG_WARN, "policy '%s' decide_recovery %s; the block is dropped",
+                 policy_name(kv), rc != 0 ? "failed" : "asked for more than DROP");
 }
 
 typedef struct popped {
     block_id id;
     bool from_list;
     bool victim;
+    bool spill;
 } popped;
 
 /* Walks candidates in eviction order until the shortage is covered. All or
@@ -325,11 +356,14 @@ static bool plan_evictions(kvcr_t *kv, uint64_t *shortage, popped **out, uint32_
             list = l;
             cap = ncap;
         }
-        list[n] = (popped){id, from_list, false};
+        list[n] = (popped){id, from_list, false, false};
         block *b = index_get(&kv->index, id);
-        if (!(b->flags & BF_PROTECTED) && frees_short_pool(kv, b, shortage) &&
-            victim_approved(kv, id)) {
+        kvcr_action act = KVCR_ACTION_KEEP;
+        if (!(b->flags & BF_PROTECTED) && frees_short_pool(kv, b, shortage))
+            act = res_eviction_decision(kv, id, KVCR_TIER_LOCAL_G2);
+        if (act != KVCR_ACTION_KEEP) {
             list[n].victim = true;
+            list[n].spill = act == KVCR_ACTION_MOVE_TO;
             for (uint32_t i = 0; i < b->n_slots; i++) {
                 uint32_t pool, slot;
                 res_slot(kv, b, i, &pool, &slot);
@@ -355,9 +389,12 @@ static void evict_victims(kvcr_t *kv, const popped *list, uint32_t n)
         kvcr_log(&kv->log, KVCR_LOG_ERROR, "out of memory: an eviction event is lost");
     for (uint32_t i = 0; i < n; i++)
         if (list[i].victim && ids) ids[n_ids++] = list[i].id;
-    queue_event(kv, KVCR_TIER_LOCAL_G2, true, ids, n_ids);
+    res_queue_event(kv, KVCR_TIER_LOCAL_G2, true, ids, n_ids);
     for (uint32_t i = 0; i < n; i++) {
         if (!list[i].victim) continue;
+        /* A spill copies the bytes out before the slots go back. */
+        if (list[i].spill && !g3_spill(kv, list[i].id))
+            res_recovery(kv, list[i].id, KVCR_TIER_G3, KVCR_TIER_LOCAL_G2, "G3 spill failed");
         block *b = index_get(&kv->index, list[i].id);
         /* Popping took it out of the queue but not out of the counts. */
         count_evictable(kv, b, -1);
@@ -456,7 +493,7 @@ void res_unclaim(kvcr_t *kv, block_id id)
     if (--b->claims > 0) return;
     if (b->flags & BF_RETIRE) {
         b->flags &= (uint8_t)~BF_RETIRE;
-        queue_event(kv, KVCR_TIER_LOCAL_G2, true, &id, 1);
+        res_queue_event(kv, KVCR_TIER_LOCAL_G2, true, &id, 1);
         remove_ready(kv, id);
         res_prune(kv, id);
     } else if (b->g2_state == G2_READY) {
@@ -467,7 +504,7 @@ void res_unclaim(kvcr_t *kv, block_id id)
 void res_prune(kvcr_t *kv, block_id id)
 {
     block *b = index_get(&kv->index, id);
-    if (b->g2_state == G2_NONE && b->fill == NULL && b->claims == 0)
+    if (b->g2_state == G2_NONE && b->fill == NULL && b->claims == 0 && b->g3_state == G3_NONE)
         index_remove(&kv->index, id);
 }
 

@@ -36,6 +36,16 @@ kvcr_release_handle res_claim_public(kvcr_t *kv, block_id id);
 bool res_release_public(kvcr_t *kv, kvcr_release_handle h);
 int res_reserve_claims(kvcr_t *kv, size_t n);
 
+/* The policy's sanitised eviction decision for a block leaving `tier`:
+ * KEEP, DROP, or MOVE_TO (a spill to G3). */
+kvcr_action res_eviction_decision(kvcr_t *kv, block_id id, kvcr_tier tier);
+/* A spill (or move) the policy asked for failed: decide_recovery, DROP. */
+void res_recovery(kvcr_t *kv, block_id id, kvcr_tier target, kvcr_tier source, const char *why);
+/* The block's last managed residency went away: policy on_remove. */
+void res_removed(kvcr_t *kv, block_id id);
+/* Queues an inventory event for the blocks. */
+void res_queue_event(kvcr_t *kv, kvcr_tier tier, bool removed, const block_id *ids, uint32_t n);
+
 /* Drops the record if nothing refers to it any more. */
 void res_prune(kvcr_t *kv, block_id id);
 

@@ -32,4 +32,7 @@ int kvcr__test_hint(kvcr_t *kv, const char *request_id, const char **source, siz
 /* Control messages the remote tier dropped (malformed or unexpected). */
 uint64_t kvcr__test_dropped_messages(kvcr_t *kv);
 
+/* The next n G3 I/O completions report -err (the I/O itself happens). */
+void kvcr__test_g3_fail_next(kvcr_t *kv, unsigned n, int err);
+
 #endif

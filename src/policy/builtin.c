@@ -1,7 +1,9 @@
 /* The built-in policies: FIFO (every block scores the same, so ties — the
  * order of entering the evictable set — decide) and LRU (the score is the
- * last access time). The G3 variants arrive with the G3 tier. */
+ * last access time), and their G3 variants, which spill what KVCR DRAM
+ * evicts to G3 instead of dropping it (and drop what G3 evicts). */
 #include <float.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kvcr/policy.h"
@@ -22,6 +24,16 @@ static int drop_on_eviction(void *ud, const kvcr_block_meta *meta, kvcr_tier sou
     (void)ud, (void)meta, (void)source;
     out->action = KVCR_ACTION_DROP;
     out->tier = KVCR_TIER_NONE;
+    return 0;
+}
+
+static int spill_on_eviction(void *ud, const kvcr_block_meta *meta, kvcr_tier source,
+                             kvcr_placement *out)
+{
+    (void)ud, (void)meta;
+    bool from_dram = source == KVCR_TIER_LOCAL_G2;
+    out->action = from_dram ? KVCR_ACTION_MOVE_TO : KVCR_ACTION_DROP;
+    out->tier = from_dram ? KVCR_TIER_G3 : KVCR_TIER_NONE;
     return 0;
 }
 
@@ -53,10 +65,27 @@ static const kvcr_policy_ops lru_policy = {
     .decide_eviction = drop_on_eviction,
 };
 
+static const kvcr_policy_ops g3_fifo_policy = {
+    .name = "g3_fifo",
+    .required_tiers = KVCR_TIER_BIT(KVCR_TIER_G3),
+    .decide_ingest = keep_on_ingest,
+    .eviction_score = fifo_score,
+    .decide_eviction = spill_on_eviction,
+};
+
+static const kvcr_policy_ops g3_lru_policy = {
+    .name = "g3_lru",
+    .required_tiers = KVCR_TIER_BIT(KVCR_TIER_G3),
+    .decide_ingest = keep_on_ingest,
+    .eviction_score = lru_score,
+    .decide_eviction = spill_on_eviction,
+};
+
 KVCR_API const kvcr_policy_ops *kvcr_policy_builtin(const char *name)
 {
-    if (name == NULL) return NULL;
-    if (strcmp(name, "fifo") == 0) return &fifo_policy;
-    if (strcmp(name, "lru") == 0) return &lru_policy;
+    static const kvcr_policy_ops *const all[] = {&fifo_policy, &lru_policy, &g3_fifo_policy,
+                                                 &g3_lru_policy};
+    for (size_t i = 0; name != NULL && i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(all[i]->name, name) == 0) return all[i];
     return NULL;
 }

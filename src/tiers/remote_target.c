@@ -111,7 +111,7 @@ void remote_pull_add_deliver(kvcr_t *kv, pull *p, op_rec *o, uint32_t idx, const
     pull_key *k = &p->keys[p->n_keys];
     *k = (pull_key){.op = o, .idx = idx, .ref_off = p->n_refs, .n_refs = n_refs};
     if (!add_key_bytes(p, k, key, key_len)) {
-        ops_remote_entry_done(kv, o, idx, false, KVCR_REASON_NO_CAPACITY);
+        ops_entry_settle(kv, o, idx, false, KVCR_REASON_NO_CAPACITY);
         return;
     }
     for (uint32_t j = 0; j < n_refs; j++) {
@@ -129,7 +129,7 @@ void remote_pull_add_fill(kvcr_t *kv, pull *p, struct fill *f, const uint8_t *ke
     pull_key *k = &p->keys[p->n_keys];
     *k = (pull_key){.fill = f, .ref_off = p->n_refs, .n_refs = b->n_slots};
     if (!add_key_bytes(p, k, key, key_len)) {
-        ops_remote_fill_done(kv, f, false, KVCR_REASON_NO_CAPACITY);
+        ops_fill_settle(kv, f, false, KVCR_REASON_NO_CAPACITY);
         return;
     }
     for (uint32_t j = 0; j < b->n_slots; j++) {
@@ -441,7 +441,7 @@ static void settle_deliver_keys(kvcr_t *kv, pull *p, bool ok, kvcr_reason why)
         pull_key *k = &p->keys[i];
         if (k->op == NULL) continue;
         bool done = ok && k->completed;
-        ops_remote_entry_done(kv, k->op, k->idx, done, ok ? KVCR_REASON_NOT_FOUND : why);
+        ops_entry_settle(kv, k->op, k->idx, done, ok ? KVCR_REASON_NOT_FOUND : why);
         k->op = NULL;
     }
 }
@@ -484,7 +484,7 @@ static void settle_finished(remote *r, pull *p)
     if (p->fetch) {
         for (uint32_t i = 0; i < p->n_keys; i++) {
             bool ok = p->success && p->keys[i].completed;
-            ops_remote_fill_done(kv, p->keys[i].fill, ok,
+            ops_fill_settle(kv, p->keys[i].fill, ok,
                                  p->success ? KVCR_REASON_NOT_FOUND
                                             : (kvcr_reason)p->fail_reason);
         }
