@@ -34,5 +34,7 @@ uint64_t kvcr__test_dropped_messages(kvcr_t *kv);
 
 /* The next n G3 I/O completions report -err (the I/O itself happens). */
 void kvcr__test_g3_fail_next(kvcr_t *kv, unsigned n, int err);
+/* Holds G3 requests in the I/O thread's queue (reads and spills wait). */
+void kvcr__test_g3_hold(kvcr_t *kv, bool hold);
 
 #endif

@@ -47,6 +47,7 @@ struct g3_tier {
     g3_req *q_head, *q_tail;
     g3_req *done_head, *done_tail;
     bool stopping;
+    bool held;           /* test hook: requests wait in the queue */
     int wake_fd;
     uint32_t in_store;   /* I/O thread only */
 
@@ -188,9 +189,9 @@ static void *io_main(void *arg)
     g3_tier *t = arg;
     for (;;) {
         pthread_mutex_lock(&t->qlock);
-        g3_req *todo = t->q_head;
-        t->q_head = t->q_tail = NULL;
         bool stop = t->stopping;
+        g3_req *todo = t->held && !stop ? NULL : t->q_head;
+        if (todo) t->q_head = t->q_tail = NULL;
         pthread_mutex_unlock(&t->qlock);
         for (g3_req *r = todo, *next; r; r = next) {
             next = r->next;
@@ -584,4 +585,13 @@ void kvcr__test_g3_fail_next(kvcr_t *kv, unsigned n, int err)
     r->slot = n;
     r->result = err;
     enqueue(kv->g3, r);
+}
+
+void kvcr__test_g3_hold(kvcr_t *kv, bool hold)
+{
+    g3_tier *t = kv->g3;
+    pthread_mutex_lock(&t->qlock);
+    t->held = hold;
+    pthread_mutex_unlock(&t->qlock);
+    signal_fd(t->wake_fd);
 }

@@ -61,6 +61,7 @@ void rig_init(rig *r, size_t block_size, size_t fw_count, size_t slots)
 {
     memset(r, 0, sizeof *r);
     pthread_mutex_init(&r->cb_lock, NULL);
+    pthread_mutex_init(&r->stash_lock, NULL);
     r->block_size = block_size;
     r->fw_count = fw_count;
     r->slots = slots;
@@ -104,6 +105,7 @@ void rig_stop(rig *r)
     }
     free(r->stash);
     pthread_mutex_destroy(&r->cb_lock);
+    pthread_mutex_destroy(&r->stash_lock);
     free(r->fw);
     free(r->dram);
 }
@@ -215,13 +217,15 @@ size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *w
     uint64_t until = now_ms() + 10000;
     size_t m;
     while (now_ms() < until) {
-        if (unstash(r, op, st, why, rh, &m)) return m;
         kvcr_op_result *res;
         size_t n;
         assert_int_equal(kvcr_poll(r->kv, &res, &n), 0);
+        pthread_mutex_lock(&r->stash_lock);
         for (size_t i = 0; i < n; i++) stash(r, &res[i]);
+        bool found = unstash(r, op, st, why, rh, &m);
+        pthread_mutex_unlock(&r->stash_lock);
         kvcr_results_free(res);
-        if (unstash(r, op, st, why, rh, &m)) return m;
+        if (found) return m;
         usleep(200);
     }
     fail_msg("operation %llu did not complete within 10 s", (unsigned long long)op);

@@ -33,7 +33,9 @@ typedef struct rig {
     int warnings;
     /* called from the inventory sink, to test re-entry from callbacks */
     void (*on_event)(struct rig *r, const kvcr_inventory_event *ev);
-    /* results polled while waiting for another operation */
+    /* results polled while waiting for another operation (any thread may
+     * wait: stash_lock guards them) */
+    pthread_mutex_t stash_lock;
     struct stashed *stash;
     size_t n_stash;
 } rig;

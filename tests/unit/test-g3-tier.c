@@ -225,6 +225,80 @@ static void test_failed_spill_and_read_fail_cleanly(void **state)
     g3_cleanup(&g);
 }
 
+static void test_block_being_read_is_not_evicted(void **state)
+{
+    (void)state;
+    g3_rig g;
+    g3_init(&g, 2, 1, 2); /* 2 DRAM slots, 2 G3 slots */
+    rig_start(&g.r);
+    for (int i = 0; i < 4; i++) deposit(&g, i); /* 0 and 1 spilled: G3 full */
+    settle(&g);
+    kvcr__test_g3_hold(g.r.kv, true);
+    char k[32];
+    const char *keys[] = {key(k, sizeof k, 0)};
+    size_t at[] = {40};
+    kvcr_op_handle op = rig_deliver(&g.r, keys, at, 1); /* a read of block 0, held */
+    deposit(&g, 4); /* spills block 2: G3 must evict, and block 0 is being read */
+    kvcr__test_g3_hold(g.r.kv, false);
+    kvcr_entry_status st;
+    rig_wait(&g.r, op, &st, NULL, NULL);
+    assert_int_equal(st, KVCR_ENTRY_SUCCESS);
+    assert_true(rig_has_pattern(&g.r, g.r.fw + 40 * BS, 0));
+    settle(&g);
+    assert_int_equal(query(&g, 0).tier, KVCR_TIER_G3);      /* kept */
+    assert_int_equal(query(&g, 1).status, KVCR_QUERY_MISS); /* evicted instead */
+    assert_int_equal(query(&g, 2).tier, KVCR_TIER_G3);
+    rig_stop(&g.r);
+    g3_cleanup(&g);
+}
+
+typedef struct worker {
+    g3_rig *g;
+    int first;
+    int failures;
+} worker;
+
+/* Deposits its own keys round after round and reads each back from
+ * wherever it lives (DRAM or G3), comparing bytes. */
+static void *churn(void *arg)
+{
+    worker *w = arg;
+    for (int round = 0; round < 6; round++)
+        for (int i = w->first; i < w->first + 8; i++) {
+            char k[32];
+            const char *keys[] = {key(k, sizeof k, i)};
+            size_t src[] = {(size_t)i}, dst[] = {(size_t)(32 + i)};
+            kvcr_entry_status st;
+            rig_wait(&w->g->r, rig_deposit(&w->g->r, keys, src, 1, 0), &st, NULL, NULL);
+            if (st != KVCR_ENTRY_SUCCESS) w->failures++;
+            rig_wait(&w->g->r, rig_deliver(&w->g->r, keys, dst, 1), &st, NULL, NULL);
+            /* a block whose spill is still being written is not readable yet */
+            if (st == KVCR_ENTRY_SUCCESS &&
+                !rig_has_pattern(&w->g->r, w->g->r.fw + (size_t)(32 + i) * BS, (uint32_t)i))
+                w->failures += 1000;
+        }
+    return NULL;
+}
+
+static void test_concurrent_spills_and_reads(void **state)
+{
+    (void)state;
+    g3_rig g;
+    g3_init(&g, 4, 2, 16);
+    rig_start(&g.r);
+    worker w[2] = {{&g, 0, 0}, {&g, 8, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, churn, &w[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    assert_int_equal(w[0].failures, 0);
+    assert_int_equal(w[1].failures, 0);
+    settle(&g);
+    /* everything is somewhere: 4 in DRAM, the other 12 in G3 */
+    for (int i = 0; i < 16; i++) assert_int_not_equal(query(&g, i).status, KVCR_QUERY_MISS);
+    rig_stop(&g.r);
+    g3_cleanup(&g);
+}
+
 static void test_second_instance_on_same_files_is_refused(void **state)
 {
     (void)state;
@@ -357,6 +431,8 @@ int main(void)
         cmocka_unit_test(test_full_g3_evicts_oldest_first),
         cmocka_unit_test(test_spill_order_follows_fifo_and_lru),
         cmocka_unit_test(test_failed_spill_and_read_fail_cleanly),
+        cmocka_unit_test(test_block_being_read_is_not_evicted),
+        cmocka_unit_test(test_concurrent_spills_and_reads),
         cmocka_unit_test(test_second_instance_on_same_files_is_refused),
         cmocka_unit_test(test_restart_finds_every_block_again),
         cmocka_unit_test(test_flipped_bit_is_a_miss_never_served),
