@@ -432,7 +432,8 @@ swrite *source_take_posts(remote *r)
         sw->on_post = false;
         bool fenced = sw->status && sw->status->cancel_requested;
         bool late = kvcr_now_ns() >= sw->deadline_ns;
-        if (sw->forced_fail || fenced || late || r->stalled || sw->route->replaced) {
+        bool unreachable = sw->route->replaced || ucx_peer_failed(sw->route->peer);
+        if (sw->forced_fail || fenced || late || r->stalled || unreachable) {
             send_done(r, sw, false, true);
             sw_end(r, sw);
         } else if (sw->n_segs == 0) {
