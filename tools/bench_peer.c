@@ -140,9 +140,16 @@ static bool write_full(int fd, const void *buf, size_t len)
 }
 
 /* Messages are a u32 length and that many bytes. */
+/* One write for the length and the bytes (as far as the pipe allows), so
+ * a reader never sees a message's length without its bytes. */
 static bool msg_send(int fd, const void *buf, uint32_t len)
 {
-    return write_full(fd, &len, sizeof len) && write_full(fd, buf, len);
+    uint8_t small[4 + 256];
+    if (len > sizeof small - sizeof len)
+        return write_full(fd, &len, sizeof len) && write_full(fd, buf, len);
+    memcpy(small, &len, sizeof len);
+    memcpy(small + sizeof len, buf, len);
+    return write_full(fd, small, sizeof len + len);
 }
 
 /* Returns the length, or -1 on timeout, end of file or a message longer
@@ -678,7 +685,13 @@ static void kv_source(const job *j, int in, int out)
         size_t n_res;
         kv_check(kvcr_poll(s.kv, &res, &n_res), &s, "kvcr_poll");
         kvcr_results_free(res);
-        if (fds[0].revents & (POLLIN | POLLHUP)) break; /* stop, or the parent is gone */
+        if (fds[0].revents & (POLLIN | POLLHUP)) {
+            /* Take the whole stop message before leaving: exiting on its
+             * first bytes would fail the parent's write of the rest. */
+            uint8_t stop;
+            msg_recv(in, &stop, 1, 1.0);
+            break; /* stop, or the parent is gone */
+        }
         if (bench_now() > until) bench_fail("%s: not told to stop within %.0f s", s.who, CHILD_LIMIT_S);
     }
     kv_stop(&s);
