@@ -113,6 +113,8 @@ static const command benches[] = {
      "query latency, deposit/deliver bandwidth vs memcpy, metadata size"},
     {"peer", bench_peer, "[--json] [--quick]",
      "peer-to-peer bandwidth between two processes vs raw UCX and Redis"},
+    {"g3", bench_g3, "[--json] [--quick]",
+     "G3 disk bandwidth vs fio on the same file, spill, deliver, restart"},
     {"python", bench_python, "[--json] [--quick]",
      "query and poll_completed cost from Python (needs the package)"},
 };

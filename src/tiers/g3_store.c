@@ -850,10 +850,11 @@ static void block_done(g3_store *st, g3_iblock *b, int res)
 
 /* ---- requests ------------------------------------------------------------------------ */
 
+/* The data goes to the kernel first; its checksum is computed while the
+ * disk writes it (the record that carries it is written only after the
+ * data landed, in block_join). */
 static int start_write(g3_store *st, g3_req *r)
 {
-    uint64_t sum = XXH3_64bits(r->src, r->len);
-    record_encode(st, r->record, REC_FULL, r->slot, r->gen, r->key, r->key_len, r->len, sum);
     const uint8_t *buf = r->src;
     size_t n = round_up(r->len, G3_ALIGN);
     if (!direct_ok(r->src, r->len)) {
@@ -865,8 +866,12 @@ static int start_write(g3_store *st, g3_req *r)
     }
     uint64_t off = st->data_off + r->fslot * st->slot_size;
     int rc = queue_io(st, true, st->files[r->file].dfd, (void *)buf, n, off, r, TAG_DATA);
-    if (rc == 0) r->ios++;
-    return rc;
+    if (rc != 0) return rc;
+    r->ios++;
+    flush(st);
+    uint64_t sum = XXH3_64bits(r->src, r->len);
+    record_encode(st, r->record, REC_FULL, r->slot, r->gen, r->key, r->key_len, r->len, sum);
+    return 0;
 }
 
 /* The record block and the data, together. */
