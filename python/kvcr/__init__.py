@@ -3,8 +3,8 @@
 This package is a thin layer over libkvcr (C), compiled into the extension
 kvcr._native. Built: KVCR-owned host DRAM (tier LOCAL_G2), deposit /
 deliver / fetch / release / abort / poll_completed, built-in and Python
-policies, inventory events, capacity callbacks, telemetry, and the
-peer-to-peer tier (REMOTE_G2).
+policies, inventory events, capacity callbacks, telemetry, the
+peer-to-peer tier (REMOTE_G2) and the local-disk tier (G3).
 
 Peer-to-peer: a `framework_control` in KVCRBindings (a ZmqPeerControlChannel
 describing the endpoint) turns it on; libkvcr binds that control endpoint
@@ -17,11 +17,18 @@ local DRAM is optional with a framework_control. on_resilience_event
 receives TransferError reports about memory a failed transfer may still
 touch.
 
-Not built: G3 (local SSD) and the KVCR service / Guard. Configuring them
-raises NotImplementedError ("G3 tier is not built yet", "... Guard are not
-built yet") once every validation rule has passed; G3FIFOPolicy /
-G3LRUPolicy without G3 raise ValueError("G3LRUPolicy requires configured
-G3").
+G3: a G3Options in KVCRBackendConfigs (slot files on a local file system
+that supports O_DIRECT; one pool layout; KVCR DRAM required) makes blocks
+evicted from KVCR DRAM spill to disk (the default policy is then
+G3LRUPolicy, libkvcr's "g3_lru"); query reports them (FETCHABLE, G3),
+deliver and fetch read them back, a new KVCR on the same files finds them
+again, and a copy that fails its checksum fails its entry ("CORRUPT").
+G3FIFOPolicy / G3LRUPolicy without G3 raise ValueError("G3LRUPolicy
+requires configured G3").
+
+Not built: the KVCR service / Guard. Configuring it raises
+NotImplementedError ("... Guard are not built yet") once every validation
+rule has passed.
 
 Errors: configuration and argument rules raise ValueError / TypeError before
 anything starts (libkvcr's KVCR_EINVAL text); parts not built raise

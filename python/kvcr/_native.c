@@ -13,6 +13,9 @@
  * pairs and the OpEntryResult of every (status, reason) that carries no
  * handle or slots are cached, so query and poll allocate little. The Python
  * package (kvcr/api.py) validates configuration and shapes everything else.
+ * The G3 tier needs nothing of its own here: its options arrive as one
+ * tuple (parse_g3), and its inventory events, query results (FETCHABLE, G3)
+ * and entry reasons (CORRUPT) use the shared tables below.
  *
  * The peer-to-peer tier's callbacks go to small Python objects made by
  * kvcr/api.py: key_hash (under the instance lock, like policy hooks), the
@@ -544,24 +547,52 @@ static int set_policy(Instance *self, PyObject *policy, kvcr_config *cfg)
     return 0;
 }
 
+/* g3: (paths tuple of str, capacity, backend str, queue_depth, max_staging_bytes), checked
+ * for types and C ranges by kvcr/config.py; libkvcr checks the rest (and opens the files in
+ * kvcr_create). *paths is an allocation that the caller frees; the strings are held by keep. */
+static int parse_g3(PyObject *g3, kvcr_g3_options *out, const char ***paths, PyObject *keep)
+{
+    PyObject *seq, *backend;
+    unsigned long long capacity, staging;
+    unsigned int depth;
+    if (!PyArg_ParseTuple(g3, "O!KOIK", &PyTuple_Type, &seq, &capacity, &backend, &depth,
+                          &staging))
+        return -1;
+    size_t n = (size_t)PyTuple_GET_SIZE(seq);
+    if ((*paths = alloc_n(n, sizeof **paths)) == NULL) return -1;
+    for (size_t i = 0; i < n; i++)
+        if (((*paths)[i] = str_of(PyTuple_GET_ITEM(seq, (Py_ssize_t)i), keep, "G3 path")) == NULL)
+            return -1;
+    if ((out->backend = str_of(backend, keep, "G3 backend")) == NULL) return -1;
+    /* A non-NULL array even when empty: libkvcr then says "G3 requires at least one file
+     * path" instead of taking NULL/0 for "no G3". */
+    out->paths = *paths;
+    out->n_paths = n;
+    out->capacity_bytes_per_file = capacity;
+    out->queue_depth = depth;
+    out->max_staging_bytes = staging;
+    return 0;
+}
+
 static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"agent_name", "pool_layouts", "local_dram", "local_backend",
                             "regions", "operation_timeout_ms", "abandon_timeout_ms",
                             "watermark_percent", "telemetry", "copy_threads", "policy",
                             "inventory", "capacity", "log", "make_entry", "remote", "key_hash",
-                            "pins", "resilience", NULL};
+                            "pins", "resilience", "g3", NULL};
     const char *agent, *backend;
     PyObject *layouts, *dram, *regions, *policy, *inventory, *capacity, *log, *make_entry;
     PyObject *remote = Py_None, *key_hash = Py_None, *pins = Py_None, *resilience = Py_None;
+    PyObject *g3 = Py_None;
     unsigned int op_ms, abandon_ms, threads;
     double watermark;
     int telemetry;
     if (!ready() ||
-        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOO", names, &agent, &layouts,
+        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOOO", names, &agent, &layouts,
                                      &dram, &backend, &regions, &op_ms, &abandon_ms, &watermark,
                                      &telemetry, &threads, &policy, &inventory, &capacity, &log,
-                                     &make_entry, &remote, &key_hash, &pins, &resilience))
+                                     &make_entry, &remote, &key_hash, &pins, &resilience, &g3))
         return -1;
     if (self->kv != NULL || self->make_entry != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "instance already initialised");
@@ -580,6 +611,7 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     kvcr_pool_layout *pl = NULL;
     kvcr_dram_pool *dp = NULL;
     kvcr_region *rg = NULL;
+    const char **g3_paths = NULL;
     size_t n_pl = 0, n_dp = 0, n_rg = 0;
     int rc = -1;
     if (keep == NULL || parse_layouts(layouts, &pl, &n_pl, keep) ||
@@ -622,6 +654,7 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
             (cfg.remote.advertise_host = str_of(adv, keep, "advertise host")) == NULL)
             goto out;
     }
+    if (g3 != Py_None && parse_g3(g3, &cfg.g3, &g3_paths, keep) != 0) goto out;
     if (set_policy(self, policy, &cfg) != 0) goto out;
     self->make_entry = Py_NewRef(make_entry);
     self->log = log == Py_None ? NULL : Py_NewRef(log);
@@ -665,6 +698,7 @@ out:
     free(pl);
     free(dp);
     free(rg);
+    free(g3_paths);
     Py_XDECREF(keep);
     return rc;
 }
@@ -1493,12 +1527,20 @@ PyMODINIT_FUNC PyInit__native(void)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    kvcr_config defaults; /* libkvcr's defaults of the G3 extras (kvcr.config.G3Options) */
+    kvcr_config_init(&defaults);
+    PyObject *staging = PyLong_FromUnsignedLongLong(defaults.g3.max_staging_bytes);
     Py_INCREF(&InstanceType);
-    if (PyModule_AddObject(m, "Instance", (PyObject *)&InstanceType) != 0 ||
+    if (staging == NULL ||
+        PyModule_AddObject(m, "Instance", (PyObject *)&InstanceType) != 0 ||
         PyModule_AddStringConstant(m, "LIBRARY_VERSION", kvcr_version_string()) != 0 ||
-        PyModule_AddIntConstant(m, "NO_EVICT", KVCR_NO_EVICT) != 0) {
+        PyModule_AddIntConstant(m, "NO_EVICT", KVCR_NO_EVICT) != 0 ||
+        PyModule_AddIntConstant(m, "G3_QUEUE_DEPTH", (long)defaults.g3.queue_depth) != 0 ||
+        PyModule_AddObjectRef(m, "G3_MAX_STAGING_BYTES", staging) != 0) {
+        Py_XDECREF(staging);
         Py_DECREF(m);
         return NULL;
     }
+    Py_DECREF(staging);
     return m;
 }

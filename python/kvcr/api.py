@@ -453,7 +453,14 @@ class KVCR:
     makes its hinted keys FETCHABLE from the hinted peer, deliver and fetch
     with that request_id pull them, and peers read our KVCR DRAM or, through
     the pin bindings, framework memory. Local DRAM is then optional.
-    Not built: G3 and the KVCR service / Guard (NotImplementedError at
+    With backend_configs.g3, the G3 tier (KVCR-owned slot files on local
+    disk): blocks the policy evicts from KVCR DRAM with (MOVE_TO, G3) — the
+    default policy g3_lru does — are written there, query says (FETCHABLE,
+    G3), deliver reads them straight into framework memory and fetch back
+    into KVCR DRAM; a new KVCR on the same files finds them again. A G3
+    copy that fails its key or checksum check is never handed over: its
+    entry fails with reason "CORRUPT" and the block leaves G3.
+    Not built: the KVCR service / Guard (NotImplementedError at
     construction, after every validation rule passed).
 
     Callbacks (inventory sink, capacity callback, pin callbacks, resilience
@@ -477,8 +484,11 @@ class KVCR:
         self._backends = backend_configs
         args = self._validate(config, bindings, backend_configs, guard_config)
         policy = bindings.policy
+        # No policy: libkvcr's default (g3_lru with G3, else lru). A built-in
+        # (or a subclass changing no hook) runs as libkvcr's C policy; any
+        # other through _PolicyAdapter.
         builtin = native_builtin(policy)
-        adapter = None if builtin is not None else _PolicyAdapter(policy)
+        adapter = _PolicyAdapter(policy) if policy is not None and builtin is None else None
         self._telemetry = bool(config.enable_telemetry) and bindings.stats_factory is not None
         remote = args.pop("remote")
         self._pins = (_PinBridge(bindings)
@@ -493,7 +503,7 @@ class KVCR:
             **args,
             watermark_percent=float(config.capacity_low_watermark_percent),
             telemetry=self._telemetry,
-            policy=builtin if builtin is not None else adapter,
+            policy=adapter if adapter is not None else builtin,
             inventory=(_inventory_callback(bindings.inventory_sink)
                        if bindings.inventory_sink is not None else None),
             capacity=(_capacity_callback(bindings.capacity_needed_callback)
@@ -516,6 +526,12 @@ class KVCR:
             if (isinstance(control, ZmqPeerControlChannel) and control.bind_port == 0
                     and self._endpoint is not None):
                 control._bound(int(self._endpoint.rpartition(":")[2]))
+            g3 = backend_configs.g3
+            if g3 is not None and g3.backend_options:
+                logger.warning("KVCR G3 backend_options %s are ignored: libkvcr serves G3 "
+                               "backend %r with io_uring, which takes no options (its "
+                               "tuning is G3Options.queue_depth and max_staging_bytes)",
+                               sorted(g3.backend_options), g3.backend)
         except BaseException as exc:
             try:
                 native.close()
@@ -560,8 +576,7 @@ class KVCR:
         regions = check_regions(backends)  # rule 12: backend records
         pools = check_local_dram(local, layouts) if local is not None else None
         check_remote(backends.remote_fw_dram)
-        if g3 is not None:
-            check_g3(g3, layouts)
+        g3_args = check_g3(g3, layouts) if g3 is not None else None
         if local is None and bindings.framework_control is None:
             raise ValueError("at least one DRAM backend must be configured")  # rule 13
         remote = None
@@ -584,9 +599,6 @@ class KVCR:
             remote = (bool(opts.eager_ctrl_connect), bool(opts.opportunistic_query),
                       opts.metadata_retry_interval_ms, opts.backend, host, port, advertise)
         # Everything below is valid but needs a part that is not built.
-        if g3 is not None:
-            raise NotImplementedError(
-                "G3 tier is not built yet: backend_configs.g3 cannot be used with this build")
         if backends.framework_dram is not None:
             raise NotImplementedError(
                 "framework_dram (a raw address range) is not supported by this build: "
@@ -602,6 +614,7 @@ class KVCR:
             abandon_timeout_ms=config.abandon_timeout_ms,
             copy_threads=config.copy_threads,
             remote=remote,
+            g3=g3_args,
         )
 
     # ---- the API ----------------------------------------------------------
@@ -625,6 +638,7 @@ class KVCR:
     def query(self, keys, request_id: Optional[str] = None) -> list:
         """[(QueryStatus, CacheTier | None)] per key, in order: (HIT, LOCAL_G2)
         when READY in KVCR DRAM, (FETCHING, LOCAL_G2) while being filled,
+        (FETCHABLE, G3) when a G3 slot holds it (written and committed),
         (FETCHABLE, REMOTE_G2) when the router hint kept for request_id
         covers the key (its key_adapter hash is hinted, or any key with
         opportunistic_query) and the peer has not reported it missing, else
@@ -639,16 +653,18 @@ class KVCR:
 
     def deliver(self, blocks: Mapping, request_id: Optional[str] = None) -> OpHandle:
         """Copies cached blocks into the {key: [MemoryRef, ...]} framework
-        destinations: from KVCR DRAM, or — for keys request_id's hint
-        covers — straight from the hinted peer. Other keys fail
-        (NOT_FOUND)."""
+        destinations: from KVCR DRAM, else straight from G3 (one descriptor
+        of the slot size: else LAYOUT_MISMATCH; a slot that does not verify:
+        CORRUPT), else — for keys request_id's hint covers — straight from
+        the hinted peer. Other keys fail (NOT_FOUND)."""
         return self._native.deliver(blocks, request_id)
 
     def fetch(self, keys, request_id: Optional[str] = None,
               expected_layout: Optional[list] = None, hints=None) -> OpHandle:
-        """Claims keys in KVCR DRAM — resident ones, or ones pulled first from
-        the peer that request_id's hint names. Each success carries the
-        slots' MemoryRefs (and their addresses) and a release_handle."""
+        """Claims keys in KVCR DRAM — resident ones, or ones read first from G3
+        or pulled from the peer that request_id's hint names. Each success
+        carries the slots' MemoryRefs (and their addresses) and a
+        release_handle."""
         if isinstance(expected_layout, (str, bytes)):
             raise TypeError("expected_layout must be a list of pool names")
         return self._native.fetch(keys, request_id, expected_layout)

@@ -4,8 +4,9 @@ defaults and messages.
 The records themselves do not validate: `KVCR(...)` checks everything, in
 the reference's order, before anything starts (api_spec §3.1). Rules that
 libkvcr knows are checked by libkvcr again with the same messages; the
-ones it cannot see (G3, the guard, the NIXL listen port, Python types) are
-checked only here."""
+ones it cannot see (the guard, the NIXL listen port, Python types, G3 path
+spelling) are checked only here, and some G3 rules only by libkvcr (see
+check_g3)."""
 from __future__ import annotations
 
 import os
@@ -13,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Tuple
 
+from . import _native
 from .types import BlockKey, CacheTier, InventoryEvent, RegionDescriptor
 
 _U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
 FRAMEWORK_MEMORY_TYPES = frozenset({"DRAM", "VRAM"})
 
 
@@ -48,10 +51,27 @@ class RemoteFWDramOptions:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class G3Options:
+    """The G3 tier: KVCR-owned slot files on local disk (libkvcr: O_DIRECT on
+    io_uring, one slot per block of the single pool's block size).
+
+    `paths` (str or os.PathLike, expanded and resolved) name one slot file
+    each; missing files and directories are created, existing ones are
+    found again (warm restart). `capacity_bytes_per_file` is the data
+    capacity of each file, in whole slots. `backend` may be any non-empty
+    name (the reference's "GDS_MT", "GDS", "POSIX", ...): libkvcr serves
+    every one with io_uring. `backend_options` must map str to str; io_uring
+    takes no options, so a non-empty mapping is logged as ignored.
+
+    Not in the reference (libkvcr's kvcr_g3_options, defaults from libkvcr):
+    `queue_depth` — I/O requests in flight (1..1024); `max_staging_bytes` —
+    DRAM held by spills while they are written (> 0)."""
+
     paths: Tuple[Path, ...]
     capacity_bytes_per_file: int
     backend: str = "GDS_MT"
     backend_options: Mapping[str, str] = field(default_factory=dict)
+    queue_depth: int = _native.G3_QUEUE_DEPTH
+    max_staging_bytes: int = _native.G3_MAX_STAGING_BYTES
 
 
 @dataclass(frozen=True)
@@ -264,31 +284,73 @@ def control_endpoint(control: Any) -> Tuple[str, int, str]:
     return host, port, advertise
 
 
-def check_g3(g3: G3Options, layouts: list) -> None:
-    """The G3 record rules that need no file system (api_spec §3.2)."""
+def _c_range(value: int, top: int) -> int:
+    """`value` clamped into [0, top], so that a C field can hold it. libkvcr's
+    rule for the field then refuses an out-of-range value with its own
+    message: a negative becomes 0, which breaks every lower bound, and the
+    caller picks `top` to break the upper bound where there is one
+    (max_staging_bytes has none: more than a u64 is just "unbounded")."""
+    return min(max(value, 0), top)
+
+
+def _g3_path(i: int, p: Any) -> str:
+    if isinstance(p, (str, os.PathLike)):
+        s = os.fspath(p)
+        if isinstance(s, str):
+            if not s:
+                raise ValueError(f"G3 file path {i} must be a non-empty string")
+            if "\0" in s:
+                raise ValueError(f"G3 file path {i} must not contain NUL")
+            return os.path.expanduser(s)
+    raise TypeError(f"G3 file paths must be str or os.PathLike of str, not {type(p).__name__}")
+
+
+def check_g3(g3: G3Options, layouts: list) -> tuple:
+    """The G3 rules that need no file system (api_spec §3.2), and the
+    arguments of kvcr._native.Instance(g3=...): (resolved paths,
+    capacity, backend, queue_depth, max_staging_bytes).
+
+    Here: types; paths empty, duplicated ("G3 file paths must be unique")
+    or resolving to one file ("... must not alias the same file") — with
+    the reference's messages and before anything touches the disk. Paths
+    are expanded (~) and resolved (realpath) as the reference does, and
+    handed to libkvcr resolved. libkvcr checks the rest when KVCR(...)
+    opens the files, with its messages: the slot size ("G3 slot size must
+    be positive and page aligned"), the capacity ("G3 file capacity must
+    contain complete slots", "... at most 2^56 bytes"), an empty backend,
+    queue_depth and max_staging_bytes, hard links to one file, file
+    systems without O_DIRECT (tmpfs), files in use or of another layout."""
     if not isinstance(g3, G3Options):
         raise TypeError("backend_configs.g3 must be a G3Options")
-    paths = tuple(g3.paths) if isinstance(g3.paths, (list, tuple)) else None
+    paths = g3.paths
+    if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, (list, tuple)):
+        raise TypeError("G3 paths must be a tuple (or list) of file paths, not "
+                        f"{type(paths).__name__}")
     if not paths:
         raise ValueError("G3 requires at least one file path")
-    expanded = [os.path.expanduser(os.fspath(p)) for p in paths]
+    expanded = [_g3_path(i, p) for i, p in enumerate(paths)]
     if len(set(expanded)) != len(expanded):
         raise ValueError("G3 file paths must be unique")
     resolved = [os.path.realpath(p) for p in expanded]
     if len(set(resolved)) != len(resolved):
         raise ValueError("G3 file paths must not alias the same file")
-    slot = layouts[0][1]
-    if slot <= 0 or slot % (os.sysconf("SC_PAGE_SIZE") or 4096):
-        raise ValueError("G3 slot size must be positive and page aligned")
-    cap = g3.capacity_bytes_per_file
-    if not _is_int(cap) or cap <= 0 or cap % slot:
-        raise ValueError("G3 file capacity must contain complete slots")
-    if not isinstance(g3.backend, str) or not g3.backend:
-        raise ValueError("G3 NIXL backend must be non-empty")
+    for name in ("capacity_bytes_per_file", "queue_depth", "max_staging_bytes"):
+        if not _is_int(getattr(g3, name)):
+            raise TypeError(f"G3 {name} must be an int, not "
+                            f"{type(getattr(g3, name)).__name__}")
+    if not isinstance(g3.backend, str):
+        raise TypeError(f"G3 backend must be a str, not {type(g3.backend).__name__}")
+    if "\0" in g3.backend:
+        raise ValueError("G3 backend must not contain NUL")
     opts = g3.backend_options
     if not isinstance(opts, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
         raise TypeError("G3 backend_options must map str to str")
+    slot = layouts[0][1]
+    # The largest whole number of slots a u64 holds breaks libkvcr's 2^56 bound.
+    capacity = _c_range(g3.capacity_bytes_per_file, _U64_MAX // slot * slot)
+    return (tuple(resolved), capacity, g3.backend, _c_range(g3.queue_depth, _U32_MAX),
+            _c_range(g3.max_staging_bytes, _U64_MAX))
 
 
 def check_policy_tiers(policy: Any, has_local_dram: bool, has_g3: bool) -> None:

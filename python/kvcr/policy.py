@@ -1,7 +1,9 @@
 """Placement and eviction policies.
 
-FIFOPolicy and LRUPolicy run as libkvcr's C built-ins ("fifo", "lru"), with
-no Python in the hot path. Any other KVCachePolicy — including a subclass of
+FIFOPolicy, LRUPolicy, G3FIFOPolicy and G3LRUPolicy run as libkvcr's C
+built-ins ("fifo", "lru", "g3_fifo", "g3_lru"), with no Python in the hot
+path; with no policy libkvcr picks "g3_lru" when G3 is configured, else
+"lru" (api_spec §7.3). Any other KVCachePolicy — including a subclass of
 a built-in that overrides one of its hooks — drives libkvcr's policy vtable
 through its Python methods: each hook takes the GIL, runs on the thread of
 the KVCR call that needs the decision, under the instance lock (so a hook
@@ -10,9 +12,11 @@ raises RuntimeError). A hook that raises or returns something invalid is
 logged on the "kvcr" logger and KVCR falls back to the reference's rule
 (admit, keep the previous score, keep the block, drop after a failed move).
 
-G3FIFOPolicy and G3LRUPolicy need the G3 tier, which is not built yet: they
-are refused with "G3FIFOPolicy requires configured G3" (or, with G3
-configured, "G3 tier is not built yet")."""
+decide_eviction may return (MOVE_TO, G3) (or COPY_TO, done as a move) for a
+block evicted from KVCR DRAM (source LOCAL_G2) when G3 is configured: the
+block is spilled to G3 instead of dropped. For source G3 (G3 is full) only
+KEEP and DROP mean anything; anything else keeps the block. G3FIFOPolicy and
+G3LRUPolicy need G3 configured ("G3LRUPolicy requires configured G3")."""
 from __future__ import annotations
 
 import logging
@@ -100,16 +104,19 @@ BUILTIN_POLICIES = {"fifo": FIFOPolicy, "lru": LRUPolicy, "g3_fifo": G3FIFOPolic
 HOOKS = ("decide_ingest", "eviction_score", "decide_eviction", "on_ingest", "on_remove",
          "on_align_sequence", "decide_recovery")
 
-_NATIVE = {FIFOPolicy: "fifo", LRUPolicy: "lru"}
+_NATIVE = {FIFOPolicy: "fifo", LRUPolicy: "lru", G3FIFOPolicy: "g3_fifo",
+           G3LRUPolicy: "g3_lru"}
 
 
 def native_builtin(policy: Optional[KVCachePolicy]) -> Optional[str]:
     """The name of the C built-in that behaves exactly like `policy`, or
-    None when the policy must be consulted through Python. An exact
-    FIFOPolicy / LRUPolicy qualifies; so does a subclass that changes no
-    hook (in its class or on the instance)."""
+    None when the policy must be consulted through Python (or, for None, when
+    there is none: libkvcr then runs its default, "g3_lru" with G3 and
+    "lru" without). An exact FIFOPolicy / LRUPolicy / G3FIFOPolicy /
+    G3LRUPolicy qualifies; so does a subclass that changes no hook (in its
+    class or on the instance) nor required_tiers."""
     if policy is None:
-        return "lru"  # the reference's default without G3
+        return None
     own = getattr(policy, "__dict__", {})
     if any(h in own for h in HOOKS):
         return None  # a hook replaced on the instance

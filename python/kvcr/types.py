@@ -88,7 +88,10 @@ class OpEntryResult:
     * otherwise both are None.
 
     `reason` (extra, not compared) is libkvcr's reason for a failure, e.g.
-    "NOT_FOUND", "NO_CAPACITY", "TIMEOUT"; None on success."""
+    "NOT_FOUND", "NO_CAPACITY", "TIMEOUT", "LAYOUT_MISMATCH", or "CORRUPT"
+    (the G3 copy failed its key or checksum check and the block left G3; as
+    after any failed deliver, the destination's content is unspecified);
+    None on success."""
 
     status: OpEntryStatus
     descriptors: Optional[list] = None

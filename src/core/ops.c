@@ -554,6 +554,8 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
     size_t total_refs;
     int rc = check_blocks(kv, blocks, n, &total_refs);
     if (rc != 0) return rc;
+    if (kv->g3 != NULL && total_refs != n) /* G3 keeps one slot per block */
+        return kvcr_fail(KVCR_EINVAL, "G3 does not support multi-block layouts");
     op_rec *o = op_from_blocks(kv, OP_DEPOSIT, blocks, n, total_refs);
     fill **spare = calloc(n ? n : 1, sizeof *spare);
     bool ok = o != NULL && spare != NULL;
@@ -699,7 +701,12 @@ static void fetch_g3(kvcr_t *kv, op_rec *o, uint32_t i, block_id id)
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
         return;
     }
+    /* Making DRAM room may spill a block into a full G3, whose eviction
+     * must not pick the very block this fetch is about to read. */
+    block *b = index_get(&kv->index, id);
+    b->flags |= BF_PROTECTED;
     fill *f = fetch_external(kv, o, i, id, KVCR_TIER_G3);
+    index_get(&kv->index, id)->flags &= (uint8_t)~BF_PROTECTED;
     if (f == NULL) return;
     kvcr_reason why = g3_read_fill(kv, id, f, f->segs[0].dst);
     if (why != KVCR_REASON_NONE) fill_done(kv, f, false, why);
@@ -765,6 +772,8 @@ int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id
     uint32_t pools[255];
     int len = layout_pools(kv, layout, layout_len, pools);
     if (len < 0) return len;
+    if (kv->g3 != NULL && len > 1)
+        return kvcr_fail(KVCR_EINVAL, "G3 does not support multi-block layouts");
     for (size_t i = 0; i < n; i++) {
         int rc = check_key(&keys[i], i);
         if (rc != 0) return rc;

@@ -12,6 +12,9 @@
  * straight into framework memory. Each read claims the slot (no eviction
  * under it) and verifies key and checksum: a slot that does not verify is a
  * miss (KVCR_REASON_CORRUPT), its slot retired, an inventory removal sent.
+ * (A deliver reads straight into the framework's block, so after a
+ * CORRUPT entry that block holds unverified bytes: the entry is FAILED and
+ * the block must be treated as not loaded, as after any failed transfer.)
  *
  * One I/O thread owns the store (io_uring); requests and completions cross
  * over through two lists, completions signalled on the instance eventfd.

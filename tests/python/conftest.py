@@ -6,8 +6,11 @@ import ctypes
 import logging
 import mmap
 import os
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +180,21 @@ def rig_factory():
 def _kvcr_logs(caplog):
     caplog.set_level(logging.WARNING, logger="kvcr")
     yield
+
+
+@pytest.fixture
+def g3_dir():
+    """A fresh directory for G3 slot files on /var/tmp (a disk file system:
+    O_DIRECT works there), removed afterwards. Resolved, so that it reads
+    the way libkvcr names paths in its messages."""
+    d = Path(os.path.realpath(tempfile.mkdtemp(prefix="kvcr-pytest-g3-", dir="/var/tmp")))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def shm_dir():
+    """A fresh directory on tmpfs (/dev/shm), which libkvcr refuses for G3."""
+    d = Path(os.path.realpath(tempfile.mkdtemp(prefix="kvcr-pytest-g3-", dir="/dev/shm")))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -1,5 +1,6 @@
 """Configuration rules, one by one, with their messages and their order
-(api_spec §3, §5.1, §7.1), and what is not built yet."""
+(api_spec §3, §5.1, §7.1), and what is not built yet (G3's rules are in
+test_g3_tier.py)."""
 import dataclasses
 import logging
 import mmap
@@ -202,40 +203,7 @@ def test_remote_options_rules(mem):
     assert kvcr.KVCRBackendConfigs() == kvcr.KVCRBackendConfigs()  # a default is valid
 
 
-def g3(paths=("/tmp/kvcr-g3-a",), capacity=2 * BLOCK, **kw):
-    return kvcr.G3Options(paths=tuple(Path(p) for p in paths), capacity_bytes_per_file=capacity, **kw)
-
-
-def test_g3_is_validated_then_refused_as_not_built(mem):
-    config, bindings, backends = parts(mem)
-    two_pools = dataclasses.replace(config, pool_layouts=[("k", BLOCK), ("v", BLOCK)])
-    assert refused(ValueError, two_pools, bindings, dataclasses.replace(backends, g3=g3())) == \
-        "G3 does not support multiple pools"
-    assert refused(ValueError, config, bindings,
-                   dataclasses.replace(backends, local_dram=None, g3=g3())) == \
-        "G3 requires configured local DRAM"
-    for opts, exc, message in [
-        (g3(paths=()), ValueError, "G3 requires at least one file path"),
-        (g3(paths=("/tmp/x", "/tmp/x")), ValueError, "G3 file paths must be unique"),
-        (g3(paths=("/tmp/x", "/tmp/../tmp/x")), ValueError, "G3 file paths must not alias the same file"),
-        (g3(capacity=BLOCK + 1), ValueError, "G3 file capacity must contain complete slots"),
-        (g3(backend=""), ValueError, "G3 NIXL backend must be non-empty"),
-        (g3(backend_options={"a": 1}), TypeError, "G3 backend_options must map str to str"),
-    ]:
-        got = refused(exc, config, bindings, dataclasses.replace(backends, g3=opts))
-        assert got == message, (opts, got)
-    small = dataclasses.replace(config, pool_layouts=[("", 16)])
-    fw, pool = mem
-    small_backends = kvcr.KVCRBackendConfigs(
-        local_dram=local([("", address_of(pool), 64)]), g3=g3(capacity=64))
-    assert refused(ValueError, small, bindings, small_backends) == \
-        "G3 slot size must be positive and page aligned"
-    got = refused(NotImplementedError, config, bindings, dataclasses.replace(backends, g3=g3()))
-    assert "G3 tier is not built yet" in got
-    # With G3 configured the G3 policies pass their tier check and reach the same refusal.
-    g3_bindings = dataclasses.replace(bindings, policy=kvcr.G3LRUPolicy())
-    got = refused(NotImplementedError, config, g3_bindings, dataclasses.replace(backends, g3=g3()))
-    assert "G3 tier is not built yet" in got
+# G3's rules (G3Options, multiple pools, local DRAM, files) are in test_g3_tier.py.
 
 
 @pytest.mark.parametrize("policy,message", [
@@ -336,6 +304,10 @@ def test_records_are_frozen_dataclasses_with_the_reference_fields():
     assert kvcr.LocalDramOptions(pools=[]).backend == "UCX"
     g = kvcr.G3Options(paths=(Path("/a"),), capacity_bytes_per_file=1)
     assert (g.backend, dict(g.backend_options)) == ("GDS_MT", {})
+    # KVCR's extras, with libkvcr's defaults (kvcr_config_init).
+    assert (g.queue_depth, g.max_staging_bytes) == (16, 64 << 20)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        g.queue_depth = 2
     with pytest.raises(TypeError):
         kvcr.G3Options((Path("/a"),), 1)  # keyword-only
     rd = kvcr.RegionDescriptor(addr=1, size=2)

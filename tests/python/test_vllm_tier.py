@@ -1,9 +1,11 @@
-"""The vLLM secondary tier (the seed's adapter, unchanged) over real KVCR DRAM
-and the peer-to-peer tier (its control channel is bound on 127.0.0.1, on a
-free port; test_remote_tier.py has two tiers loading from each other)."""
+"""The vLLM secondary tier (the seed's adapter, unchanged) over real KVCR DRAM,
+G3 files (under /var/tmp) and the peer-to-peer tier (its control channel is
+bound on 127.0.0.1, on a free port; test_remote_tier.py has two tiers
+loading from each other)."""
 import dataclasses
 import enum
 import mmap
+import os
 import socket
 import time
 from types import SimpleNamespace
@@ -126,6 +128,51 @@ def test_store_lookup_load_round_trip_with_inventory_events():
     assert tier._local_dram_mmap is None
 
 
+def test_store_lookup_load_round_trip_through_g3(g3_dir):
+    """g3={"paths": [...], "capacity_bytes_per_file": N} as vLLM's config
+    gives it: stores beyond the two KVCR DRAM slots spill to G3 (STORAGE
+    events), lookups still HIT, loads read them back from disk."""
+    view = primary(rows=8)
+    data = [bytes([i + 1]) * (ROW // 2) + bytes(range(256)) * (ROW // 512) for i in range(4)]
+    for i in range(4):
+        set_row(view, i, data[i])
+    path = g3_dir / "vllm" / "g3.bin"
+    tier = make(view, secondary_g2_slots=2,
+                g3={"paths": [str(path)], "capacity_bytes_per_file": 8 * ROW})
+    assert tier._kvcr._backends.g3.paths == (path,)  # strings became Paths
+    assert path.exists()
+    for i in range(4):
+        tier.submit_store(job(i + 1, [key(i + 1)], [i]))
+        assert finished(tier, 1) == [v.JobResult(i + 1, True)]
+    # Bounded wait for the two oldest blocks to reach G3 (their STORAGE events).
+    events, deadline = [], time.monotonic() + 10.0
+    for _ in range(100_000):
+        tier.get_finished_jobs()
+        events.extend(tier.take_events())
+        stored = [k for e in events if e.medium is v.Medium.STORAGE and not e.removed
+                  for k in e.keys]
+        if len(stored) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.0002)
+    assert stored == [key(1), key(2)]
+    cpu_removed = [k for e in events if e.medium is v.Medium.CPU and e.removed for k in e.keys]
+    assert cpu_removed == [key(1), key(2)]
+    assert all(e.ownership == "kvcr" and e.removal_expected for e in events)
+    ctx = v.ReqContext(req_id="r")
+    assert [tier.lookup(key(i), ctx) for i in range(1, 6)] == [v.LookupResult.HIT] * 4 + [
+        v.LookupResult.MISS]
+    assert tier._kvcr.query([key(1), key(3)]) == [
+        (kvcr.QueryStatus.FETCHABLE, kvcr.CacheTier.G3),
+        (kvcr.QueryStatus.HIT, kvcr.CacheTier.LOCAL_G2)]
+    for i in range(4):
+        set_row(view, i, bytes(ROW))
+    tier.submit_load(job(10, [key(1), key(2), key(3), key(4)], [4, 5, 6, 7], promotion=True))
+    assert finished(tier, 1) == [v.JobResult(10, True)]
+    assert [row(view, i) for i in range(4, 8)] == data
+    tier.drain_jobs()
+    tier.shutdown()
+
+
 def test_drain_waits_for_every_key_of_a_job():
     view = primary()
     tier = make(view, secondary_g2_slots=4)
@@ -205,10 +252,10 @@ def test_key_adapter_strips_the_group_and_reads_the_hash():
         adapter.encode("not bytes")
 
 
-def test_constructor_errors_come_in_the_seeds_order():
+def test_constructor_errors_come_in_the_seeds_order(g3_dir):
     """Start with every rule broken, then repair them one at a time: each
     step must report the next rule of the seed's constructor, then KVCR's."""
-    g3 = {"paths": ["/tmp/kvcr-g3-order"], "capacity_bytes_per_file": 4 * ROW}
+    g3 = {"paths": [str(g3_dir / "order.bin")], "capacity_bytes_per_file": 4 * ROW}
     kw = dict(policy="nope", kvcr_service_socket_path="/tmp/s", router_capabilities=[],
               control_ports=[1, 2], secondary_g2_slots=-1, g3=g3)
     s = spec(rank=None, events=True, self_describing=False)
@@ -224,7 +271,6 @@ def test_constructor_errors_come_in_the_seeds_order():
         (dict(control_ports=[free_port()]), ValueError,
          "secondary_g2_slots must be non-negative"),
         (dict(secondary_g2_slots=0), ValueError, "G3 requires configured local DRAM"),
-        (dict(secondary_g2_slots=2), NotImplementedError, "G3 tier is not built yet"),
     ]
     for change, exc, message in steps:
         if change == "self-describing":
@@ -234,6 +280,10 @@ def test_constructor_errors_come_in_the_seeds_order():
         with pytest.raises(exc) as info:
             make(s=s, **kw)
         assert message in str(info.value), (change, str(info.value))
+    assert not (g3_dir / "order.bin").exists()  # nothing was opened
+    kw.update(secondary_g2_slots=2)
+    make(s=s, **kw).shutdown()  # everything repaired: it starts, with G3
+    assert (g3_dir / "order.bin").exists()
     kw.update(g3=None)
     make(s=s, **kw).shutdown()  # everything repaired: it starts
     kw.update(secondary_g2_slots=0)
@@ -247,15 +297,16 @@ def test_constructor_errors_come_in_the_seeds_order():
      "KVCR service and Guard are not built yet"),
     (dict(policy="g3_lru"), ValueError, "G3LRUPolicy requires configured G3"),
     (dict(policy="g3_fifo"), ValueError, "G3FIFOPolicy requires configured G3"),
-    (dict(g3={"paths": ["/tmp/kvcr-g3"], "capacity_bytes_per_file": 4 * ROW}), NotImplementedError,
-     "G3 tier is not built yet"),
     (dict(g3={"paths": [], "capacity_bytes_per_file": 4 * ROW}), ValueError,
      "G3 requires at least one file path"),
-    (dict(g3={"paths": ["/tmp/kvcr-g3"], "capacity": 1}), TypeError, "capacity"),
+    (dict(g3={"paths": ["/var/tmp/kvcr-never-made"], "capacity": 1}), TypeError, "capacity"),
+    (dict(g3={"paths": ["/var/tmp/kvcr-never-made"], "capacity_bytes_per_file": ROW + 1}),
+     ValueError, "G3 file capacity must contain complete slots"),
 ])
 def test_constructor_errors(kw, exc, message):
     with pytest.raises(exc, match=message):
         make(**kw)
+    assert not os.path.exists("/var/tmp/kvcr-never-made")
 
 
 def test_rank_selects_the_control_port():
@@ -288,7 +339,7 @@ def test_the_tier_constructs_without_kvcr_dram():
     tier.shutdown()
 
 
-def test_a_failed_start_closes_the_control_channel_and_the_mapping(monkeypatch):
+def test_a_failed_start_closes_the_control_channel_and_the_mapping(monkeypatch, shm_dir):
     made = []
 
     class Recorded(kvcr.ZmqPeerControlChannel):
@@ -305,8 +356,9 @@ def test_a_failed_start_closes_the_control_channel_and_the_mapping(monkeypatch):
 
     monkeypatch.setattr(tier_module, "ZmqPeerControlChannel", Recorded)
     monkeypatch.setattr(tier_module.mmap, "mmap", recording_mmap)
-    with pytest.raises(NotImplementedError):
-        make(g3={"paths": ["/tmp/kvcr-g3"], "capacity_bytes_per_file": 4 * ROW})
+    # libkvcr refuses G3 files on tmpfs once the mapping and the channel exist.
+    with pytest.raises(ValueError, match="G3 file storage requires O_DIRECT"):
+        make(g3={"paths": [str(shm_dir / "g3.bin")], "capacity_bytes_per_file": 4 * ROW})
     assert made and made[0].closed
     assert maps and maps[0].closed
     assert tier_module._RETAINED_NATIVE_BUFFERS == []

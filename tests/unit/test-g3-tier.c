@@ -299,6 +299,39 @@ static void test_concurrent_spills_and_reads(void **state)
     g3_cleanup(&g);
 }
 
+/* Regression: a fetch of a block only a full G3 holds, with DRAM full. The
+ * DRAM room it needs spills a victim into G3, whose eviction must not pick
+ * the block being fetched (it did, and the next poll spun forever). */
+static void test_fetch_from_full_g3_with_full_dram(void **state)
+{
+    (void)state;
+    g3_rig g;
+    g3_init(&g, 1, 1, 1); /* 1 DRAM slot, 1 G3 slot */
+    rig_start(&g.r);
+    deposit(&g, 0);
+    deposit(&g, 1); /* block 0 spilled: G3 full */
+    settle(&g);
+    assert_int_equal(query(&g, 0).tier, KVCR_TIER_G3);
+    char k[32];
+    kvcr_key kk = key_of(key(k, sizeof k, 0));
+    kvcr_op_handle op;
+    assert_int_equal(kvcr_fetch(g.r.kv, &kk, 1, NULL, NULL, 0, &op), 0);
+    kvcr_op_result *res = NULL;
+    size_t n = 0;
+    for (int spin = 0; spin < 5000 && n == 0; spin++) {
+        assert_int_equal(kvcr_poll(g.r.kv, &res, &n), 0);
+        if (n == 0) kvcr_results_free(res), usleep(1000);
+    }
+    assert_int_equal(n, 1);
+    assert_int_equal(res[0].entries[0].status, KVCR_ENTRY_SUCCESS);
+    assert_true(rig_has_pattern(&g.r, res[0].entries[0].slots[0].addr, 0));
+    kvcr_results_free(res);
+    settle(&g);
+    assert_int_equal(query(&g, 1).status, KVCR_QUERY_MISS); /* its spill found no room */
+    rig_stop(&g.r);
+    g3_cleanup(&g);
+}
+
 static void test_second_instance_on_same_files_is_refused(void **state)
 {
     (void)state;
@@ -418,6 +451,18 @@ static void no_staging(g3_rig *g) { g->r.cfg.g3.max_staging_bytes = 0; }
 static void test_g3_config_rules(void **state)
 {
     (void)state;
+    g3_rig g;
+    g3_init(&g, 2, 1, 2);
+    rig_start(&g.r);
+    kvcr_mem_ref refs[2] = {{NULL, "", 0}, {NULL, "", 1}};
+    kvcr_block b = {key_of("two"), refs, 2};
+    kvcr_op_handle op;
+    assert_int_equal(kvcr_deposit(g.r.kv, &b, 1, 0, &op), KVCR_EINVAL);
+    assert_string_equal(kvcr_last_error(), "G3 does not support multi-block layouts");
+    const char *layout[] = {"", ""};
+    assert_int_equal(kvcr_fetch(g.r.kv, &b.key, 1, NULL, layout, 2, &op), KVCR_EINVAL);
+    rig_stop(&g.r);
+    g3_cleanup(&g);
     expect_refused(no_dram, "G3 requires local DRAM");
     expect_refused(no_paths, "G3 requires at least one file path");
     expect_refused(partial_slot, "complete slots");
@@ -433,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_failed_spill_and_read_fail_cleanly),
         cmocka_unit_test(test_block_being_read_is_not_evicted),
         cmocka_unit_test(test_concurrent_spills_and_reads),
+        cmocka_unit_test(test_fetch_from_full_g3_with_full_dram),
         cmocka_unit_test(test_second_instance_on_same_files_is_refused),
         cmocka_unit_test(test_restart_finds_every_block_again),
         cmocka_unit_test(test_flipped_bit_is_a_miss_never_served),

@@ -15,8 +15,13 @@ With this build of KVCR (see the kvcr package docstring):
   pinned through the pin adapter below, served in serve_external_requests.
 * `secondary_g2_slots > 0` adds KVCR-owned DRAM (stores and local loads);
   with 0 the tier is peer-to-peer only.
-* `g3` and `kvcr_service_socket_path` are validated, then refused as not
-  built yet.
+* `g3` ({"paths": [...], "capacity_bytes_per_file": N}, plus optionally
+  "backend", "backend_options", "queue_depth", "max_staging_bytes": the
+  G3Options fields) adds the G3 tier on local disk; it needs
+  `secondary_g2_slots > 0`. Blocks evicted from KVCR DRAM spill there
+  (the default policy is then g3_lru), lookups HIT them, loads read them
+  back, and their inventory events are Medium.STORAGE.
+* `kvcr_service_socket_path` is validated, then refused as not built yet.
 * `msgspec` is optional: without it a minimal `to_builtins` stand-in converts
   dataclasses, msgspec-like structs, mappings, sequences and enums.
 """
