@@ -4,6 +4,8 @@
 #define KVCR_TOOLS_BENCH_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 typedef struct bench_out {
     const char *bench; /* "local", ... */
@@ -21,6 +23,14 @@ typedef struct bench_figure {
     bool lower_is_better;   /* a latency: the ratio is then baseline / value */
     const char *goal;       /* NULL: none */
 } bench_figure;
+
+/* Page-aligned memory (exits 1 without it). */
+void *bench_xalloc(size_t size);
+/* 10^9 bytes per second. */
+double bench_gbs(uint64_t bytes, double seconds);
+/* A block's bytes from its seed, the same in every process, and the check. */
+void bench_fill_block(uint8_t *p, size_t len, uint64_t seed);
+bool bench_has_block(const uint8_t *p, size_t len, uint64_t seed);
 
 /* Seconds on a monotonic clock. */
 double bench_now(void);

@@ -126,32 +126,6 @@ static uint64_t free_bytes(void)
 
 /* ---- small helpers --------------------------------------------------------- */
 
-static void *xalloc(size_t size)
-{
-    void *p = aligned_alloc(4096, (size + 4095) & ~(size_t)4095);
-    if (p == NULL) bench_fail("out of memory (%zu bytes)", size);
-    return p;
-}
-
-static double gbs(uint64_t bytes, double s)
-{
-    return (double)bytes / s / 1e9;
-}
-
-static void fill_block(uint8_t *p, size_t len, uint64_t seed)
-{
-    uint64_t *w = (uint64_t *)p;
-    for (size_t i = 0; i < len / 8; i++) w[i] = seed * 0x9E3779B97F4A7C15ull + i;
-}
-
-static bool has_block(const uint8_t *p, size_t len, uint64_t seed)
-{
-    const uint64_t *w = (const uint64_t *)p;
-    for (size_t i = 0; i < len / 8; i++)
-        if (w[i] != seed * 0x9E3779B97F4A7C15ull + i) return false;
-    return true;
-}
-
 /* Block keys, the same for the store and for an instance on its file. */
 static void make_key(uint8_t *k, uint64_t id)
 {
@@ -208,7 +182,7 @@ static void drive_init(drive *d, g3_store *st, size_t block, size_t window,
     d->block = block;
     d->patterns = patterns;
     d->window = window;
-    d->bufs = xalloc(window * block);
+    d->bufs = bench_xalloc(window * block);
     memset(d->bufs, 0, window * block); /* no page faults while timed */
     d->reqs = calloc(window, sizeof *d->reqs);
     d->free_idx = calloc(window, sizeof *d->free_idx);
@@ -231,7 +205,7 @@ static const uint8_t *pattern_of(const drive *d, uint64_t slot)
 static bool holds_written(const drive *d, const uint8_t *p, uint64_t slot)
 {
     if (d->patterns) return memcmp(p, pattern_of(d, slot), d->block) == 0;
-    return has_block(p, d->block, d->salt + slot + 1);
+    return bench_has_block(p, d->block, d->salt + slot + 1);
 }
 
 static void on_io(void *ud, int result)
@@ -278,7 +252,7 @@ static double drive_pass(drive *d, bool write, uint64_t first, size_t n, uint64_
                 if (d->patterns)
                     src = pattern_of(d, slot);
                 else
-                    fill_block(buf, d->block, d->salt + slot + 1);
+                    bench_fill_block(buf, d->block, d->salt + slot + 1);
                 rc = g3_store_write(d->st, slot, key, KEY_LEN, src, d->block, on_io, r, NULL);
             } else {
                 rc = g3_store_read(d->st, slot, key, KEY_LEN, buf, d->block, on_io, r);
@@ -517,7 +491,7 @@ static void store_write(drive *d, const sizes *z, bw_figures *f)
     char what[64];
     snprintf(what, sizeof what, "store write, depth %u", (unsigned)(d->window / 2));
     d->salt = ++g_salt;
-    double v = gbs(z->bw_slots * BIG, drive_pass(d, true, 0, z->bw_slots, 1, false, what));
+    double v = bench_gbs(z->bw_slots * BIG, drive_pass(d, true, 0, z->bw_slots, 1, false, what));
     if (v > f->write) f->write = v;
 }
 
@@ -528,7 +502,7 @@ static void store_read(drive *d, const sizes *z, bw_figures *f)
 {
     char what[64];
     snprintf(what, sizeof what, "store read, depth %u", (unsigned)(d->window / 2));
-    double v = gbs(z->bw_slots * BIG, drive_pass(d, false, 0, z->bw_slots, 1, false, what));
+    double v = bench_gbs(z->bw_slots * BIG, drive_pass(d, false, 0, z->bw_slots, 1, false, what));
     if (v > f->read) f->read = v;
     uint64_t stride = z->bw_slots / 16 ? z->bw_slots / 16 : 1;
     snprintf(what, sizeof what, "checking reads, depth %u", (unsigned)(d->window / 2));
@@ -700,7 +674,7 @@ static void e2e_round(const sizes *z, int round, uint8_t *fw, uint8_t *pool, dou
 {
     size_t n = z->spilled + z->pool;
     uint64_t salt = (uint64_t)(round + 1) << 32;
-    for (size_t i = 0; i < n; i++) fill_block(fw + i * BIG, BIG, salt + i + 1);
+    for (size_t i = 0; i < n; i++) bench_fill_block(fw + i * BIG, BIG, salt + i + 1);
     kvcr_pool_layout layout = {"", BIG};
     kvcr_dram_pool dram = {"", pool, z->pool * BIG};
     kvcr_region region = {.addr = fw, .element_size = BIG, .count = n, .label = ""};
@@ -741,7 +715,7 @@ static void e2e_round(const sizes *z, int round, uint8_t *fw, uint8_t *pool, dou
         wait_op(&in, op, k, "kvcr_deposit");
     }
     wait_stores(&in, 0, "spill");
-    *spill = gbs(z->spilled * BIG, bench_now() - t0);
+    *spill = bench_gbs(z->spilled * BIG, bench_now() - t0);
 
     /* Every evicted block is in G3 (none dropped), the rest in KVCR DRAM. */
     bench_check(kvcr_query(in.kv, qkeys, n, NULL, q), "kvcr_query");
@@ -765,9 +739,9 @@ static void e2e_round(const sizes *z, int round, uint8_t *fw, uint8_t *pool, dou
     t0 = bench_now();
     bench_check(kvcr_deliver(in.kv, blocks, z->spilled, NULL, &op), "kvcr_deliver");
     wait_op(&in, op, z->spilled, "kvcr_deliver");
-    *deliver = gbs(z->spilled * BIG, bench_now() - t0);
+    *deliver = bench_gbs(z->spilled * BIG, bench_now() - t0);
     for (size_t i = 0; i < z->spilled; i++)
-        if (!has_block(fw + refs[i].index * BIG, BIG, salt + i + 1))
+        if (!bench_has_block(fw + refs[i].index * BIG, BIG, salt + i + 1))
             bench_fail("block %zu delivered from G3 holds other bytes than were deposited", i);
 
     kvcr_free(in.kv);
@@ -781,7 +755,7 @@ static void e2e_round(const sizes *z, int round, uint8_t *fw, uint8_t *pool, dou
 static void bench_e2e(bench_out *o, const sizes *z, const bw_figures *qd16)
 {
     size_t n = z->spilled + z->pool;
-    uint8_t *fw = xalloc(n * BIG), *pool = xalloc(z->pool * BIG);
+    uint8_t *fw = bench_xalloc(n * BIG), *pool = bench_xalloc(z->pool * BIG);
     memset(pool, 0, z->pool * BIG);
     double spill = 0, deliver = 0, until = bench_now() + CASE_BUDGET_S;
     for (int r = 0; r < z->rounds && (r == 0 || bench_now() < until); r++) {
@@ -815,7 +789,7 @@ static void bench_restart(bench_out *o, const sizes *z, bool quick)
     drive_free(&d);
     g3_store_close(st);
 
-    uint8_t *fw = xalloc(RESTART_SAMPLE * SMALL), *pool = xalloc(RESTART_POOL * SMALL);
+    uint8_t *fw = bench_xalloc(RESTART_SAMPLE * SMALL), *pool = bench_xalloc(RESTART_POOL * SMALL);
     memset(pool, 0, RESTART_POOL * SMALL);
     kvcr_pool_layout layout = {"", SMALL};
     kvcr_dram_pool dram = {"", pool, RESTART_POOL * SMALL};
@@ -854,7 +828,7 @@ static void bench_restart(bench_out *o, const sizes *z, bool quick)
         bench_check(kvcr_deliver(in.kv, blocks, RESTART_SAMPLE, NULL, &op), "kvcr_deliver");
         wait_op(&in, op, RESTART_SAMPLE, "kvcr_deliver after the restart");
         for (size_t k = 0; k < RESTART_SAMPLE; k++)
-            if (!has_block(fw + refs[k].index * SMALL, SMALL, salt + slot_of[k] + 1))
+            if (!bench_has_block(fw + refs[k].index * SMALL, SMALL, salt + slot_of[k] + 1))
                 bench_fail("slot %llu delivered after the restart holds other bytes than written",
                            (unsigned long long)slot_of[k]);
         kvcr_free(in.kv);
@@ -909,8 +883,8 @@ int bench_g3(int argc, char **argv)
                quick ? " --quick" : "", g_dir, (unsigned long long)(z.bw_slots * BIG / MIB),
                version);
 
-    uint8_t *patterns = xalloc(N_PATTERNS * BIG);
-    for (size_t i = 0; i < N_PATTERNS; i++) fill_block(patterns + i * BIG, BIG, i + 1);
+    uint8_t *patterns = bench_xalloc(N_PATTERNS * BIG);
+    for (size_t i = 0; i < N_PATTERNS; i++) bench_fill_block(patterns + i * BIG, BIG, i + 1);
     prefill(&z, patterns);
     static const unsigned depths[] = {1, 4, 16};
     bw_figures f[3];

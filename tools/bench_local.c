@@ -261,17 +261,6 @@ static void bench_query(bench_out *o, const query_case *c, bool quick)
 
 /* ---- bandwidth ---------------------------------------------------------- */
 
-static void fill_block(uint8_t *p, size_t len, uint64_t seed)
-{
-    uint64_t *w = (uint64_t *)p;
-    for (size_t i = 0; i < len / 8; i++) w[i] = seed * 0x9E3779B97F4A7C15ull + i;
-}
-
-static double gbs(size_t bytes, double s)
-{
-    return (double)bytes / s / 1e9;
-}
-
 /* The baseline: one thread copying the same blocks between the same two
  * buffers, element i to slot i (or back), best of the rounds. */
 static double memcpy_gbs(inst *in, int rounds, bool to_pool)
@@ -283,7 +272,7 @@ static double memcpy_gbs(inst *in, int rounds, bool to_pool)
             uint8_t *f = in->fw + i * in->block, *p = in->pool + i * in->block;
             memcpy(to_pool ? p : f, to_pool ? f : p, in->block);
         }
-        double v = gbs(in->n_fw * in->block, bench_now() - t0);
+        double v = bench_gbs(in->n_fw * in->block, bench_now() - t0);
         if (v > best) best = v;
     }
     return best;
@@ -324,7 +313,7 @@ static void check_region(const inst *in, const batch *b)
 {
     uint8_t *expect = page_alloc(in->block);
     for (size_t i = 0; i < b->n; i++) {
-        fill_block(expect, in->block, i + 1);
+        bench_fill_block(expect, in->block, i + 1);
         if (memcmp(in->fw + b->refs[i].index * in->block, expect, in->block) != 0)
             bench_fail("delivered block %zu differs from what was deposited", i);
     }
@@ -350,7 +339,7 @@ static void bench_bandwidth(bench_out *o, uint32_t threads, bool quick)
     size_t bytes = n * BIG_BLOCK;
     inst in;
     inst_start(&in, BIG_BLOCK, n, n, threads);
-    for (size_t i = 0; i < n; i++) fill_block(in.fw + i * BIG_BLOCK, BIG_BLOCK, i + 1);
+    for (size_t i = 0; i < n; i++) bench_fill_block(in.fw + i * BIG_BLOCK, BIG_BLOCK, i + 1);
     batch b;
     batch_init(&b, n);
 
@@ -361,7 +350,7 @@ static void bench_bandwidth(bench_out *o, uint32_t threads, bool quick)
     while (round < (uint64_t)rounds && (round == 0 || bench_now() < until)) {
         /* New keys each round: LRU evicts the previous round's blocks. */
         batch_set(&b, &in, ++round, 0, n, 0);
-        double v = gbs(bytes, run_op(&in, DEPOSIT, &b));
+        double v = bench_gbs(bytes, run_op(&in, DEPOSIT, &b));
         if (v > dep) dep = v;
     }
     check_pool(&in, &b);
@@ -374,7 +363,7 @@ static void bench_bandwidth(bench_out *o, uint32_t threads, bool quick)
         /* A new destination each round, so a deliver that copied nothing
          * would leave the wrong bytes behind for check_region. */
         batch_set(&b, &in, round, 0, n, (size_t)r + 1);
-        double v = gbs(bytes, run_op(&in, DELIVER, &b));
+        double v = bench_gbs(bytes, run_op(&in, DELIVER, &b));
         if (v > del) del = v;
     }
     check_region(&in, &b);

@@ -57,33 +57,6 @@ typedef struct pair_result {
     uint64_t shift; /* the last round, for check_dest */
 } pair_result;
 
-static void *xalloc(size_t size)
-{
-    void *p = aligned_alloc(4096, (size + 4095) & ~(size_t)4095);
-    if (p == NULL) bench_fail("out of memory (%zu bytes)", size);
-    return p;
-}
-
-static double gbs(size_t bytes, double s)
-{
-    return (double)bytes / s / 1e9;
-}
-
-/* Block i's bytes (seed i + 1), the same on every side and in Redis. */
-static void fill_block(uint8_t *p, size_t len, uint64_t seed)
-{
-    uint64_t *w = (uint64_t *)p;
-    for (size_t i = 0; i < len / 8; i++) w[i] = seed * 0x9E3779B97F4A7C15ull + i;
-}
-
-static bool has_block(const uint8_t *p, size_t len, uint64_t seed)
-{
-    const uint64_t *w = (const uint64_t *)p;
-    for (size_t i = 0; i < len / 8; i++)
-        if (w[i] != seed * 0x9E3779B97F4A7C15ull + i) return false;
-    return true;
-}
-
 /* Where block i lands in round `shift`: element (i * 5 + shift) mod n. The
  * destinations are scattered, as an engine's free blocks are, so that no
  * side can merge neighbouring blocks into one larger transfer; n is a power
@@ -98,7 +71,7 @@ static size_t dest(const job *j, size_t i, uint64_t shift)
 static void check_dest(const uint8_t *dst, const job *j, uint64_t shift, const char *who)
 {
     for (size_t i = 0; i < j->n; i++)
-        if (!has_block(dst + dest(j, i, shift) * j->block, j->block, i + 1))
+        if (!bench_has_block(dst + dest(j, i, shift) * j->block, j->block, i + 1))
             bench_fail("%s: block %zu arrived with the wrong bytes", who, i);
 }
 
@@ -372,7 +345,7 @@ static void raw_start(raw_side *s, const char *who, const job *j)
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
     ucs_check(ucp_worker_create(s->ctx, &wp, &s->worker), s, "ucp_worker_create");
-    s->buf = xalloc(s->len);
+    s->buf = bench_xalloc(s->len);
     memset(s->buf, 0, s->len); /* every page touched before timing */
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
@@ -485,7 +458,7 @@ static void raw_source(const job *j, int in, int out)
     const char *who = "raw UCX source";
     raw_side s;
     raw_start(&s, who, j);
-    for (size_t i = 0; i < j->n; i++) fill_block(s.buf + i * j->block, j->block, i + 1);
+    for (size_t i = 0; i < j->n; i++) bench_fill_block(s.buf + i * j->block, j->block, i + 1);
     static raw_hello h;
     long len = down_recv(in, &h, sizeof h, START_LIMIT_S, who);
     if (len < (long)offsetof(raw_hello, bytes) ||
@@ -521,7 +494,7 @@ static void raw_source(const job *j, int in, int out)
             raw_wait(&s, ucp_ep_flush_nbx(ep, &flush), "ucp_ep_flush_nbx");
             if (g_raw_ep_failed) bench_fail("%s: the endpoint failed", who);
         }
-        double v = gbs(j->n * j->block, bench_now() - t0);
+        double v = bench_gbs(j->n * j->block, bench_now() - t0);
         if (v > best) best = v;
     }
     ucp_rkey_destroy(rkey);
@@ -569,7 +542,7 @@ static void kv_start(kv_side *s, const char *who, const job *j, bool source)
 {
     s->who = who;
     size_t bytes = j->n * j->block;
-    s->fw = xalloc(bytes);
+    s->fw = bench_xalloc(bytes);
     memset(s->fw, 0, bytes);
     s->pool = NULL;
     kvcr_pool_layout layout = {"", j->block};
@@ -581,7 +554,7 @@ static void kv_start(kv_side *s, const char *who, const job *j, bool source)
     cfg.pool_layouts = &layout;
     cfg.n_pool_layouts = 1;
     if (source) {
-        s->pool = xalloc(bytes);
+        s->pool = bench_xalloc(bytes);
         memset(s->pool, 0, bytes);
         pool.addr = s->pool;
         cfg.local_dram = &pool;
@@ -663,7 +636,7 @@ static void kv_source(const job *j, int in, int out)
 {
     kv_side s;
     kv_start(&s, "KVCR source", j, true);
-    for (size_t i = 0; i < j->n; i++) fill_block(s.fw + i * j->block, j->block, i + 1);
+    for (size_t i = 0; i < j->n; i++) bench_fill_block(s.fw + i * j->block, j->block, i + 1);
     for (size_t first = 0; first < j->n; first += j->batch) {
         size_t n = kv_batch(&s, j, first, 0);
         for (size_t k = 0; k < n; k++) s.refs[k].index = first + k;
@@ -736,7 +709,7 @@ static void kv_target(const job *j, int in, int out)
             kv_check(kvcr_deliver(s.kv, s.blocks, n, request, &op), &s, "kvcr_deliver");
             kv_wait(&s, op, n, "kvcr_deliver");
         }
-        double v = gbs(j->n * j->block, bench_now() - t0);
+        double v = bench_gbs(j->n * j->block, bench_now() - t0);
         if (v > best) best = v;
         kv_check(kvcr_discard_hint(s.kv, request), &s, "kvcr_discard_hint");
     }
@@ -912,12 +885,12 @@ static redisReply *redis_reply(redisContext *c)
 /* SETs the set, pipelined a batch at a time. */
 static void redis_fill(redisContext *c, const job *j)
 {
-    uint8_t *v = xalloc(j->block);
+    uint8_t *v = bench_xalloc(j->block);
     char key[32];
     for (size_t first = 0; first < j->n; first += j->batch) {
         size_t end = first + j->batch < j->n ? first + j->batch : j->n;
         for (size_t i = first; i < end; i++) {
-            fill_block(v, j->block, i + 1);
+            bench_fill_block(v, j->block, i + 1);
             int len = redis_key(key, j, i);
             if (redisAppendCommand(c, "SET %b %b", key, (size_t)len, v, j->block) != REDIS_OK)
                 bench_fail("redis: SET: %s", c->errstr);
@@ -937,7 +910,7 @@ static void redis_fill(redisContext *c, const job *j)
  * deliver would put it (engine memory); best of the rounds. */
 static double redis_get(redisContext *c, const job *j)
 {
-    uint8_t *dst = xalloc(j->n * j->block);
+    uint8_t *dst = bench_xalloc(j->n * j->block);
     memset(dst, 0, j->n * j->block);
     char key[32];
     double best = 0, until = bench_now() + CASE_BUDGET_S;
@@ -960,7 +933,7 @@ static double redis_get(redisContext *c, const job *j)
                 freeReplyObject(rep);
             }
         }
-        double v = gbs(j->n * j->block, bench_now() - t0);
+        double v = bench_gbs(j->n * j->block, bench_now() - t0);
         if (v > best) best = v;
     }
     check_dest(dst, j, shift, "redis");

@@ -22,6 +22,32 @@ double bench_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void *bench_xalloc(size_t size)
+{
+    void *p = aligned_alloc(4096, (size + 4095) & ~(size_t)4095);
+    if (p == NULL) bench_fail("out of memory (%zu bytes)", size);
+    return p;
+}
+
+double bench_gbs(uint64_t bytes, double seconds)
+{
+    return (double)bytes / seconds / 1e9;
+}
+
+void bench_fill_block(uint8_t *p, size_t len, uint64_t seed)
+{
+    uint64_t *w = (uint64_t *)p;
+    for (size_t i = 0; i < len / 8; i++) w[i] = seed * 0x9E3779B97F4A7C15ull + i;
+}
+
+bool bench_has_block(const uint8_t *p, size_t len, uint64_t seed)
+{
+    const uint64_t *w = (const uint64_t *)p;
+    for (size_t i = 0; i < len / 8; i++)
+        if (w[i] != seed * 0x9E3779B97F4A7C15ull + i) return false;
+    return true;
+}
+
 void bench_check(int rc, const char *what)
 {
     if (rc == 0) return;

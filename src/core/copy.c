@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "kvcr/error.h"
+#include "util/event.h"
 
 static void list_push(copy_job **head, copy_job **tail, copy_job *job)
 {
@@ -29,14 +30,6 @@ static void list_unlink(copy_job **head, copy_job **tail, copy_job *job)
     else
         *tail = job->prev;
     job->prev = job->next = NULL;
-}
-
-static void signal_event(int fd)
-{
-    uint64_t one = 1;
-    /* A full counter still leaves the fd readable, which is all we need. */
-    ssize_t rc = write(fd, &one, sizeof one);
-    (void)rc;
 }
 
 static void run_job(copy_job *job, bool fail)
@@ -75,7 +68,7 @@ static void *worker_main(void *arg)
         e->running--;
         bool was_empty = e->done_head == NULL;
         list_push(&e->done_head, &e->done_tail, job);
-        if (was_empty) signal_event(e->event_fd);
+        if (was_empty) event_signal(e->event_fd);
         pthread_cond_broadcast(&e->idle);
     }
     pthread_mutex_unlock(&e->lock);

@@ -8,6 +8,7 @@
 #include "tiers/g3.h"
 #include "tiers/remote.h"
 #include "util/clock.h"
+#include "util/event.h"
 
 /* ---- argument checks (no lock: they read only the immutable config) ----- */
 
@@ -214,13 +215,6 @@ static block_id entry_find(const kvcr_t *kv, const op_rec *o, const op_entry *e)
     return index_find(&kv->index, key, e->key_len, index_hash(key, e->key_len));
 }
 
-static void signal_event(const kvcr_t *kv)
-{
-    uint64_t one = 1;
-    ssize_t rc = write(kv->event_fd, &one, sizeof one);
-    (void)rc; /* a saturated counter still leaves the fd readable */
-}
-
 static void op_start(kvcr_t *kv, op_rec *o)
 {
     o->handle = kv->next_op++;
@@ -253,7 +247,7 @@ static void op_complete(kvcr_t *kv, op_rec *o)
         kv->done_head = o;
     kv->done_tail = o;
     kv->n_done++;
-    signal_event(kv);
+    event_signal(kv->event_fd);
 }
 
 static void entry_finish(kvcr_t *kv, op_rec *o, uint32_t i, kvcr_entry_status st, kvcr_reason why)

@@ -14,6 +14,7 @@
 #include "core/testing.h"
 #include "tiers/g3_store.h"
 #include "util/clock.h"
+#include "util/event.h"
 
 #define NO_SLOT UINT32_MAX
 
@@ -139,13 +140,6 @@ static uint32_t take_slot(kvcr_t *kv, g3_tier *t)
 
 /* ---- the I/O thread ---------------------------------------------------------- */
 
-static void signal_fd(int fd)
-{
-    uint64_t one = 1;
-    ssize_t w = write(fd, &one, sizeof one);
-    (void)w;
-}
-
 static void list_push(g3_req **head, g3_req **tail, g3_req *r)
 {
     r->next = NULL;
@@ -165,7 +159,7 @@ static void on_io_done(void *ud, int result)
     pthread_mutex_lock(&t->qlock);
     list_push(&t->done_head, &t->done_tail, r);
     pthread_mutex_unlock(&t->qlock);
-    signal_fd(t->kv->event_fd);
+    event_signal(t->kv->event_fd);
 }
 
 static void submit(g3_tier *t, g3_req *r)
@@ -231,7 +225,7 @@ static void enqueue(g3_tier *t, g3_req *r)
     pthread_mutex_lock(&t->qlock);
     list_push(&t->q_head, &t->q_tail, r);
     pthread_mutex_unlock(&t->qlock);
-    signal_fd(t->wake_fd);
+    event_signal(t->wake_fd);
 }
 
 /* ---- spills ------------------------------------------------------------------- */
@@ -537,7 +531,7 @@ void g3_stop(kvcr_t *kv)
     pthread_mutex_lock(&t->qlock);
     t->stopping = true;
     pthread_mutex_unlock(&t->qlock);
-    signal_fd(t->wake_fd);
+    event_signal(t->wake_fd);
     pthread_join(t->thread, NULL);
     t->started = false;
 }
@@ -593,5 +587,5 @@ void kvcr__test_g3_hold(kvcr_t *kv, bool hold)
     pthread_mutex_lock(&t->qlock);
     t->held = hold;
     pthread_mutex_unlock(&t->qlock);
-    signal_fd(t->wake_fd);
+    event_signal(t->wake_fd);
 }

@@ -21,6 +21,7 @@
 
 #include "tiers/remote_int.h"
 #include "util/clock.h"
+#include "util/event.h"
 
 #define MSG_BATCH 64
 #define IDLE_WAIT_MS 20
@@ -254,9 +255,7 @@ void rcb_push(remote *r, rcb *cb)
     else
         r->cbs = cb;
     r->cbs_tail = cb;
-    uint64_t one = 1;
-    ssize_t w = write(r->kv->event_fd, &one, sizeof one);
-    (void)w;
+    event_signal(r->kv->event_fd);
 }
 
 void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
@@ -337,9 +336,7 @@ static void publish_eager(remote *r, uint64_t now, uint64_t *next_ns)
 
 void remote_wake(remote *r)
 {
-    uint64_t one = 1;
-    ssize_t w = write(r->wake_fd, &one, sizeof one);
-    (void)w;
+    event_signal(r->wake_fd);
 }
 
 /* ---- the loop ------------------------------------------------------------- */

@@ -17,6 +17,7 @@
 #include "core/residency.h"
 #include "tiers/remote_int.h"
 #include "util/clock.h"
+#include "util/event.h"
 
 #define MS 1000000ull
 
@@ -128,9 +129,7 @@ static void to_main(remote *r, swrite *sw)
     if (sw->on_main) return;
     sw->on_main = true;
     list_push(&r->sw_main, &r->sw_main_tail, sw);
-    uint64_t one = 1;
-    ssize_t w = write(r->kv->event_fd, &one, sizeof one);
-    (void)w;
+    event_signal(r->kv->event_fd);
 }
 
 static void to_post(remote *r, swrite *sw)

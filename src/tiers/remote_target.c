@@ -15,6 +15,7 @@
 #include "core/residency.h"
 #include "tiers/remote_int.h"
 #include "util/clock.h"
+#include "util/event.h"
 
 #define MS 1000000ull
 
@@ -169,9 +170,7 @@ static void owe_main(remote *r, pull *p, uint8_t flag)
     else
         r->todo = p;
     r->todo_tail = p;
-    uint64_t one = 1;
-    ssize_t w = write(r->kv->event_fd, &one, sizeof one);
-    (void)w;
+    event_signal(r->kv->event_fd);
 }
 
 static void finish(remote *r, pull *p, bool success, kvcr_reason why)
