@@ -118,13 +118,15 @@ struct g3_store {
     bool ring_ok;
     int efd;
     unsigned qd;
-    g3_req **active;
-    unsigned n_active;
+    g3_req **active;   /* up to 2 * qd: reads awaiting verification do not */
+    unsigned n_active; /* count against the depth (their I/O is done)   */
+    g3_req *verify, *verify_tail; /* reads whose I/O is back, to verify */
+    unsigned n_verifying;
     g3_req *fifo, *fifo_tail;
     size_t n_fifo;
     g3_req *done, *done_tail;
     size_t n_done;
-    uint8_t *recbufs; /* qd * G3_ALIGN */
+    uint8_t *recbufs; /* 2 * qd * G3_ALIGN: one per active request */
     int *free_recbufs;
     unsigned n_free_recbufs;
     g3_iblock *blocks; /* qd of them */
@@ -557,18 +559,16 @@ static int setup_ring(g3_store *st)
 
 static int alloc_pools(g3_store *st)
 {
-    st->active = calloc(st->qd, sizeof *st->active);
-    st->free_recbufs = calloc(st->qd, sizeof *st->free_recbufs);
+    st->active = calloc(2 * (size_t)st->qd, sizeof *st->active);
+    st->free_recbufs = calloc(2 * (size_t)st->qd, sizeof *st->free_recbufs);
     st->blocks = calloc(st->qd, sizeof *st->blocks);
-    st->recbufs = aligned((size_t)st->qd * G3_ALIGN);
+    st->recbufs = aligned(2 * (size_t)st->qd * G3_ALIGN);
     st->blockbufs = aligned((size_t)st->qd * G3_ALIGN);
     if (!st->active || !st->free_recbufs || !st->blocks || !st->recbufs || !st->blockbufs)
         return kvcr_fail(KVCR_ENOMEM, "out of memory");
-    for (unsigned i = 0; i < st->qd; i++) {
-        st->free_recbufs[i] = (int)i;
-        st->blocks[i].buf = st->blockbufs + (size_t)i * G3_ALIGN;
-    }
-    st->n_free_recbufs = st->qd;
+    for (unsigned i = 0; i < st->qd; i++) st->blocks[i].buf = st->blockbufs + (size_t)i * G3_ALIGN;
+    for (unsigned i = 0; i < 2 * st->qd; i++) st->free_recbufs[i] = (int)i;
+    st->n_free_recbufs = 2 * st->qd;
     return 0;
 }
 
@@ -923,10 +923,11 @@ static bool slot_busy(const g3_store *st, uint64_t slot)
 }
 
 /* Starts queued requests while there is room, in order; the head waits
- * while a request for its slot is in flight. */
+ * while a request for its slot is in flight (or being verified). */
 static void pump(g3_store *st)
 {
-    while (st->fifo && st->n_active < st->qd && !slot_busy(st, st->fifo->slot)) {
+    while (st->fifo && st->n_active - st->n_verifying < st->qd && st->n_active < 2 * st->qd &&
+           !slot_busy(st, st->fifo->slot)) {
         g3_req *r = st->fifo;
         st->fifo = r->next;
         if (st->fifo == NULL) st->fifo_tail = NULL;
@@ -1069,8 +1070,31 @@ static void request_io_done(g3_store *st, g3_req *r, unsigned tag, int res)
         block_join(st, r); /* the data is written: now the record */
         return;
     }
-    if (r->op == OP_READ && r->result == 0) read_verify(st, r);
+    if (r->op == OP_READ && r->result == 0) {
+        /* Verified after the next requests are started (g3_store_progress):
+         * hashing a large block here would leave the disk idle meanwhile. */
+        r->next = NULL;
+        if (st->verify_tail)
+            st->verify_tail->next = r;
+        else
+            st->verify = r;
+        st->verify_tail = r;
+        st->n_verifying++;
+        return;
+    }
     finish(st, r);
+}
+
+static void verify_reads(g3_store *st)
+{
+    g3_req *list = st->verify;
+    st->verify = st->verify_tail = NULL;
+    for (g3_req *r = list, *next; r; r = next) {
+        next = r->next;
+        st->n_verifying--;
+        read_verify(st, r);
+        finish(st, r);
+    }
 }
 
 static void complete(g3_store *st, uint64_t data, int res)
@@ -1128,6 +1152,11 @@ unsigned g3_store_progress(g3_store *st)
     reap(st);
     pump(st);
     flush(st);
+    if (st->verify) {
+        verify_reads(st);
+        pump(st); /* their places are free now */
+        flush(st);
+    }
     unsigned n = run_callbacks(st);
     st->in_progress = false;
     return n;
@@ -1145,6 +1174,7 @@ static bool drain(g3_store *st)
         struct __kernel_timespec ts = {0, 100 * 1000 * 1000};
         if (st->ios > 0) io_uring_wait_cqe_timeout(&st->ring, &cqe, &ts);
         reap(st);
+        verify_reads(st);
         run_callbacks(st);
     }
     return st->n_active == 0;
