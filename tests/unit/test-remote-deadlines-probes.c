@@ -56,7 +56,7 @@ static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **sta
 
     rig r;
     rig_init_remote(&r, BS, 4, 4);
-    r.cfg.operation_timeout_ms = 300;
+    r.cfg.operation_timeout_ms = 1500; /* the source must take the write in time */
     r.cfg.abandon_timeout_ms = 5000;
     r.cfg.enable_telemetry = true;
     r.cfg.callbacks.resilience = on_resilience;

@@ -85,7 +85,7 @@ static void test_source_killed_mid_transfer_fails_by_abandon_deadline(void **sta
     peer src;
     peer_spawn(&src, &o);
     rig r;
-    rig_remote(&r, 300, 900);
+    rig_remote(&r, 1500, 3000); /* room for a slow (sanitized, loaded) start-up */
     peer_hint_range(&r, "req", src.endpoint, 0, 8);
     kvcr_op_handle op = peer_deliver_range(&r, 0, 4, 0, "req");
     peer_wait(&src, pin_requested);
@@ -132,7 +132,7 @@ static void test_restarted_source_at_same_address_is_fenced(void **state)
     snprintf(endpoint, sizeof endpoint, "%s", old.endpoint);
 
     rig r;
-    rig_remote(&r, 300, 900);
+    rig_remote(&r, 1500, 3000); /* room for a slow (sanitized, loaded) start-up */
     /* a first transfer teaches the target which process serves there */
     peer_hint_range(&r, "r0", endpoint, 0, 8);
     kvcr_entry_status s0;
@@ -195,7 +195,7 @@ static void test_target_back_under_same_name_gets_a_fresh_route(void **state)
     peer_spawn(&src, &o);
 
     rig old;
-    rig_remote(&old, 300, 900);
+    rig_remote(&old, 1500, 3000);
     peer_hint_range(&old, "r", src.endpoint, 0, 4);
     kvcr_op_handle stuck = peer_deliver_range(&old, 1, 1, 1, "r");
     peer_wait(&src, pin_requested);
