@@ -232,6 +232,37 @@ size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *w
     return 0;
 }
 
+kvcr_op_result *rig_poll_results(rig *r, size_t *n)
+{
+    uint64_t until = now_ms() + 10000;
+    kvcr_op_result *res = NULL;
+    *n = 0;
+    while (now_ms() < until) {
+        assert_int_equal(kvcr_poll(r->kv, &res, n), 0);
+        if (*n > 0) return res;
+        kvcr_results_free(res);
+        usleep(500);
+    }
+    fail_msg("no operation completed within 10 s");
+    return NULL;
+}
+
+double rig_stat(rig *r, const char *gauge, const char *counter_scope)
+{
+    kvcr_stats *s = NULL;
+    assert_int_equal(kvcr_stats_take(r->kv, &s), 0);
+    assert_non_null(s);
+    double v = -1;
+    for (size_t i = 0; gauge && i < s->n_gauges; i++)
+        if (strcmp(s->gauges[i].resource, gauge) == 0) v = s->gauges[i].value;
+    for (size_t i = 0; counter_scope && i < s->n_counters; i++)
+        if (strcmp(s->counters[i].operation, counter_scope) == 0 &&
+            strstr(s->counters[i].name, "bytes") != NULL)
+            v = s->counters[i].value;
+    kvcr_stats_free(s);
+    return v;
+}
+
 kvcr_query_status rig_query(rig *r, const char *key)
 {
     kvcr_key k = key_of(key);

@@ -64,6 +64,14 @@ kvcr_op_handle rig_deliver(rig *r, const char *const *keys, const size_t *fw_idx
 size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *why,
                 kvcr_release_handle *rh);
 
+/* Polls (bounded: 10 s) until a poll returns results, for a test that
+ * reads them whole (a fetch's slots); the caller checks and frees them. */
+kvcr_op_result *rig_poll_results(rig *r, size_t *n);
+
+/* A gauge's value, or (gauge NULL) the byte counter of a telemetry scope,
+ * from a fresh stats snapshot (telemetry on); -1 when absent. */
+double rig_stat(rig *r, const char *gauge, const char *counter_scope);
+
 kvcr_query_status rig_query(rig *r, const char *key);
 
 /* One key from framework block idx, waited for; why and rh may be NULL. */

@@ -69,13 +69,7 @@ static kvcr_query_result query(g3_rig *g, int i)
 
 static double gauge(g3_rig *g, const char *name)
 {
-    kvcr_stats *s;
-    assert_int_equal(kvcr_stats_take(g->r.kv, &s), 0);
-    double v = -1;
-    for (size_t i = 0; i < s->n_gauges; i++)
-        if (strcmp(s->gauges[i].resource, name) == 0) v = s->gauges[i].value;
-    kvcr_stats_free(s);
-    return v;
+    return rig_stat(&g->r, name, NULL);
 }
 
 /* Polls until no spill is pending (bounded). */
@@ -128,12 +122,8 @@ static void test_evicted_blocks_spill_and_come_back_exact(void **state)
     kvcr_key kk = key_of(key(k, sizeof k, 3));
     kvcr_op_handle op;
     assert_int_equal(kvcr_fetch(g.r.kv, &kk, 1, NULL, NULL, 0, &op), 0);
-    kvcr_op_result *res = NULL;
-    size_t n = 0;
-    for (int spin = 0; spin < 5000 && n == 0; spin++) {
-        assert_int_equal(kvcr_poll(g.r.kv, &res, &n), 0);
-        if (n == 0) kvcr_results_free(res), usleep(1000);
-    }
+    size_t n;
+    kvcr_op_result *res = rig_poll_results(&g.r, &n);
     assert_int_equal(n, 1);
     assert_int_equal(res[0].entries[0].status, KVCR_ENTRY_SUCCESS);
     assert_true(rig_has_pattern(&g.r, res[0].entries[0].slots[0].addr, 3));
@@ -316,12 +306,8 @@ static void test_fetch_from_full_g3_with_full_dram(void **state)
     kvcr_key kk = key_of(key(k, sizeof k, 0));
     kvcr_op_handle op;
     assert_int_equal(kvcr_fetch(g.r.kv, &kk, 1, NULL, NULL, 0, &op), 0);
-    kvcr_op_result *res = NULL;
-    size_t n = 0;
-    for (int spin = 0; spin < 5000 && n == 0; spin++) {
-        assert_int_equal(kvcr_poll(g.r.kv, &res, &n), 0);
-        if (n == 0) kvcr_results_free(res), usleep(1000);
-    }
+    size_t n;
+    kvcr_op_result *res = rig_poll_results(&g.r, &n);
     assert_int_equal(n, 1);
     assert_int_equal(res[0].entries[0].status, KVCR_ENTRY_SUCCESS);
     assert_true(rig_has_pattern(&g.r, res[0].entries[0].slots[0].addr, 0));

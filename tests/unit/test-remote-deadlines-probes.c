@@ -26,23 +26,6 @@ static bool pin_cancelled(const peer_counts *c)
     return c->pin_cancels >= 1;
 }
 
-/* The value of a gauge or counter in a fresh stats snapshot (-1: absent). */
-static double stat(rig *r, const char *gauge, const char *counter_scope)
-{
-    kvcr_stats *s = NULL;
-    assert_int_equal(kvcr_stats_take(r->kv, &s), 0);
-    assert_non_null(s);
-    double v = -1;
-    for (size_t i = 0; gauge && i < s->n_gauges; i++)
-        if (strcmp(s->gauges[i].resource, gauge) == 0) v = s->gauges[i].value;
-    for (size_t i = 0; counter_scope && i < s->n_counters; i++)
-        if (strcmp(s->counters[i].operation, counter_scope) == 0 &&
-            strstr(s->counters[i].name, "bytes") != NULL)
-            v = s->counters[i].value;
-    kvcr_stats_free(s);
-    return v;
-}
-
 static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **state)
 {
     (void)state;
@@ -69,7 +52,7 @@ static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **sta
     kvcr_query_result q;
     assert_int_equal(kvcr_query(r.kv, &k, 1, NULL, &q), 0);
     assert_int_equal(q.status, KVCR_QUERY_FETCHING); /* a slot is being filled */
-    assert_int_equal(stat(&r, "local_g2_free_slots", NULL), 3);
+    assert_int_equal(rig_stat(&r, "local_g2_free_slots", NULL), 3);
 
     kvcr_entry_status st;
     kvcr_reason why;
@@ -85,7 +68,7 @@ static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **sta
         size_t n;
         assert_int_equal(kvcr_poll(r.kv, &res, &n), 0);
         kvcr_results_free(res);
-        free_slots = stat(&r, "local_g2_free_slots", NULL);
+        free_slots = rig_stat(&r, "local_g2_free_slots", NULL);
         if (free_slots != 4) usleep(1000);
     }
     assert_int_equal(free_slots, 4);
@@ -113,11 +96,11 @@ static void test_hint_without_request_connects_eagerly(void **state)
     rig_init_remote(&r, BS, 4, 4);
     r.cfg.enable_telemetry = true;
     rig_start(&r);
-    assert_int_equal(stat(&r, "connected_remotes", NULL), 0);
+    assert_int_equal(rig_stat(&r, "connected_remotes", NULL), 0);
     peer_hint_range(&r, NULL, src.endpoint, 0, 2); /* no request: only the eager metadata */
     double peers = 0;
     for (int spin = 0; spin < 3000 && peers != 1; spin++) {
-        peers = stat(&r, "connected_remotes", NULL);
+        peers = rig_stat(&r, "connected_remotes", NULL);
         if (peers != 1) usleep(1000);
     }
     assert_int_equal(peers, 1); /* the source acknowledged our metadata */
@@ -132,7 +115,7 @@ static void test_hint_without_request_connects_eagerly(void **state)
     assert_int_equal(rig_wait(&r, op, &st, NULL, NULL), 1);
     assert_int_equal(st, KVCR_ENTRY_SUCCESS);
     assert_true(rig_has_pattern(&r, r.fw, 1));
-    assert_int_equal(stat(&r, NULL, "remote_deliver"), BS);
+    assert_int_equal(rig_stat(&r, NULL, "remote_deliver"), BS);
     rig_stop(&r);
     peer_stop(&src);
 }

@@ -68,12 +68,8 @@ static void test_hinted_deliver_and_fetch_move_exact_bytes(void **state)
     for (uint32_t i = 0; i < 8; i++) fk[i] = key_of(peer_key(names[i], sizeof names[i], 8 + i));
     kvcr_op_handle op;
     assert_int_equal(kvcr_fetch(r.kv, fk, 8, "req-1", NULL, 0, &op), 0);
-    kvcr_op_result *res = NULL;
-    size_t n = 0;
-    for (int spin = 0; spin < 20000 && n == 0; spin++) {
-        assert_int_equal(kvcr_poll(r.kv, &res, &n), 0);
-        if (n == 0) kvcr_results_free(res), usleep(500);
-    }
+    size_t n;
+    kvcr_op_result *res = rig_poll_results(&r, &n);
     assert_int_equal(n, 1);
     assert_int_equal(res[0].op, op);
     assert_int_equal(res[0].n_entries, 8);
