@@ -12,6 +12,7 @@
 #include "bench.h"
 #include "demo.h"
 #include "kvcr/kvcr.h"
+#include "service_cmd.h"
 
 /* ---- shared benchmark pieces (bench.h) ----------------------------------- */
 
@@ -153,6 +154,9 @@ static const command commands[] = {
     {"bench", cmd_bench, "<case> [options]", "run a benchmark (`kvcr bench` lists them)"},
     {"demo", cmd_demo, "[--quick] [--json] [...]",
      "engines + router on this machine: peer-to-peer KV reuse"},
+    {"service", cmd_service, "--socket-path P --pool-dir D ...",
+     "the node daemon: pools that outlive an engine, and their Guards"},
+    {"stats", cmd_stats, "--socket P", "a running service's metrics (Prometheus text)"},
     {"version", cmd_version, "", "print the library version"},
     {"help", cmd_help, "", "this text"},
 };

@@ -19,7 +19,9 @@ enum {
     KVCR_ENOTSUP = -4,     /* the feature is not built or not supported */
     KVCR_EBUSY = -5,       /* called re-entrantly from inside a callback */
     KVCR_ENOENT = -6,      /* the named object does not exist */
-    KVCR_ESYS = -7         /* a system call failed (the message has errno) */
+    KVCR_ESYS = -7,        /* a system call failed (the message has errno) */
+    KVCR_EPROTO = -8,      /* a peer or the service sent bytes that break the protocol */
+    KVCR_EREFUSED = -9     /* the KVCR service refused the request (the message says why) */
 };
 
 /* A short, static description of an error code ("invalid argument"). */

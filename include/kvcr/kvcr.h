@@ -98,6 +98,23 @@ typedef struct kvcr_resilience_event {
     const char *message;
 } kvcr_resilience_event;
 
+/* Guard mode (api_spec KVCRGuardConfig): KVCR DRAM comes from a pool group
+ * of the node's KVCR service (`kvcr service`) instead of local_dram. The
+ * engine maps the pool directly; every committed block is published to the
+ * group's recovery journal, so that when this process dies the service's
+ * Guard serves those blocks to peers (on this instance's control endpoint)
+ * and a restarted engine claiming the same group gets them back. The
+ * service owns the control listener, so the endpoint survives the engine.
+ * Requires local_dram unset and blocks of one slot each (one pool per
+ * block layout); without the peer tier the Guard recovers but does not
+ * serve. */
+typedef struct kvcr_guard_options {
+    const char *service_socket_path;  /* the service's claim socket; NULL: guard mode off */
+    uint32_t guard_index;             /* which pool group to claim */
+    const char *compatibility_digest; /* must equal the service's, byte for byte: change it
+                                       * whenever the model or KV layout changes */
+} kvcr_guard_options;
+
 typedef struct kvcr_callbacks {
     void *ud;
     /* Inventory of KVCR-owned residencies; non-zero return = the event is
@@ -148,6 +165,7 @@ typedef struct kvcr_config {
 
     kvcr_remote_options remote;
     kvcr_g3_options g3;
+    kvcr_guard_options guard;
 
     uint32_t operation_timeout_ms;          /* default 1000, > 0 */
     uint32_t abandon_timeout_ms;            /* default 5000, >= 2 * operation */

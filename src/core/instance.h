@@ -150,6 +150,9 @@ struct kvcr {
     hint_table hints;
     struct remote *remote; /* the peer-to-peer tier, NULL when off */
     struct g3_tier *g3;    /* the G3 tier, NULL when off */
+    struct journal *journal;  /* guard mode: where residencies are published (NULL: off) */
+    struct svc_hold *hold;    /* guard mode: the claim, released at close */
+    int control_listener;     /* guard mode: adopted by the control channel; -1 */
 
     pending_event *events_head, *events_tail;
     kvcr_capacity_need pressure[KVCR_MAX_POOLS];

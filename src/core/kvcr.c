@@ -10,8 +10,10 @@
 #include "core/config.h"
 #include "core/instance.h"
 #include "core/ops.h"
+#include "core/recovery.h"
 #include "core/residency.h"
 #include "core/testing.h"
+#include "service/client.h"
 #include "tiers/g3.h"
 #include "tiers/remote.h"
 #include "util/api.h"
@@ -71,6 +73,7 @@ static void release_parts(kvcr_t *kv)
     evq_destroy(&kv->evq);
     telemetry_free(kv->telemetry);
     if (kv->event_fd >= 0) close(kv->event_fd);
+    if (kv->control_listener >= 0) close(kv->control_listener);
     pthread_mutex_destroy(&kv->lock);
     conf_destroy(&kv->conf);
     free(kv);
@@ -102,14 +105,23 @@ static void log_start(const kvcr_t *kv)
              kv->conf.enable_telemetry ? "on" : "off");
 }
 
-KVCR_API int kvcr_create(const kvcr_config *cfg, kvcr_t **out)
+int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out)
 {
-    if (out == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_create: out must not be NULL");
+    int listener = boot ? boot->control_listener : -1;
+    if (out == NULL) {
+        if (listener >= 0) close(listener);
+        return kvcr_fail(KVCR_EINVAL, "kvcr_create: out must not be NULL");
+    }
     *out = NULL;
     kvcr_t *kv = calloc(1, sizeof *kv);
-    if (kv == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    if (kv == NULL) {
+        if (listener >= 0) close(listener);
+        return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    }
+    kv->control_listener = listener; /* released with the instance from here on */
     int rc = conf_build(cfg, &kv->conf);
     if (rc != 0) {
+        if (listener >= 0) close(listener);
         free(kv);
         return rc;
     }
@@ -133,6 +145,10 @@ KVCR_API int kvcr_create(const kvcr_config *cfg, kvcr_t **out)
         release_parts(kv);
         return rc; /* g3_start named the cause */
     }
+    if (boot) { /* after the G3 scan, which may know some of the keys */
+        kv->journal = boot->journal;
+        recovery_install(kv, boot->blocks, boot->n_blocks);
+    }
     rc = copy_engine_start(&kv->copier, kv->conf.copy_threads, kv->event_fd);
     if (rc != 0) {
         release_parts(kv);
@@ -144,9 +160,45 @@ KVCR_API int kvcr_create(const kvcr_config *cfg, kvcr_t **out)
         release_parts(kv);
         return rc; /* remote_start named the cause */
     }
+    kv->hold = boot ? boot->hold : NULL;
     log_start(kv);
     *out = kv;
     return 0;
+}
+
+/* Guard mode: the pools come from a claim on the KVCR service; a failed
+ * start gives the group straight back. */
+static int create_claimed(const kvcr_config *cfg, kvcr_t **out)
+{
+    svc_hold *h;
+    int rc = svc_claim(cfg, &h);
+    if (rc != 0) return rc;
+    kvcr_config c = *cfg;
+    c.guard = (kvcr_guard_options){0};
+    c.local_dram = svc_hold_pools(h, &c.n_local_dram);
+    if (c.local_dram_backend == NULL) c.local_dram_backend = "UCX";
+    if (c.remote.enabled) c.remote.control_port = svc_hold_control_port(h);
+    kvcr_boot boot = {.journal = svc_hold_journal(h), .hold = h, .role = "claimant"};
+    boot.blocks = svc_hold_recovered(h, &boot.n_blocks);
+    boot.control_listener = svc_hold_take_listener(h);
+    rc = kvcr__create(&c, &boot, out);
+    if (rc != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kvcr_last_error());
+        svc_release(h, false);
+        return kvcr_fail(rc, "%s", why);
+    }
+    return 0;
+}
+
+KVCR_API int kvcr_create(const kvcr_config *cfg, kvcr_t **out)
+{
+    if (cfg != NULL && cfg->guard.service_socket_path != NULL) {
+        if (out == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_create: out must not be NULL");
+        *out = NULL;
+        return create_claimed(cfg, out);
+    }
+    return kvcr__create(cfg, NULL, out);
 }
 
 KVCR_API int kvcr_close(kvcr_t *kv)
@@ -182,6 +234,12 @@ KVCR_API int kvcr_close(kvcr_t *kv)
     kv->events_head = kv->events_tail = NULL;
     instance_unlock(kv);
     remote_run_callbacks(kv); /* resilience events and pin releases first */
+    instance_lock(kv);
+    kv->journal = NULL; /* nothing is published once the group is given back */
+    svc_hold *hold = kv->hold;
+    kv->hold = NULL;
+    instance_unlock(kv);
+    if (hold) svc_release(hold, true); /* nothing touches the pool any more */
     while (events != NULL) { /* nobody polls any more: inventory is not reported at close */
         pending_event *next = events->next;
         free(events);

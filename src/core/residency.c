@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/recovery.h"
 #include "tiers/g3.h"
 #include "util/clock.h"
 
@@ -269,6 +270,7 @@ static void give_slots(kvcr_t *kv, block *b)
 static void remove_ready(kvcr_t *kv, block_id id)
 {
     unqueue(kv, id);
+    recovery_remove(kv, id); /* told before the slots can be reused */
     give_slots(kv, index_get(&kv->index, id));
     if (index_get(&kv->index, id)->g3_state == G3_NONE) res_removed(kv, id);
 }
@@ -466,7 +468,24 @@ void res_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin, uint32_t origin_
         kv->conf.policy->on_ingest(kv->conf.policy_ud, &meta, KVCR_TIER_FW_G2);
     }
     batch_commit(kv, id, origin, origin_idx);
+    recovery_put(kv, id);
     if (b->claims == 0) make_evictable(kv, id);
+}
+
+bool res_adopt(kvcr_t *kv, block_id id, uint32_t pool, uint32_t slot)
+{
+    block *b = index_get(&kv->index, id);
+    b->n_slots = 1;
+    b->sl.one.pool = (uint8_t)pool;
+    b->sl.one.slot = slot;
+    b->g2_state = G2_READY;
+    if (!res_admit(kv, id, kv->pools[pool].block_size, KVCR_TIER_LOCAL_G2, false)) {
+        b->n_slots = 0;
+        b->g2_state = G2_NONE;
+        return false;
+    }
+    make_evictable(kv, id);
+    return true;
 }
 
 void res_unfill(kvcr_t *kv, block_id id)

@@ -25,6 +25,11 @@ void res_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin, uint32_t origin_
 
 /* Returns a failed fill's slots; the block is left without residency. */
 void res_unfill(kvcr_t *kv, block_id id);
+/* A block recovered from a recovery journal, READY in (pool, slot) with no
+ * access history, admitted to the policy as LOCAL_G2 (no inventory event).
+ * The caller made sure the slot is not on the free list. False when the
+ * policy declined it (nothing changed). */
+bool res_adopt(kvcr_t *kv, block_id id, uint32_t pool, uint32_t slot);
 
 void res_access(kvcr_t *kv, block_id id);
 void res_claim(kvcr_t *kv, block_id id);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "kvcr/error.h"
@@ -207,8 +208,8 @@ static int bound_port(void *sock, unsigned *port)
 }
 
 /* The PULL socket, bound; *where gets the address it was bound at. */
-static int bind_pull(ctl_channel *c, const char *host, uint16_t port, size_t max_message,
-                     unsigned *bound)
+static int bind_pull(ctl_channel *c, const char *host, uint16_t port, int *listener,
+                     size_t max_message, unsigned *bound)
 {
     char where[CTL_MAX_ENDPOINT + 1], num[8] = "*";
     int64_t max = (int64_t)max_message;
@@ -217,10 +218,14 @@ static int bind_pull(ctl_channel *c, const char *host, uint16_t port, size_t max
     c->pull = zmq_socket(c->ctx, ZMQ_PULL);
     if (c->pull == NULL) return kvcr_fail(KVCR_ESYS, "control socket: %s", zmq_strerror(errno));
     if (set_int(c->pull, ZMQ_LINGER, 0) != 0 ||
-        zmq_setsockopt(c->pull, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0)
+        zmq_setsockopt(c->pull, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0 ||
+        (*listener >= 0 && set_int(c->pull, ZMQ_USE_FD, *listener) != 0))
         return kvcr_fail(KVCR_ESYS, "control socket options: %s", zmq_strerror(errno));
+    int adopted = *listener;
+    *listener = -1; /* from here on ZeroMQ closes it */
     if (zmq_bind(c->pull, where) != 0) {
         int err = errno; /* a host ZeroMQ cannot use is the caller's mistake */
+        if (adopted >= 0) close(adopted);
         return kvcr_fail(err == EINVAL || err == ENODEV ? KVCR_EINVAL : KVCR_ESYS,
                          "cannot bind control endpoint %s: %s", where, zmq_strerror(err));
     }
@@ -231,8 +236,9 @@ static int bind_pull(ctl_channel *c, const char *host, uint16_t port, size_t max
     return 0;
 }
 
-int ctl_open(const char *bind_host, uint16_t port, const char *advertise_host,
-             size_t max_message, const kvcr_logger *log, ctl_channel **out)
+static int open_channel(const char *bind_host, uint16_t port, int *listener,
+                        const char *advertise_host, size_t max_message, const kvcr_logger *log,
+                        ctl_channel **out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "ctl_open: out is NULL");
     *out = NULL;
@@ -253,7 +259,7 @@ int ctl_open(const char *bind_host, uint16_t port, const char *advertise_host,
         return kvcr_fail(KVCR_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
     }
     unsigned bound;
-    int rc = bind_pull(c, bind_host, port, max_message, &bound);
+    int rc = bind_pull(c, bind_host, port, listener, max_message, &bound);
     if (rc != 0) {
         ctl_close(c);
         return rc;
@@ -262,6 +268,14 @@ int ctl_open(const char *bind_host, uint16_t port, const char *advertise_host,
     CTL_DEBUG(c, "control: advertising %s", c->endpoint);
     *out = c;
     return 0;
+}
+
+int ctl_open(const char *bind_host, uint16_t port, int listener, const char *advertise_host,
+             size_t max_message, const kvcr_logger *log, ctl_channel **out)
+{
+    int rc = open_channel(bind_host, port, &listener, advertise_host, max_message, log, out);
+    if (listener >= 0) close(listener); /* never handed to ZeroMQ */
+    return rc;
 }
 
 void ctl_close(ctl_channel *c)

@@ -20,8 +20,12 @@ typedef struct ctl_channel ctl_channel;
 
 /* Binds tcp://bind_host:port (port 0: a free port chosen by the system)
  * and advertises tcp://advertise_host:<port>. KVCR_EINVAL for a bad host,
- * KVCR_ESYS (message with the reason) when the port cannot be bound. */
-int ctl_open(const char *bind_host, uint16_t port, const char *advertise_host,
+ * KVCR_ESYS (message with the reason) when the port cannot be bound.
+ * listener >= 0: a TCP socket already bound and listening (the KVCR
+ * service's, so that the endpoint outlives this process) that ZeroMQ
+ * adopts (ZMQ_USE_FD) and closes; port is then the one it is bound to.
+ * It is closed on failure too. */
+int ctl_open(const char *bind_host, uint16_t port, int listener, const char *advertise_host,
              size_t max_message, const kvcr_logger *log, ctl_channel **out);
 void ctl_close(ctl_channel *c);
 

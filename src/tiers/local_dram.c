@@ -35,6 +35,14 @@ uint32_t dram_pool_take(dram_pool *p)
     return slot;
 }
 
+void dram_pool_exclude(dram_pool *p, const uint64_t *used)
+{
+    p->head = 0;
+    p->n_free = 0;
+    for (uint32_t i = 0; i < p->n_slots; i++)
+        if (!(used[i / 64] >> (i % 64) & 1)) p->ring[p->n_free++] = i;
+}
+
 void dram_pool_give(dram_pool *p, uint32_t slot)
 {
     uint64_t tail = (uint64_t)p->head + p->n_free;

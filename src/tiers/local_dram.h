@@ -28,6 +28,10 @@ int dram_pool_init(dram_pool *p, const char *name, size_t block_size, void *base
 void dram_pool_destroy(dram_pool *p);
 
 uint32_t dram_pool_take(dram_pool *p); /* requires n_free > 0 */
+/* Rebuilds the free list with every slot whose bit is clear in used (a
+ * bitmap of n_slots bits): recovered blocks keep the slots they had. Only
+ * before the first take. */
+void dram_pool_exclude(dram_pool *p, const uint64_t *used);
 void dram_pool_give(dram_pool *p, uint32_t slot);
 
 static inline uint8_t *dram_slot_addr(const dram_pool *p, uint32_t slot)

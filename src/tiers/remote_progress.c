@@ -490,7 +490,9 @@ int remote_start(kvcr_t *kv)
     if (rc == 0) rc = register_memory(r);
     if (rc == 0)
         rc = ctl_open(kv->conf.remote.control_host, kv->conf.remote.control_port,
-                      kv->conf.remote.advertise_host, WIRE_MAX_MESSAGE, &kv->log, &r->ctl);
+                      kv->control_listener, kv->conf.remote.advertise_host, WIRE_MAX_MESSAGE,
+                      &kv->log, &r->ctl);
+    kv->control_listener = -1; /* consumed either way */
     if (rc == 0) {
         snprintf(r->endpoint, sizeof r->endpoint, "%s", ctl_endpoint(r->ctl));
         if (pthread_create(&r->thread, NULL, progress_main, r) != 0)

@@ -78,6 +78,8 @@ KVCR_API const char *kvcr_strerror(int err)
     case KVCR_EBUSY: return "re-entrant call from a callback";
     case KVCR_ENOENT: return "no such object";
     case KVCR_ESYS: return "system call failed";
+    case KVCR_EPROTO: return "protocol error";
+    case KVCR_EREFUSED: return "refused by the KVCR service";
     default: return "unknown error";
     }
 }

@@ -1,5 +1,6 @@
 /* kvcr-test-peer: the peer process of the peer-to-peer tests (see peer.h).
- * argv: block_size deposit_n fw_n slots pins hold_pins port op_ms abandon_ms.
+ * argv: block_size deposit_n fw_n slots pins hold_pins port op_ms abandon_ms
+ *       service guard_index digest (service "-": no guard mode).
  * Commands arrive on stdin, answers leave on stdout. No cmocka assertion
  * may fail here: every failure is an exit code the parent sees. */
 #include <poll.h>
@@ -25,7 +26,13 @@ typedef struct child {
         char names[256][24];
     } pend[64];
     size_t n_pend;
+    /* PEER_CMD_DEPOSIT: keys still to deposit, and the deposits in flight. */
+    uint32_t dep_next, dep_left;
+    kvcr_op_handle dep_ops[8];
+    size_t n_dep_ops;
 } child;
+
+enum { DEPOSIT_BATCH = 16, CHILD_FW_BLOCKS = 1024 };
 
 static int on_request_pin(void *ud, uint64_t req, const kvcr_key *keys, size_t n)
 {
@@ -84,11 +91,51 @@ static void on_resilience(void *ud, const kvcr_resilience_event *ev)
     c->counts.resilience_events++;
 }
 
+/* Counts what finished among the asynchronous deposits; true when op (0:
+ * none) is among results and all its entries succeeded. */
+static bool absorb(child *c, const kvcr_op_result *res, size_t n, kvcr_op_handle op)
+{
+    bool ok = false;
+    for (size_t i = 0; i < n; i++) {
+        bool all = true;
+        for (size_t e = 0; e < res[i].n_entries; e++)
+            all &= res[i].entries[e].status == KVCR_ENTRY_SUCCESS;
+        if (res[i].op == op) ok = all;
+        for (size_t k = 0; k < c->n_dep_ops; k++) {
+            if (c->dep_ops[k] != res[i].op) continue;
+            for (size_t e = 0; e < res[i].n_entries; e++)
+                c->counts.deposits_done += res[i].entries[e].status == KVCR_ENTRY_SUCCESS;
+            c->dep_ops[k] = c->dep_ops[--c->n_dep_ops];
+            break;
+        }
+    }
+    return ok;
+}
+
 static void child_poll(child *c)
 {
     kvcr_op_result *res;
     size_t n;
-    if (kvcr_poll(c->r.kv, &res, &n) == 0) kvcr_results_free(res);
+    if (kvcr_poll(c->r.kv, &res, &n) != 0) return;
+    absorb(c, res, n, 0);
+    kvcr_results_free(res);
+}
+
+/* Polls until op completes (bounded: 10 s); true when every entry succeeded. */
+static bool child_wait(child *c, kvcr_op_handle op)
+{
+    for (int spin = 0; spin < 20000; spin++) {
+        kvcr_op_result *res;
+        size_t n;
+        if (kvcr_poll(c->r.kv, &res, &n) != 0) return false;
+        bool mine = false;
+        for (size_t i = 0; i < n; i++) mine |= res[i].op == op;
+        bool ok = absorb(c, res, n, op);
+        kvcr_results_free(res);
+        if (mine) return ok;
+        usleep(500);
+    }
+    return false;
 }
 
 /* Deposits k<i> from framework block i and waits for it (bounded). */
@@ -98,25 +145,75 @@ static bool child_deposit(child *c, uint32_t i)
     kvcr_mem_ref ref = {NULL, "", i};
     kvcr_block b = {key_of(peer_key(k, sizeof k, i)), &ref, 1};
     kvcr_op_handle op;
-    if (kvcr_deposit(c->r.kv, &b, 1, 0, &op) != 0) return false;
-    for (int spin = 0; spin < 20000; spin++) {
-        kvcr_op_result *res;
-        size_t n;
-        if (kvcr_poll(c->r.kv, &res, &n) != 0) return false;
-        bool ok = n == 1 && res[0].op == op && res[0].entries[0].status == KVCR_ENTRY_SUCCESS;
-        kvcr_results_free(res);
-        if (n > 0) return ok;
-        usleep(500);
+    if (kvcr_deposit(c->r.kv, &b, 1, 0, &op) != 0 || !child_wait(c, op)) return false;
+    c->counts.deposits_done++;
+    return true;
+}
+
+/* Keeps a few batches of PEER_CMD_DEPOSIT in flight. */
+static void deposit_more(child *c)
+{
+    while (c->dep_left > 0 && c->n_dep_ops < 4) {
+        uint32_t n = c->dep_left < DEPOSIT_BATCH ? c->dep_left : DEPOSIT_BATCH;
+        char names[DEPOSIT_BATCH][24];
+        kvcr_mem_ref refs[DEPOSIT_BATCH];
+        kvcr_block b[DEPOSIT_BATCH];
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t k = c->dep_next + i;
+            refs[i] = (kvcr_mem_ref){NULL, "", k};
+            b[i] = (kvcr_block){key_of(peer_key(names[i], sizeof names[i], k)), &refs[i], 1};
+        }
+        kvcr_op_handle op;
+        if (kvcr_deposit(c->r.kv, b, n, 0, &op) != 0) _exit(7);
+        c->dep_ops[c->n_dep_ops++] = op;
+        c->dep_next += n;
+        c->dep_left -= n;
     }
-    return false;
+}
+
+/* PEER_CMD_VERIFY: which of k0..k<n-1> this instance holds in KVCR DRAM,
+ * and whether each comes back with its bytes. */
+static peer_verdict child_verify(child *c, uint32_t n)
+{
+    peer_verdict v = {0, 0};
+    for (uint32_t i = 0; i < n && i < c->r.fw_count; i++) {
+        char k[24];
+        kvcr_key key = key_of(peer_key(k, sizeof k, i));
+        kvcr_query_result q;
+        if (kvcr_query(c->r.kv, &key, 1, NULL, &q) != 0 || q.status != KVCR_QUERY_HIT) continue;
+        v.hits++;
+        uint8_t *dst = c->r.fw + (size_t)i * c->r.block_size;
+        memset(dst, 0, c->r.block_size);
+        kvcr_mem_ref ref = {NULL, "", i};
+        kvcr_block b = {key, &ref, 1};
+        kvcr_op_handle op;
+        if (kvcr_deliver(c->r.kv, &b, 1, NULL, &op) == 0 && child_wait(c, op) &&
+            rig_has_pattern(&c->r, dst, i))
+            v.good++;
+    }
+    return v;
+}
+
+static bool read_u32(int fd, uint32_t *v)
+{
+    return read(fd, v, 4) == 4;
 }
 
 static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
 {
     static child c;
     c.o = *o;
-    rig_init_remote(&c.r, o->block_size, o->fw_n ? o->fw_n : 1, o->slots);
-    if (o->deposit_n > c.r.fw_count) {
+    rig_init_remote(&c.r, o->block_size, o->fw_n ? o->fw_n : 1, o->service ? 0 : o->slots);
+    if (o->service) { /* deposits and verification use framework block i for k<i> */
+        free(c.r.fw);
+        c.r.fw_count = CHILD_FW_BLOCKS;
+        c.r.fw = aligned_alloc(4096, o->block_size * CHILD_FW_BLOCKS);
+        c.r.region.addr = c.r.fw;
+        c.r.region.count = CHILD_FW_BLOCKS;
+        c.r.cfg.guard.service_socket_path = o->service;
+        c.r.cfg.guard.guard_index = o->guard_index;
+        c.r.cfg.guard.compatibility_digest = o->digest;
+    } else if (o->deposit_n > c.r.fw_count) {
         /* deposits come from framework blocks: make room */
         free(c.r.fw);
         c.r.fw_count = o->deposit_n;
@@ -153,10 +250,22 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
         struct pollfd fds[2] = {{cmd, POLLIN, 0}, {kvcr_fd(c.r.kv), POLLIN, 0}};
         poll(fds, 2, 5);
         child_poll(&c);
+        deposit_more(&c);
         if (!(fds[0].revents & (POLLIN | POLLHUP))) continue;
         char op;
         if (read(cmd, &op, 1) != 1) op = PEER_CMD_STOP; /* the parent is gone */
-        if (op == PEER_CMD_COUNTERS) {
+        if (op == PEER_CMD_VERIFY) {
+            uint32_t n;
+            if (!read_u32(cmd, &n)) _exit(3);
+            peer_verdict v = child_verify(&c, n);
+            if (write(out, &v, sizeof v) != (ssize_t)sizeof v) _exit(3);
+        } else if (op == PEER_CMD_DEPOSIT) {
+            uint32_t first, n;
+            if (!read_u32(cmd, &first) || !read_u32(cmd, &n) || first + n > c.r.fw_count) _exit(3);
+            for (uint32_t i = first; i < first + n; i++) rig_pattern(&c.r, i, i);
+            c.dep_next = first;
+            c.dep_left = n;
+        } else if (op == PEER_CMD_COUNTERS) {
             c.counts.dropped_messages = kvcr__test_dropped_messages(c.r.kv);
             if (write(out, &c.counts, sizeof c.counts) != (ssize_t)sizeof c.counts) _exit(3);
         } else {
@@ -180,7 +289,7 @@ static unsigned long arg(char **argv, int i)
 
 int main(int argc, char **argv)
 {
-    if (argc != 10) {
+    if (argc != 13) {
         fprintf(stderr, "kvcr-test-peer: started by the tests (peer.c), not by hand\n");
         return 2;
     }
@@ -188,6 +297,9 @@ int main(int argc, char **argv)
                    .fw_n = (uint32_t)arg(argv, 3), .slots = (uint32_t)arg(argv, 4),
                    .pins = arg(argv, 5) != 0, .hold_pins = arg(argv, 6) != 0,
                    .port = (uint16_t)arg(argv, 7), .op_timeout_ms = (uint32_t)arg(argv, 8),
-                   .abandon_timeout_ms = (uint32_t)arg(argv, 9)};
+                   .abandon_timeout_ms = (uint32_t)arg(argv, 9),
+                   .service = strcmp(argv[10], "-") ? argv[10] : NULL,
+                   .guard_index = (uint32_t)arg(argv, 11),
+                   .digest = strcmp(argv[12], "-") ? argv[12] : NULL};
     child_main(&o, 0, 1);
 }

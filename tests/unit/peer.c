@@ -161,7 +161,7 @@ void peer_spawn(peer *p, const peer_opts *o)
     int down[2], up[2];
     assert_int_equal(pipe2(down, O_CLOEXEC), 0);
     assert_int_equal(pipe2(up, O_CLOEXEC), 0);
-    char args[9][24];
+    char args[12][300];
     snprintf(args[0], sizeof args[0], "%zu", o->block_size);
     snprintf(args[1], sizeof args[1], "%u", o->deposit_n);
     snprintf(args[2], sizeof args[2], "%u", o->fw_n);
@@ -171,8 +171,11 @@ void peer_spawn(peer *p, const peer_opts *o)
     snprintf(args[6], sizeof args[6], "%u", o->port);
     snprintf(args[7], sizeof args[7], "%u", o->op_timeout_ms);
     snprintf(args[8], sizeof args[8], "%u", o->abandon_timeout_ms);
+    snprintf(args[9], sizeof args[9], "%s", o->service ? o->service : "-");
+    snprintf(args[10], sizeof args[10], "%u", o->guard_index);
+    snprintf(args[11], sizeof args[11], "%s", o->digest ? o->digest : "-");
     char *argv[] = {KVCR_TEST_PEER, args[0], args[1], args[2], args[3], args[4], args[5],
-                    args[6], args[7], args[8], NULL};
+                    args[6], args[7], args[8], args[9], args[10], args[11], NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, down[0], 0); /* dup2 clears close-on-exec */
@@ -196,6 +199,24 @@ void peer_counters(peer *p, peer_counts *out)
     char op = PEER_CMD_COUNTERS;
     assert_int_equal(write(p->to_child, &op, 1), 1);
     assert_true(read_full(p->from_child, out, sizeof *out, 10000));
+}
+
+peer_verdict peer_verify(peer *p, uint32_t n)
+{
+    char op[5] = {PEER_CMD_VERIFY};
+    memcpy(op + 1, &n, 4);
+    assert_int_equal(write(p->to_child, op, 5), 5);
+    peer_verdict v;
+    assert_true(read_full(p->from_child, &v, sizeof v, 20000));
+    return v;
+}
+
+void peer_deposit_async(peer *p, uint32_t first, uint32_t n)
+{
+    char op[9] = {PEER_CMD_DEPOSIT};
+    memcpy(op + 1, &first, 4);
+    memcpy(op + 5, &n, 4);
+    assert_int_equal(write(p->to_child, op, 9), 9);
 }
 
 static void reap(peer *p)

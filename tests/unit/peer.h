@@ -15,7 +15,7 @@
 
 #include "harness.h"
 
-enum { PEER_CMD_COUNTERS = 'c', PEER_CMD_STOP = 's' };
+enum { PEER_CMD_COUNTERS = 'c', PEER_CMD_STOP = 's', PEER_CMD_VERIFY = 'v', PEER_CMD_DEPOSIT = 'd' };
 
 typedef struct peer_opts {
     size_t block_size;
@@ -26,13 +26,24 @@ typedef struct peer_opts {
     bool hold_pins;       /* take pin requests but never answer them */
     uint16_t port;        /* 0: any free port */
     uint32_t op_timeout_ms, abandon_timeout_ms;
+    /* Guard mode: KVCR DRAM from this service's group (slots then unused). */
+    const char *service;  /* claim socket path, or NULL */
+    uint32_t guard_index;
+    const char *digest;
 } peer_opts;
 
 typedef struct peer_counts {
     uint64_t pin_requests, pinned_keys, pin_releases, pin_cancels;
     uint64_t dropped_messages;
     uint64_t resilience_events;
+    uint64_t deposits_done;   /* blocks deposited and committed */
 } peer_counts;
+
+/* What PEER_CMD_VERIFY found among k0..k<n-1>: how many are HIT in KVCR
+ * DRAM, and how many of those delivered back with the right bytes. */
+typedef struct peer_verdict {
+    uint32_t hits, good;
+} peer_verdict;
 
 typedef struct peer {
     pid_t pid;
@@ -44,6 +55,11 @@ void peer_opts_init(peer_opts *o);
 /* Starts a peer and waits until its instance is up (bounded: 20 s). */
 void peer_spawn(peer *p, const peer_opts *o);
 void peer_counters(peer *p, peer_counts *out);
+/* Asks the peer to check k0..k<n-1> in its own KVCR (n <= its fw_n). */
+peer_verdict peer_verify(peer *p, uint32_t n);
+/* Asks the peer to deposit k<first>..k<first+n-1>, 16 at a time, without
+ * waiting (deposits_done counts the committed ones). */
+void peer_deposit_async(peer *p, uint32_t first, uint32_t n);
 /* Kills with SIGKILL and reaps. */
 void peer_kill(peer *p);
 /* Closes its instance cleanly, reaps, and checks it exited 0. */

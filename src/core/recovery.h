@@ -1,0 +1,60 @@
+/* Guard mode inside an engine's instance: what it recovers when it starts
+ * and what it publishes while it runs.
+ *
+ * Start: the blocks a claim recovered (recovered_block) are installed
+ * before any thread runs, READY in the very slots they occupied, with no
+ * access history. The list is checked whole first: a slot claimed twice,
+ * a slot or pool out of range, a bad key make the instance start cold
+ * (every slot free) and say why, never install part of something wrong.
+ *
+ * Run: every DRAM residency that becomes READY is published to the
+ * recovery journal as PUT, and every READY residency that goes away as
+ * REMOVE, before its slot can be reused. A journal that refuses a frame
+ * (full, or invalidated by the Guard) turns publication off for good: the
+ * cache keeps working, the Guard will recover nothing. Blocks of more than
+ * one slot are not published (guard mode asks for one slot per block). */
+#ifndef KVCR_CORE_RECOVERY_H
+#define KVCR_CORE_RECOVERY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/index.h"
+#include "kvcr/kvcr.h"
+
+struct journal;
+struct svc_hold;
+
+typedef struct recovered_block {
+    const uint8_t *key;
+    size_t key_len;
+    uint32_t pool;
+    uint64_t slot;
+} recovered_block;
+
+/* What an instance starts from besides its configuration: given by the
+ * service client for a claimant, and by the Guard for its serving
+ * instance. Everything is optional (zero / -1 / NULL). */
+typedef struct kvcr_boot {
+    const recovered_block *blocks; /* installed at start */
+    size_t n_blocks;
+    struct journal *journal;       /* publish here (owned by hold, or by the caller) */
+    int control_listener;          /* a listening TCP socket the control channel adopts;
+                                    * -1: bind control_host:control_port. Consumed. */
+    struct svc_hold *hold;         /* the claim, released when the instance closes */
+    const char *role;              /* for the start log line ("claimant", "guard") */
+} kvcr_boot;
+
+/* kvcr_create with a boot record. */
+int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out);
+
+/* Installs boot->blocks (under no lock: nothing runs yet). Returns how
+ * many were installed; a refused list installs none and logs why. */
+size_t recovery_install(kvcr_t *kv, const recovered_block *blocks, size_t n);
+
+/* The publishing hooks (instance lock held); no-ops without a journal. */
+void recovery_put(kvcr_t *kv, block_id id);
+void recovery_remove(kvcr_t *kv, block_id id);
+
+#endif

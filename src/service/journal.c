@@ -1,0 +1,501 @@
+/* The recovery journal (see journal.h for the format and the model).
+ *
+ * Each side keeps its own cursor and sequence number in its journal struct
+ * and stores only its own word of the header (published for the producer,
+ * consumed for the consumer, and either may set the invalid flag). The
+ * other side's word is loaded, checked against what is possible, and never
+ * trusted beyond that.
+ *
+ * The consumer copies every frame out of the ring into its scratch buffer
+ * before it decodes it, not only the frames that wrap: the producer lives
+ * in another process and is not trusted, so the bytes that are checked
+ * must be bytes it can no longer change. That is one copy of at most
+ * 1056 bytes per frame. The size that bounds the copy is read with a
+ * single load for the same reason.
+ *
+ * Sequence numbers are not in the header, so a side that attaches at a
+ * non-zero cursor counts the frames before it, which it can do only while
+ * they are all still in the ring (published <= C: the ring's first lap,
+ * which is where a freshly formatted or compacted journal is). Beyond
+ * that the next number is unknown, and the journal is made INVALID. */
+#include "service/journal.h"
+
+#include <endian.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "kvcr/error.h"
+#include "util/log.h"
+
+#define MAGIC "KVCRJNL1"
+#define VERSION 1u
+
+/* Header offsets. */
+#define H_VERSION 8
+#define H_GENERATION 16
+#define H_BYTES 24
+#define H_SUM 32 /* XXH3-64 of [0, H_SUM) */
+#define H_INVALID 64
+#define H_PUBLISHED 128
+#define H_CONSUMED 192
+
+/* Frame head offsets. */
+#define F_SIZE 0
+#define F_TYPE 2
+#define F_RESERVED 3
+#define F_KEY_LEN 4
+#define F_POOL 6
+#define F_SLOT 8
+#define F_SEQ 16
+#define F_SUM 24
+
+#define HEAD JOURNAL_FRAME_HEAD
+#define FRAME_MIN (HEAD + 8)                 /* a 1-byte key, padded */
+#define SCRATCH_BYTES (HEAD + KVCR_KEY_MAX + 8) /* >= the largest frame */
+
+/* ---- little-endian fields and shared words --------------------------------- */
+
+static uint16_t get16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return le16toh(v);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return le32toh(v);
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return le64toh(v);
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    v = htole16(v);
+    memcpy(p, &v, 2);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    v = htole32(v);
+    memcpy(p, &v, 4);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    v = htole64(v);
+    memcpy(p, &v, 8);
+}
+
+/* The words both processes touch; base is 8-byte aligned (checked). */
+static uint64_t load_word(const uint8_t *base, size_t off)
+{
+    const uint64_t *w = (const uint64_t *)(const void *)(base + off);
+    return le64toh(__atomic_load_n(w, __ATOMIC_ACQUIRE));
+}
+
+static void store_word(uint8_t *base, size_t off, uint64_t v)
+{
+    uint64_t *w = (uint64_t *)(void *)(base + off);
+    __atomic_store_n(w, htole64(v), __ATOMIC_RELEASE);
+}
+
+static uint64_t round8(uint64_t n)
+{
+    return (n + 7) & ~(uint64_t)7;
+}
+
+uint64_t journal_frame_bytes(size_t key_len)
+{
+    return round8(HEAD + (uint64_t)key_len);
+}
+
+/* ---- header -------------------------------------------------------------------- */
+
+static int check_mapping(const void *base, uint64_t bytes)
+{
+    if (base == NULL || ((uintptr_t)base & 7) != 0)
+        return kvcr_fail(KVCR_EINVAL, "recovery journal: base must be 8-byte aligned");
+    if (bytes < JOURNAL_MIN_BYTES || bytes % 4096 != 0)
+        return kvcr_fail(KVCR_EINVAL,
+                         "recovery journal: size %" PRIu64 " is not a multiple of 4096 of at "
+                         "least %u bytes",
+                         bytes, JOURNAL_MIN_BYTES);
+    return 0;
+}
+
+int journal_format(void *base, uint64_t bytes, uint64_t generation)
+{
+    int rc = check_mapping(base, bytes);
+    if (rc != 0) return rc;
+    uint8_t *h = base;
+    memset(h, 0, JOURNAL_HEADER_BYTES);
+    memcpy(h, MAGIC, 8);
+    put32(h + H_VERSION, VERSION);
+    put64(h + H_GENERATION, generation);
+    put64(h + H_BYTES, bytes);
+    put64(h + H_SUM, XXH3_64bits(h, H_SUM));
+    store_word(h, H_PUBLISHED, 0);
+    store_word(h, H_CONSUMED, 0);
+    store_word(h, H_INVALID, 0);
+    return 0;
+}
+
+/* Is this a journal of this size and generation? The shared words are not
+ * looked at here. */
+static int check_header(const uint8_t *h, uint64_t bytes, uint64_t generation)
+{
+    int rc = check_mapping(h, bytes);
+    if (rc != 0) return rc;
+    if (memcmp(h, MAGIC, 8) != 0)
+        return kvcr_fail(KVCR_EPROTO, "recovery journal: bad magic");
+    if (get32(h + H_VERSION) != VERSION)
+        return kvcr_fail(KVCR_EPROTO, "recovery journal: version %" PRIu32 ", expected %u",
+                         get32(h + H_VERSION), VERSION);
+    if (get64(h + H_SUM) != XXH3_64bits(h, H_SUM))
+        return kvcr_fail(KVCR_EPROTO, "recovery journal: header fails its checksum");
+    if (get64(h + H_BYTES) != bytes)
+        return kvcr_fail(KVCR_EPROTO, "recovery journal: %" PRIu64 " bytes, expected %" PRIu64,
+                         get64(h + H_BYTES), bytes);
+    if (get64(h + H_GENERATION) != generation)
+        return kvcr_fail(KVCR_EPROTO,
+                         "recovery journal: generation %" PRIu64 ", expected %" PRIu64,
+                         get64(h + H_GENERATION), generation);
+    return 0;
+}
+
+/* ---- frames -------------------------------------------------------------------- */
+
+/* Copies the frame that starts at cursor pos out of the ring into buf
+ * (SCRATCH_BYTES), joining the two halves of a frame that wraps. The frame
+ * must end by end (the published cursor; pos <= end). *total is its size
+ * in the ring. */
+static int fetch(const uint8_t *ring, uint64_t cap, uint64_t pos, uint64_t end, uint8_t *buf,
+                 uint64_t *total)
+{
+    if (end - pos < FRAME_MIN)
+        return kvcr_fail(KVCR_EPROTO,
+                         "recovery journal: frame at %" PRIu64 " crosses the published cursor %"
+                         PRIu64, pos, end);
+    /* A frame's first 8 bytes never wrap (cursors and C are multiples of
+     * 8). One load, so the size checked is the size used. */
+    uint64_t off = pos % cap;
+    const uint64_t *first = (const uint64_t *)(const void *)(ring + off);
+    uint64_t size = le64toh(__atomic_load_n(first, __ATOMIC_RELAXED)) & 0xffff;
+    if (size <= HEAD || size > HEAD + KVCR_KEY_MAX)
+        return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has size %" PRIu64,
+                         pos, size);
+    uint64_t t = round8(size);
+    if (t > end - pos)
+        return kvcr_fail(KVCR_EPROTO,
+                         "recovery journal: frame at %" PRIu64 " (%" PRIu64 " bytes) crosses the "
+                         "published cursor %" PRIu64, pos, t, end);
+    uint64_t first_part = cap - off < t ? cap - off : t;
+    memcpy(buf, ring + off, first_part);
+    memcpy(buf + first_part, ring, t - first_part);
+    *total = t;
+    return 0;
+}
+
+/* Verifies the private copy f of the frame at pos (total bytes), which must
+ * be number seq, and describes it in *out (key pointing into f). Zeroes
+ * the checksum field of f. */
+static int decode(uint8_t *f, uint64_t total, uint64_t generation, uint64_t seq, uint64_t pos,
+                  jrec *out)
+{
+    uint64_t size = get16(f + F_SIZE);
+    if (size <= HEAD || size > HEAD + KVCR_KEY_MAX || round8(size) != total)
+        return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has size %" PRIu64,
+                         pos, size);
+    unsigned type = f[F_TYPE];
+    if (type != JREC_PUT && type != JREC_REMOVE)
+        return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has type %u", pos,
+                         type);
+    if (f[F_RESERVED] != 0)
+        return kvcr_fail(KVCR_EPROTO,
+                         "recovery journal: frame at %" PRIu64 " has reserved byte %u", pos,
+                         f[F_RESERVED]);
+    uint64_t key_len = get16(f + F_KEY_LEN);
+    if (key_len != size - HEAD)
+        return kvcr_fail(KVCR_EPROTO,
+                         "recovery journal: frame at %" PRIu64 " has key length %" PRIu64
+                         " for size %" PRIu64, pos, key_len, size);
+    uint32_t pool = get16(f + F_POOL);
+    uint64_t slot = get64(f + F_SLOT);
+    if (type == JREC_REMOVE && (pool != 0 || slot != 0))
+        return kvcr_fail(KVCR_EPROTO,
+                         "recovery journal: REMOVE frame at %" PRIu64 " names pool %" PRIu32
+                         " slot %" PRIu64, pos, pool, slot);
+    for (uint64_t i = size; i < total; i++)
+        if (f[i] != 0)
+            return kvcr_fail(KVCR_EPROTO,
+                             "recovery journal: frame at %" PRIu64 " has non-zero padding", pos);
+    uint64_t sum = get64(f + F_SUM);
+    memset(f + F_SUM, 0, 8);
+    if (XXH3_64bits_withSeed(f, total, generation) != sum)
+        return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " fails its checksum",
+                         pos);
+    /* Checked after the checksum: a frame that verifies but has the wrong
+     * number is a whole frame in the wrong place (stale, or repeated). */
+    if (get64(f + F_SEQ) != seq)
+        return kvcr_fail(KVCR_EPROTO,
+                         "recovery journal: frame at %" PRIu64 " has sequence %" PRIu64
+                         ", expected %" PRIu64, pos, get64(f + F_SEQ), seq);
+    out->type = (jrec_type)type;
+    out->key = f + HEAD;
+    out->key_len = (size_t)key_len;
+    out->pool = pool;
+    out->slot = slot;
+    return 0;
+}
+
+/* Verifies the frames of [0, end) from ring offset 0 (end <= C: none
+ * wraps), numbered from 0, handing each to cb when there is one; *count
+ * is how many there are. Reads the mapping only. */
+static int walk(const uint8_t *base, uint64_t bytes, uint64_t generation, uint64_t end,
+                int (*cb)(void *ud, const jrec *r), void *ud, uint64_t *count)
+{
+    const uint8_t *ring = base + JOURNAL_HEADER_BYTES;
+    uint64_t cap = bytes - JOURNAL_HEADER_BYTES;
+    uint8_t buf[SCRATCH_BYTES];
+    uint64_t pos = 0, seq = 0;
+    while (pos < end) { /* every turn advances pos by at least FRAME_MIN */
+        uint64_t total;
+        jrec r;
+        int rc = fetch(ring, cap, pos, end, buf, &total);
+        if (rc == 0) rc = decode(buf, total, generation, seq, pos, &r);
+        if (rc == 0 && cb != NULL) rc = cb(ud, &r);
+        if (rc != 0) return rc;
+        pos += total;
+        seq++;
+    }
+    *count = seq;
+    return 0;
+}
+
+/* ---- both sides ---------------------------------------------------------------- */
+
+static void mark_invalid(journal *j)
+{
+    store_word(j->base, H_INVALID, 1);
+    j->invalid = true;
+}
+
+/* Marks the journal INVALID and fails with err and "recovery journal: ...". */
+static int give_up(journal *j, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int give_up(journal *j, int err, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    mark_invalid(j);
+    return kvcr_fail(err, "recovery journal: %s", msg);
+}
+
+/* INVALID, as we last knew or as the other side has since said? */
+static bool closed(journal *j)
+{
+    if (!j->invalid && load_word(j->base, H_INVALID) != 0) j->invalid = true;
+    if (j->invalid)
+        (void)kvcr_fail(KVCR_ECLOSED, "recovery journal: INVALID (recovery is off until the "
+                                      "journal is formatted again)");
+    return j->invalid;
+}
+
+/* Takes the cursor in own_word as j's own and numbers the next frame by
+ * counting the frames before it. */
+static int attach(journal *j, void *base, uint64_t bytes, uint64_t generation, size_t own_word)
+{
+    if (j == NULL) return kvcr_fail(KVCR_EINVAL, "recovery journal: no journal");
+    memset(j, 0, sizeof *j);
+    int rc = check_header(base, bytes, generation);
+    if (rc != 0) return rc;
+    j->scratch = malloc(SCRATCH_BYTES);
+    if (j->scratch == NULL)
+        return kvcr_fail(KVCR_ENOMEM, "recovery journal: no memory for a frame");
+    j->base = base;
+    j->bytes = bytes;
+    j->cap = bytes - JOURNAL_HEADER_BYTES;
+    j->generation = generation;
+    if (load_word(j->base, H_INVALID) != 0) {
+        j->invalid = true;
+        return 0;
+    }
+    j->cursor = load_word(j->base, own_word);
+    if (j->cursor == 0) return 0;
+    /* An attachment that cannot know its sequence number attaches INVALID
+     * (it says why in the last error): recovery is off, nothing is wrong. */
+    uint64_t published = load_word(j->base, H_PUBLISHED);
+    if (published > j->cap || j->cursor > published) {
+        (void)give_up(j, KVCR_EPROTO,
+                      "cannot attach at cursor %" PRIu64 " (published %" PRIu64
+                      ", capacity %" PRIu64 "): the frames before it are not all in the ring",
+                      j->cursor, published, j->cap);
+        return 0;
+    }
+    if (walk(j->base, j->bytes, j->generation, j->cursor, NULL, NULL, &j->seq) != 0)
+        mark_invalid(j);
+    return 0;
+}
+
+int journal_attach_producer(journal *j, void *base, uint64_t bytes, uint64_t generation)
+{
+    return attach(j, base, bytes, generation, H_PUBLISHED);
+}
+
+int journal_attach_consumer(journal *j, void *base, uint64_t bytes, uint64_t generation)
+{
+    return attach(j, base, bytes, generation, H_CONSUMED);
+}
+
+void journal_detach(journal *j)
+{
+    if (j == NULL) return;
+    free(j->scratch);
+    memset(j, 0, sizeof *j);
+}
+
+void journal_invalidate(journal *j)
+{
+    if (j->base != NULL) mark_invalid(j);
+    j->invalid = true;
+}
+
+bool journal_is_invalid(const journal *j)
+{
+    return j->invalid || j->base == NULL || load_word(j->base, H_INVALID) != 0;
+}
+
+/* Both words are read from the header: each side's own word there is its
+ * own cursor, so this is right for either side without knowing which. */
+uint64_t journal_backlog(const journal *j)
+{
+    if (j->base == NULL) return 0;
+    uint64_t consumed = load_word(j->base, H_CONSUMED);
+    uint64_t published = load_word(j->base, H_PUBLISHED);
+    return published > consumed ? published - consumed : 0;
+}
+
+/* ---- producer ------------------------------------------------------------------ */
+
+static int check_record(const jrec *r)
+{
+    if (r == NULL) return kvcr_fail(KVCR_EINVAL, "recovery journal: no record");
+    if (r->type != JREC_PUT && r->type != JREC_REMOVE)
+        return kvcr_fail(KVCR_EINVAL, "recovery journal: record type %d is neither PUT nor REMOVE",
+                         (int)r->type);
+    if (r->key == NULL || r->key_len < 1 || r->key_len > KVCR_KEY_MAX)
+        return kvcr_fail(KVCR_EINVAL, "recovery journal: key of %zu bytes (1 .. %d, not NULL)",
+                         r->key_len, KVCR_KEY_MAX);
+    if (r->type == JREC_PUT && r->pool > 0xffff)
+        return kvcr_fail(KVCR_EINVAL, "recovery journal: pool %" PRIu32 " beyond 65535", r->pool);
+    return 0;
+}
+
+int journal_publish(journal *j, const jrec *r)
+{
+    int rc = check_record(r);
+    if (rc != 0) return rc;
+    if (j->base == NULL) return kvcr_fail(KVCR_EINVAL, "recovery journal: not attached");
+    if (closed(j)) return KVCR_ECLOSED;
+
+    uint64_t consumed = load_word(j->base, H_CONSUMED);
+    if (consumed % 8 != 0 || consumed > j->cursor || j->cursor - consumed > j->cap)
+        return give_up(j, KVCR_ECLOSED,
+                       "consumed cursor %" PRIu64 " impossible (published %" PRIu64
+                       ", capacity %" PRIu64 ")", consumed, j->cursor, j->cap);
+    /* The engine never waits for the Guard: a full ring ends recovery. */
+    uint64_t total = journal_frame_bytes(r->key_len);
+    uint64_t free_bytes = j->cap - (j->cursor - consumed);
+    if (total > free_bytes)
+        return give_up(j, KVCR_ECLOSED,
+                       "ring full (%" PRIu64 " bytes free, frame of %" PRIu64 ")", free_bytes,
+                       total);
+
+    uint8_t *f = j->scratch;
+    bool put = r->type == JREC_PUT;
+    memset(f, 0, total);
+    put16(f + F_SIZE, (uint16_t)(HEAD + r->key_len));
+    f[F_TYPE] = (uint8_t)r->type;
+    put16(f + F_KEY_LEN, (uint16_t)r->key_len);
+    put16(f + F_POOL, put ? (uint16_t)r->pool : 0);
+    put64(f + F_SLOT, put ? r->slot : 0);
+    put64(f + F_SEQ, j->seq);
+    memcpy(f + HEAD, r->key, r->key_len);
+    put64(f + F_SUM, XXH3_64bits_withSeed(f, total, j->generation));
+
+    uint8_t *ring = j->base + JOURNAL_HEADER_BYTES;
+    uint64_t off = j->cursor % j->cap;
+    uint64_t first_part = j->cap - off < total ? j->cap - off : total;
+    memcpy(ring + off, f, first_part);
+    memcpy(ring, f + first_part, total - first_part);
+    j->cursor += total;
+    j->seq++;
+    store_word(j->base, H_PUBLISHED, j->cursor);
+    return 0;
+}
+
+/* ---- consumer ------------------------------------------------------------------ */
+
+int journal_read_next(journal *j, jrec *out)
+{
+    if (j->base == NULL) return kvcr_fail(KVCR_EINVAL, "recovery journal: not attached");
+    if (closed(j)) return KVCR_ECLOSED;
+
+    uint64_t published = load_word(j->base, H_PUBLISHED);
+    uint64_t pos = j->cursor;
+    if (published % 8 != 0 || published < pos || published - pos > j->cap)
+        return give_up(j, KVCR_EPROTO,
+                       "published cursor %" PRIu64 " impossible (consumed %" PRIu64
+                       ", capacity %" PRIu64 ")", published, pos, j->cap);
+    if (published == pos) return 0;
+
+    uint64_t total;
+    int rc = fetch(j->base + JOURNAL_HEADER_BYTES, j->cap, pos, published, j->scratch, &total);
+    if (rc == 0) rc = decode(j->scratch, total, j->generation, j->seq, pos, out);
+    if (rc != 0) {
+        mark_invalid(j);
+        return rc;
+    }
+    j->cursor += total;
+    j->seq++;
+    store_word(j->base, H_CONSUMED, j->cursor);
+    return 1;
+}
+
+/* ---- replay -------------------------------------------------------------------- */
+
+int journal_replay(const void *base, uint64_t bytes, uint64_t generation,
+                   int (*cb)(void *ud, const jrec *r), void *ud)
+{
+    const uint8_t *h = base;
+    int rc = check_header(h, bytes, generation);
+    if (rc != 0) return rc;
+    if (cb == NULL) return kvcr_fail(KVCR_EINVAL, "recovery journal: no replay callback");
+    if (load_word(h, H_INVALID) != 0)
+        return kvcr_fail(KVCR_ECLOSED, "recovery journal: INVALID, nothing to replay");
+    uint64_t published = load_word(h, H_PUBLISHED);
+    uint64_t cap = bytes - JOURNAL_HEADER_BYTES;
+    if (published % 8 != 0 || published > cap)
+        return kvcr_fail(KVCR_EPROTO,
+                         "recovery journal: published cursor %" PRIu64 " impossible for a "
+                         "replay (capacity %" PRIu64 ")", published, cap);
+    uint64_t count;
+    return walk(h, bytes, generation, published, cb, ud, &count);
+}

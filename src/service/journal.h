@@ -1,0 +1,132 @@
+/* The recovery journal: how an engine's KVCR tells the Guard in the KVCR
+ * service which blocks of the shared DRAM pool are committed, so that the
+ * Guard can serve them after the engine dies and a restarted engine can
+ * take them back.
+ *
+ * It is a single-producer, single-consumer ring of checksummed frames in
+ * the first journal_bytes of the pool mapping, shared by two processes:
+ * the producer is the engine (under its instance lock), the consumer the
+ * Guard. Neither trusts the other: every frame is bounds-checked and
+ * verified before it is believed, and anything that does not verify makes
+ * the journal INVALID (a flag in the header, permanent until the next
+ * journal_format), which means "recovery is off": the Guard recovers
+ * nothing rather than something wrong.
+ *
+ * Layout (little-endian):
+ *   [0, 4096)      header:
+ *                    0   magic "KVCRJNL1"
+ *                    8   u32 format version (1)
+ *                   16   u64 generation: the pool's, fixed by the service
+ *                   24   u64 journal_bytes
+ *                   32   u64 XXH3-64 of [0, 32)
+ *                   64   u64 invalid flag (0 valid, 1 invalid)   atomic
+ *                  128   u64 published cursor                    atomic
+ *                  192   u64 consumed cursor                     atomic
+ *                  (the cursors sit on their own cache lines)
+ *   [4096, journal_bytes)  the ring, capacity C = journal_bytes - 4096.
+ * Cursors count bytes ever published / consumed (never wrapped); a frame
+ * starts at ring offset cursor mod C and may wrap. Valid cursors are
+ * multiples of 8 with consumed <= published <= consumed + C.
+ *
+ * Frame (32-byte head, then the key, then zero padding to a multiple of 8):
+ *    0  u16 frame_size = 32 + key_len (<= 32 + KVCR_KEY_MAX)
+ *    2  u8  type: 1 PUT (key now lives in pool `pool` at `slot`),
+ *                 2 REMOVE (key has no DRAM residency any more)
+ *    3  u8  0
+ *    4  u16 key_len, 1 .. KVCR_KEY_MAX
+ *    6  u16 pool (PUT; 0 for REMOVE)
+ *    8  u64 slot (PUT; 0 for REMOVE)
+ *   16  u64 sequence number: frames are numbered 0, 1, 2 ... from the last
+ *       journal_format; a frame with the wrong number is invalid
+ *   24  u64 XXH3-64, seeded with the generation, of the frame with this
+ *       field zero (head, key and padding)
+ * A reader rejects: a bad size, type, reserved byte, key length, non-zero
+ * padding, wrong sequence, wrong checksum, or a frame that would cross the
+ * published cursor.
+ *
+ * Memory order: the producer writes a frame, then store-releases published;
+ * the consumer acquire-loads published, decodes, then store-releases
+ * consumed. The producer acquire-loads consumed to find free space. */
+#ifndef KVCR_SERVICE_JOURNAL_H
+#define KVCR_SERVICE_JOURNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcr/types.h"
+
+#define JOURNAL_HEADER_BYTES 4096u
+#define JOURNAL_FRAME_HEAD 32u
+#define JOURNAL_MIN_BYTES (JOURNAL_HEADER_BYTES + 65536u)
+
+typedef enum { JREC_PUT = 1, JREC_REMOVE = 2 } jrec_type;
+
+typedef struct jrec {
+    jrec_type type;
+    const uint8_t *key; /* valid until the next call on the same journal */
+    size_t key_len;     /* 1 .. KVCR_KEY_MAX */
+    uint32_t pool;      /* PUT only: < 65536 */
+    uint64_t slot;      /* PUT only */
+} jrec;
+
+/* One side's view of a journal (a producer or a consumer; never both). */
+typedef struct journal {
+    uint8_t *base;      /* the mapping: header then ring */
+    uint64_t bytes;     /* journal_bytes */
+    uint64_t cap;       /* ring capacity */
+    uint64_t generation;
+    uint64_t cursor;    /* own cursor: published (producer) or consumed (consumer) */
+    uint64_t seq;       /* the next frame's sequence number */
+    bool invalid;       /* seen or made invalid: every later call fails */
+    uint8_t *scratch;   /* a frame that wraps is copied here to be decoded */
+} journal;
+
+/* Writes a fresh, valid, empty header (cursors 0). Only the service does
+ * this, while no producer or consumer is attached. bytes >= JOURNAL_MIN_BYTES
+ * and a multiple of 4096. */
+int journal_format(void *base, uint64_t bytes, uint64_t generation);
+
+/* Checks the header (magic, version, size, generation, checksum) and takes
+ * the current cursors as its own starting point: a producer starts at
+ * published, a consumer at consumed. KVCR_EPROTO when the header is not a
+ * journal of this generation and size; an INVALID journal attaches
+ * (journal_is_invalid tells). */
+int journal_attach_producer(journal *j, void *base, uint64_t bytes, uint64_t generation);
+int journal_attach_consumer(journal *j, void *base, uint64_t bytes, uint64_t generation);
+void journal_detach(journal *j);
+
+/* Producer: appends one frame. 0 when published; KVCR_EINVAL for a bad
+ * record (nothing changes); KVCR_ECLOSED when the journal is INVALID or
+ * becomes so here (the ring is full, the cursors are impossible): recovery
+ * is off from then on, the engine keeps running and the Guard will
+ * recover nothing. */
+int journal_publish(journal *j, const jrec *r);
+
+/* Consumer: 1 with *out set (its key valid until the next call), 0 when
+ * nothing is published beyond the consumed cursor, KVCR_EPROTO when the
+ * next frame does not verify or the cursors are impossible (the journal is
+ * then marked INVALID), KVCR_ECLOSED when it is INVALID. Advances consumed
+ * past every frame it returns. */
+int journal_read_next(journal *j, jrec *out);
+
+/* Reads every frame in [0, published) from ring offset 0 without consuming
+ * anything: how a claimant learns the state the Guard compacted into a
+ * freshly formatted journal. Stops at the first frame that does not verify
+ * (KVCR_EPROTO: nothing of the journal may be believed) or when cb returns
+ * non-zero (that value is returned). 0 after the last frame. Requires
+ * published <= C (a compacted journal never wraps). */
+int journal_replay(const void *base, uint64_t bytes, uint64_t generation,
+                   int (*cb)(void *ud, const jrec *r), void *ud);
+
+/* Marks the journal INVALID for both sides (logs nothing). */
+void journal_invalidate(journal *j);
+bool journal_is_invalid(const journal *j);
+
+/* Bytes a frame with this key takes in the ring (head, key, padding). */
+uint64_t journal_frame_bytes(size_t key_len);
+
+/* Published minus consumed, as this side sees it now. */
+uint64_t journal_backlog(const journal *j);
+
+#endif

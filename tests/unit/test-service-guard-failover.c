@@ -1,0 +1,437 @@
+/* The KVCR service and its Guard with real processes: a `kvcr service`
+ * daemon, engines (kvcr-test-peer in guard mode) that claim its pool
+ * groups, and this process as a peer pulling blocks over 127.0.0.1.
+ *
+ * Pinned: claims refused with their reasons (digest, index, second owner,
+ * conflicting local DRAM, no service); an engine SIGKILLed -> the Guard
+ * serves a peer's hinted delivery from the pool, bytes compared; the
+ * restarted engine recovers every committed block, bytes compared, and
+ * takes the group back; a SIGKILL in the middle of deposits loses only
+ * what was not committed; a corrupt journal frame -> nothing recovered,
+ * never wrong bytes; the service itself restarted and SIGKILLed; the
+ * failover repeated 20 times with zero blocks lost. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "peer.h"
+#include "service/journal.h"
+#include "service/service.h"
+
+#define BS 65536
+#define POOL_BLOCKS 512
+#define DIGEST "test-model-layout-v1"
+
+typedef struct svc {
+    pid_t pid;
+    char dir[128], sock[192];
+} svc;
+
+static void svc_spawn(svc *s)
+{
+    char pool_gb[32];
+    snprintf(pool_gb, sizeof pool_gb, "%.10f", (double)POOL_BLOCKS * BS / 1073741824.0);
+    char *argv[] = {KVCR_TOOL, "service", "--socket-path", s->sock, "--pool-dir", s->dir,
+                    "--guard-count", "2", "--pool-sizes-gb", pool_gb,
+                    "--compatibility-digest", DIGEST, "--journal-mb", "4", "--log-level", "warn",
+                    NULL};
+    extern char **environ;
+    assert_int_equal(posix_spawn(&s->pid, KVCR_TOOL, NULL, NULL, argv, environ), 0);
+    char *text = NULL;
+    for (int i = 0; i < 1000 && svc_fetch_metrics(s->sock, &text) != 0; i++) usleep(10000);
+    if (text == NULL) fail_msg("the service did not come up: %s", kvcr_last_error());
+    free(text);
+}
+
+static void svc_start(svc *s)
+{
+    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    snprintf(s->dir, sizeof s->dir, "%s/kvcr-test-svc.XXXXXX", base);
+    assert_non_null(mkdtemp(s->dir));
+    snprintf(s->sock, sizeof s->sock, "%s/claim.sock", s->dir);
+    svc_spawn(s);
+}
+
+static int count_pool_files(const svc *s)
+{
+    DIR *d = opendir(s->dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, "kvcr-pool-", 10) == 0;
+    closedir(d);
+    return n;
+}
+
+/* SIGTERM: a clean shutdown removes its own pool files and its socket;
+ * left is how many files of earlier services must remain. */
+static void svc_stop_leaving(svc *s, int left)
+{
+    kill(s->pid, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 3000 && waitpid(s->pid, &status, WNOHANG) != s->pid; i++) usleep(10000);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    s->pid = 0;
+    assert_int_equal(count_pool_files(s), left);
+    assert_int_equal(access(s->sock, F_OK), -1);
+}
+
+static void svc_stop(svc *s)
+{
+    svc_stop_leaving(s, 0);
+}
+
+static void svc_kill(svc *s)
+{
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    s->pid = 0;
+}
+
+static void svc_cleanup(svc *s)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A metric of the service, by its full name with labels (-1 if absent). */
+static double svc_metric(const svc *s, const char *name)
+{
+    char *text = NULL;
+    if (svc_fetch_metrics(s->sock, &text) != 0) return -1;
+    double v = -1;
+    size_t len = strlen(name);
+    for (char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+        if (strncmp(line, name, len) == 0 && line[len] == ' ') v = atof(line + len + 1);
+    free(text);
+    return v;
+}
+
+/* Waits (bounded: 10 s) until guard g is serving; the promotion count. */
+static double wait_serving(const svc *s, int g)
+{
+    char name[96];
+    snprintf(name, sizeof name, "kvcr_guard_phase{guard=\"%d\",phase=\"serving\"}", g);
+    for (int i = 0; i < 1000; i++) {
+        if (svc_metric(s, name) == 1) {
+            snprintf(name, sizeof name, "kvcr_guard_promotions_total{guard=\"%d\"}", g);
+            return svc_metric(s, name);
+        }
+        usleep(10000);
+    }
+    fail_msg("guard %d never started serving", g);
+    return -1;
+}
+
+static void engine_spawn(peer *p, const svc *s, uint32_t guard, uint32_t deposit_n)
+{
+    peer_opts o;
+    peer_opts_init(&o);
+    o.block_size = BS;
+    o.deposit_n = deposit_n;
+    o.service = s->sock;
+    o.guard_index = guard;
+    o.digest = DIGEST;
+    peer_spawn(p, &o);
+}
+
+/* This process as a peer: no KVCR DRAM, framework blocks to deliver into. */
+static void puller_start(rig *r)
+{
+    rig_init_remote(r, BS, 64, 0);
+    r->cfg.operation_timeout_ms = 2000;
+    r->cfg.abandon_timeout_ms = 4000;
+    rig_start(r);
+}
+
+/* Delivers k0..k<n-1> from the endpoint into framework blocks 0..n-1: true
+ * when every entry succeeded and every byte is right. A first attempt
+ * after a failover may be refused (the Guard has not met this peer yet,
+ * which then republishes its metadata); it is retried once. */
+static bool pull_all(rig *r, const char *endpoint, uint32_t n, const char *req)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        peer_hint_range(r, req, endpoint, 0, n);
+        memset(r->fw, 0, (size_t)n * BS);
+        kvcr_entry_status st[64];
+        assert_int_equal(rig_wait(r, peer_deliver_range(r, 0, n, 0, req), st, NULL, NULL), n);
+        bool ok = true;
+        for (uint32_t i = 0; i < n; i++) {
+            if (st[i] != KVCR_ENTRY_SUCCESS) {
+                ok = false;
+                continue;
+            }
+            assert_true(rig_has_pattern(r, r->fw + (size_t)i * BS, i)); /* never a wrong byte */
+        }
+        if (ok) return true;
+    }
+    return false;
+}
+
+/* ---- claims ------------------------------------------------------------------------ */
+
+static int try_claim(const svc *s, const char *path, uint32_t guard, const char *digest,
+                     bool with_local_dram)
+{
+    rig r;
+    rig_init(&r, BS, 4, with_local_dram ? 4 : 0);
+    if (!with_local_dram) r.cfg.local_dram = NULL, r.cfg.n_local_dram = 0;
+    r.cfg.guard.service_socket_path = path ? path : s->sock;
+    r.cfg.guard.guard_index = guard;
+    r.cfg.guard.compatibility_digest = digest;
+    kvcr_t *kv = NULL;
+    int rc = kvcr_create(&r.cfg, &kv);
+    if (rc == 0) {
+        assert_int_equal(kvcr_close(kv), 0);
+        kvcr_free(kv);
+    }
+    free(r.fw);
+    free(r.dram);
+    return rc;
+}
+
+static void test_claims_are_refused_with_their_reasons(void **state)
+{
+    (void)state;
+    svc s;
+    svc_start(&s);
+    assert_int_equal(count_pool_files(&s), 2);
+    struct stat st;
+    assert_int_equal(stat(s.sock, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+
+    assert_int_equal(try_claim(&s, NULL, 0, "test-model-layout-v2", false), KVCR_EREFUSED);
+    assert_non_null(strstr(kvcr_last_error(), "compatibility digest does not match"));
+    assert_int_equal(try_claim(&s, NULL, 0, "TEST-MODEL-LAYOUT-V1", false), KVCR_EREFUSED);
+    assert_int_equal(try_claim(&s, NULL, 2, DIGEST, false), KVCR_EREFUSED);
+    assert_non_null(strstr(kvcr_last_error(), "out of range"));
+    assert_int_equal(try_claim(&s, NULL, 0, DIGEST, true), KVCR_EINVAL);
+    assert_non_null(strstr(kvcr_last_error(), "conflicts with local_dram"));
+    char missing[256];
+    snprintf(missing, sizeof missing, "%s/nobody.sock", s.dir);
+    assert_int_equal(try_claim(&s, missing, 0, DIGEST, false), KVCR_ESYS);
+    assert_non_null(strstr(kvcr_last_error(), "not reachable"));
+
+    /* A second owner while the first lives is refused; after the first's
+     * clean release the group is claimable again. */
+    peer a;
+    engine_spawn(&a, &s, 0, 4);
+    assert_int_equal(try_claim(&s, NULL, 0, DIGEST, false), KVCR_EREFUSED);
+    assert_non_null(strstr(kvcr_last_error(), "held by another worker"));
+    assert_int_equal(try_claim(&s, NULL, 1, DIGEST, false), 0); /* the other group is free */
+    peer_stop(&a);
+    /* The group's first claim fixed its endpoint: one without it is refused... */
+    assert_int_equal(try_claim(&s, NULL, 0, DIGEST, false), KVCR_EREFUSED);
+    assert_non_null(strstr(kvcr_last_error(), "cannot be moved"));
+    engine_spawn(&a, &s, 0, 0); /* ...and an engine like the first gets it, blocks and all */
+    peer_verdict v = peer_verify(&a, 8);
+    assert_int_equal(v.hits, 4);
+    assert_int_equal(v.good, 4);
+    peer_stop(&a);
+    assert_true(svc_metric(&s, "kvcr_guard_refusals_total{guard=\"0\"}") >= 2);
+    assert_int_equal(svc_metric(&s, "kvcr_guard_claims_total{guard=\"0\"}"), 2);
+    svc_stop(&s);
+    svc_cleanup(&s);
+}
+
+/* ---- failover ------------------------------------------------------------------------ */
+
+static void test_guard_serves_after_sigkill_and_hands_back_on_restart(void **state)
+{
+    (void)state;
+    svc s;
+    svc_start(&s);
+    rig r;
+    puller_start(&r);
+    peer a;
+    engine_spawn(&a, &s, 0, 16);
+    char endpoint[256];
+    snprintf(endpoint, sizeof endpoint, "%s", a.endpoint);
+    assert_true(pull_all(&r, endpoint, 16, "before"));
+
+    peer_kill(&a); /* SIGKILL: no release, no goodbye */
+    assert_int_equal(wait_serving(&s, 0), 1);
+    assert_true(pull_all(&r, endpoint, 16, "from-guard")); /* the Guard, on the same endpoint */
+
+    engine_spawn(&a, &s, 0, 0); /* the restarted engine takes the group back */
+    assert_string_equal(a.endpoint, endpoint);
+    peer_verdict v = peer_verify(&a, 32);
+    assert_int_equal(v.hits, 16);
+    assert_int_equal(v.good, 16);
+    assert_int_equal(svc_metric(&s, "kvcr_guard_phase{guard=\"0\",phase=\"primary\"}"), 1);
+    assert_true(pull_all(&r, endpoint, 16, "after"));
+    peer_stop(&a);
+    rig_stop(&r);
+    svc_stop(&s);
+    svc_cleanup(&s);
+}
+
+static bool some_deposited(const peer_counts *c)
+{
+    return c->deposits_done >= 64;
+}
+
+static void test_sigkill_during_deposits_keeps_every_committed_block(void **state)
+{
+    (void)state;
+    svc s;
+    svc_start(&s);
+    peer a;
+    engine_spawn(&a, &s, 0, 0);
+    peer_deposit_async(&a, 0, 480);
+    peer_counts c = peer_wait(&a, some_deposited);
+    peer_kill(&a);
+    engine_spawn(&a, &s, 0, 0);
+    peer_verdict v = peer_verify(&a, 480);
+    assert_true(v.hits >= c.deposits_done); /* every block seen committed is back */
+    assert_int_equal(v.good, v.hits);       /* and nothing half-written is */
+    peer_stop(&a);
+    svc_stop(&s);
+    svc_cleanup(&s);
+}
+
+/* Writes a frame with a wrong checksum at the published cursor, as a buggy
+ * or hostile engine could: the Guard must stop believing the journal. */
+static void corrupt_next_frame(const svc *s, uint32_t guard)
+{
+    char path[400];
+    DIR *d = opendir(s->dir);
+    assert_non_null(d);
+    path[0] = '\0';
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "kvcr-pool-%u-", guard);
+    for (struct dirent *e; (e = readdir(d));)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+            snprintf(path, sizeof path, "%s/%s", s->dir, e->d_name);
+    closedir(d);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t *j = mmap(NULL, 4u << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(j != MAP_FAILED);
+    uint64_t published = __atomic_load_n((uint64_t *)(j + 128), __ATOMIC_ACQUIRE);
+    uint64_t cap = (4u << 20) - JOURNAL_HEADER_BYTES;
+    uint8_t *f = j + JOURNAL_HEADER_BYTES + published % cap;
+    memset(f, 0, 40);
+    f[0] = 33;  /* frame size: head + 1 key byte */
+    f[2] = JREC_REMOVE;
+    f[4] = 1;   /* key length */
+    f[24] = 0x5a; /* a checksum that cannot match */
+    f[32] = 'x';
+    __atomic_store_n((uint64_t *)(j + 128), published + 40, __ATOMIC_RELEASE);
+    munmap(j, 4u << 20);
+    close(fd);
+}
+
+static void test_corrupt_journal_frame_recovers_nothing(void **state)
+{
+    (void)state;
+    svc s;
+    svc_start(&s);
+    rig r;
+    puller_start(&r);
+    peer a;
+    engine_spawn(&a, &s, 1, 8);
+    char endpoint[256];
+    snprintf(endpoint, sizeof endpoint, "%s", a.endpoint);
+    corrupt_next_frame(&s, 1);
+    for (int i = 0; i < 500 && svc_metric(&s, "kvcr_guard_recovery_lost_total{guard=\"1\"}") < 1;
+         i++)
+        usleep(10000);
+    assert_true(svc_metric(&s, "kvcr_guard_recovery_lost_total{guard=\"1\"}") >= 1);
+    peer_kill(&a);
+    wait_serving(&s, 1);
+    assert_false(pull_all(&r, endpoint, 8, "cold")); /* refused, never wrong bytes */
+    engine_spawn(&a, &s, 1, 0);
+    peer_verdict v = peer_verify(&a, 8);
+    assert_int_equal(v.hits, 0);
+    peer_stop(&a);
+    rig_stop(&r);
+    svc_stop(&s);
+    svc_cleanup(&s);
+}
+
+/* ---- the service itself ---------------------------------------------------------- */
+
+static void test_service_restart_and_sigkill_keep_a_live_engine_working(void **state)
+{
+    (void)state;
+    svc s;
+    svc_start(&s);
+    svc_stop(&s);
+    svc_spawn(&s); /* the same socket path and directory: a clean restart */
+    peer a;
+    engine_spawn(&a, &s, 0, 8);
+    svc_kill(&s); /* the engine keeps its mapping and its blocks */
+    peer_verdict v = peer_verify(&a, 8);
+    assert_int_equal(v.good, 8);
+    svc_spawn(&s); /* a stale socket is replaced; the engine's pool file is kept */
+    assert_int_equal(count_pool_files(&s), 3);
+    peer_stop(&a);           /* its release finds no service: logged, and it exits cleanly */
+    svc_stop_leaving(&s, 1); /* removes its own files; the old one is not its to remove */
+    svc_spawn(&s);           /* nobody holds the old one any more: the purge takes it */
+    assert_int_equal(count_pool_files(&s), 2);
+    svc_stop(&s);
+    svc_cleanup(&s);
+}
+
+/* ---- the failover, twenty times -------------------------------------------------- */
+
+static void test_failover_twenty_times_loses_nothing(void **state)
+{
+    (void)state;
+    svc s;
+    svc_start(&s);
+    rig r;
+    puller_start(&r);
+    peer a;
+    engine_spawn(&a, &s, 0, 0);
+    char endpoint[256];
+    snprintf(endpoint, sizeof endpoint, "%s", a.endpoint);
+    uint32_t committed = 0;
+    for (int round = 0; round < 20; round++) {
+        peer_deposit_async(&a, committed, 2);
+        uint32_t want = committed + 2;
+        peer_counts c;
+        for (int i = 0; i < 500; i++) {
+            peer_counters(&a, &c);
+            if (c.deposits_done >= 2) break;
+            usleep(2000);
+        }
+        assert_int_equal(c.deposits_done, 2);
+        committed = want;
+        peer_kill(&a);
+        assert_int_equal(wait_serving(&s, 0), round + 1);
+        assert_true(pull_all(&r, endpoint, committed < 40 ? committed : 40, "served"));
+        engine_spawn(&a, &s, 0, 0);
+        peer_verdict v = peer_verify(&a, committed);
+        assert_int_equal(v.hits, committed); /* zero committed blocks lost */
+        assert_int_equal(v.good, committed); /* zero wrong bytes */
+    }
+    peer_stop(&a);
+    rig_stop(&r);
+    svc_stop(&s);
+    svc_cleanup(&s);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_claims_are_refused_with_their_reasons),
+        cmocka_unit_test(test_guard_serves_after_sigkill_and_hands_back_on_restart),
+        cmocka_unit_test(test_sigkill_during_deposits_keeps_every_committed_block),
+        cmocka_unit_test(test_corrupt_journal_frame_recovers_nothing),
+        cmocka_unit_test(test_service_restart_and_sigkill_keep_a_live_engine_working),
+        cmocka_unit_test(test_failover_twenty_times_loses_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
