@@ -72,9 +72,19 @@ static const char *check_keys(const recovered_block *blocks, size_t n)
     return why;
 }
 
+/* The router forgot this engine's blocks when it died: they are announced
+ * again (with the first poll), in batches as deposits are. */
+static void announce(kvcr_t *kv, block_id *ids, size_t *n, bool flush)
+{
+    if (*n == 0 || (!flush && *n < 64)) return;
+    res_queue_event(kv, KVCR_TIER_LOCAL_G2, false, ids, (uint32_t)*n);
+    *n = 0;
+}
+
 static size_t install_all(kvcr_t *kv, const recovered_block *blocks, size_t n)
 {
-    size_t installed = 0;
+    size_t installed = 0, n_ids = 0;
+    block_id ids[64];
     for (size_t i = 0; i < n; i++) {
         const recovered_block *r = &blocks[i];
         uint64_t hash = index_hash(r->key, r->key_len);
@@ -82,6 +92,8 @@ static size_t install_all(kvcr_t *kv, const recovered_block *blocks, size_t n)
         if (id == BLOCK_NONE) id = index_insert(&kv->index, r->key, r->key_len, hash);
         if (res_adopt(kv, id, r->pool, (uint32_t)r->slot)) {
             installed++;
+            ids[n_ids++] = id;
+            announce(kv, ids, &n_ids, false);
             continue;
         }
         /* The policy declined it: its slot goes back and the Guard hears so. */
@@ -90,6 +102,7 @@ static size_t install_all(kvcr_t *kv, const recovered_block *blocks, size_t n)
         publish(kv, &gone);
         res_prune(kv, id);
     }
+    announce(kv, ids, &n_ids, true);
     return installed;
 }
 

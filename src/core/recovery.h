@@ -3,7 +3,8 @@
  *
  * Start: the blocks a claim recovered (recovered_block) are installed
  * before any thread runs, READY in the very slots they occupied, with no
- * access history. The list is checked whole first: a slot claimed twice,
+ * access history, and announced again to the inventory sink (the router
+ * dropped them when the engine died). The list is checked whole first: a slot claimed twice,
  * a slot or pool out of range, a bad key make the instance start cold
  * (every slot free) and say why, never install part of something wrong.
  *

@@ -399,6 +399,9 @@ int svc_serve(const svc_options *o, const kvcr_logger *log, volatile sig_atomic_
     if (rc == 0) {
         int purged = pool_purge_orphans(o->pool_dir, log);
         if (purged > 0) kvcr_log(log, KVCR_LOG_WARN, "removed %d orphaned pool file(s)", purged);
+        if (purged < 0) /* not fatal: creating the new files will say what is wrong */
+            kvcr_log(log, KVCR_LOG_WARN, "no orphan purge in %s: %s", o->pool_dir,
+                     kvcr_last_error());
         rc = create_guards(s);
     }
     if (rc == 0) rc = listen_socket(s); /* last: nobody can claim a half-built service */

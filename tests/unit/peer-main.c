@@ -267,6 +267,7 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
             c.dep_left = n;
         } else if (op == PEER_CMD_COUNTERS) {
             c.counts.dropped_messages = kvcr__test_dropped_messages(c.r.kv);
+            c.counts.inventory_added = (uint64_t)c.r.inventory_added;
             if (write(out, &c.counts, sizeof c.counts) != (ssize_t)sizeof c.counts) _exit(3);
         } else {
             int rc = kvcr_close(c.r.kv);

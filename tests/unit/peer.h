@@ -37,6 +37,7 @@ typedef struct peer_counts {
     uint64_t dropped_messages;
     uint64_t resilience_events;
     uint64_t deposits_done;   /* blocks deposited and committed */
+    uint64_t inventory_added; /* keys announced by inventory events (G2 or G3 added) */
 } peer_counts;
 
 /* What PEER_CMD_VERIFY found among k0..k<n-1>: how many are HIT in KVCR

@@ -245,6 +245,11 @@ static void test_claims_are_refused_with_their_reasons(void **state)
 
 /* ---- failover ------------------------------------------------------------------------ */
 
+static bool sixteen_announced(const peer_counts *c)
+{
+    return c->inventory_added >= 16;
+}
+
 static void test_guard_serves_after_sigkill_and_hands_back_on_restart(void **state)
 {
     (void)state;
@@ -264,6 +269,7 @@ static void test_guard_serves_after_sigkill_and_hands_back_on_restart(void **sta
 
     engine_spawn(&a, &s, 0, 0); /* the restarted engine takes the group back */
     assert_string_equal(a.endpoint, endpoint);
+    peer_wait(&a, sixteen_announced); /* the router hears of the recovered blocks again */
     peer_verdict v = peer_verify(&a, 32);
     assert_int_equal(v.hits, 16);
     assert_int_equal(v.good, 16);
