@@ -41,7 +41,10 @@
 #include <math.h>
 #include <msgpack.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+
+#include "net/mpscan.h"
 
 /* ---- field tables -------------------------------------------------------- */
 
@@ -73,6 +76,10 @@ static const char *const extra_why[N_FIELDS] = {
     FIELDS(X)
 #undef X
 };
+
+/* The deepest message: root map, metadata map, regions array, region map,
+ * and a little room. */
+#define WIRE_MAX_DEPTH 8
 
 #define B(f) (1u << F_##f)
 #define COMMON (B(V) | B(TYPE) | B(AGENT) | B(INC) | B(FROM) | B(TO))
@@ -187,59 +194,6 @@ static const char *completed_rule(uint64_t *seen, uint64_t idx)
     if (seen[idx / 64] >> (idx % 64) & 1) return "write_done: duplicate completed index";
     seen[idx / 64] |= 1ull << (idx % 64);
     return NULL;
-}
-
-/* ---- pre-scan -------------------------------------------------------------- */
-
-/* One header at p[*i]: how many elements a container promises (*elems, a
- * map counting two per entry) or how many payload bytes follow (*skip). */
-static const char *header(const uint8_t *p, size_t len, size_t *i, uint64_t *elems, uint64_t *skip)
-{
-    uint8_t b = p[(*i)++];
-    *elems = *skip = 0;
-    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) return NULL;
-    if (b <= 0x8f) *elems = 2u * (b & 0x0f);
-    else if (b <= 0x9f) *elems = b & 0x0f;
-    else if (b <= 0xbf) *skip = b & 0x1f;
-    else if (b == 0xca || b == 0xcb) *skip = b == 0xca ? 4 : 8;   /* float32, float64 */
-    else if (b >= 0xcc && b <= 0xd3) *skip = 1u << (b & 3);        /* [u]int8..64 */
-    else if (b == 0xc1) return "invalid msgpack byte 0xc1";
-    else if ((b >= 0xc7 && b <= 0xc9) || (b >= 0xd4 && b <= 0xd8))
-        return "msgpack ext types are not allowed";
-    else {
-        /* bin8/16/32 (c4-c6), str8/16/32 (d9-db), array16/32 (dc, dd),
-         * map16/32 (de, df): a big-endian length of 1, 2 or 4 bytes. */
-        unsigned width = b <= 0xc6 ? 1u << (b - 0xc4) : b <= 0xdb ? 1u << (b - 0xd9)
-                                                                  : 2u << (b & 1);
-        uint64_t n = 0;
-        if (width > len - *i) return "truncated message";
-        for (unsigned k = 0; k < width; k++) n = n << 8 | p[(*i)++];
-        if (b >= 0xde) *elems = 2 * n;
-        else if (b >= 0xdc) *elems = n;
-        else *skip = n;
-    }
-    return NULL;
-}
-
-/* Checks that p holds exactly one msgpack object whose containers never
- * promise more elements than bytes remain (each element takes at least
- * one byte): then msgpack-c's object arrays are bounded by len. */
-static const char *prescan(const uint8_t *p, size_t len)
-{
-    size_t i = 0;
-    uint64_t need = 1; /* objects still to read; always <= len - i */
-    while (need > 0) {
-        if (i >= len) return "truncated message";
-        uint64_t elems, skip;
-        const char *why = header(p, len, &i, &elems, &skip);
-        if (why) return why;
-        need--;
-        if (skip > len - i) return "truncated message";
-        i += skip;
-        if (elems > len - i || need + elems > len - i) return "container longer than the message";
-        need += elems;
-    }
-    return i == len ? NULL : "trailing bytes after the message";
 }
 
 /* ---- decoding ---------------------------------------------------------------- */
@@ -542,7 +496,7 @@ static const char *decode_tree(const msgpack_object *root, wire_msg *m)
 int wire_decode(const void *buf, size_t len, wire_msg *out, const char **why)
 {
     memset(out, 0, sizeof *out);
-    const char *w = len > WIRE_MAX_MESSAGE ? "message too large" : prescan(buf, len);
+    const char *w = len > WIRE_MAX_MESSAGE ? "message too large" : mpscan(buf, len, SIZE_MAX, WIRE_MAX_DEPTH);
     if (w == NULL) {
         msgpack_unpacked up;
         msgpack_unpacked_init(&up);

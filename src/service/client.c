@@ -60,22 +60,6 @@ int svc_check_guard(const kvcr_config *cfg)
 
 /* ---- the claim ----------------------------------------------------------------------- */
 
-static int connect_service(const char *path, int *out)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0) return kvcr_fail(KVCR_ESYS, "socket: %s", strerror(errno));
-    if (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        int err = errno;
-        close(s);
-        return kvcr_fail(KVCR_ESYS, "the KVCR service at %s is not reachable: %s", path,
-                         strerror(err));
-    }
-    *out = s;
-    return 0;
-}
-
 static void fill_claim(const kvcr_config *cfg, svc_msg *m)
 {
     memset(m, 0, sizeof *m);
@@ -245,7 +229,7 @@ int svc_claim(const kvcr_config *cfg, svc_hold **out)
     }
     h->sock = h->pool_fd = h->listener = -1;
     kvcr_logger_init(&h->log, cfg->agent_name, cfg->callbacks.log, cfg->callbacks.ud);
-    rc = connect_service(cfg->guard.service_socket_path, &h->sock);
+    rc = svc_connect(cfg->guard.service_socket_path, &h->sock);
     bool granted = false;
     if (rc == 0) rc = exchange(h, cfg, g);
     granted = rc == 0 || (g->type == SVC_GRANTED);

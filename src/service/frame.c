@@ -18,12 +18,15 @@
 #include <errno.h>
 #include <msgpack.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "net/mpscan.h"
 #include "util/log.h"
 
 /* ---- field tables -------------------------------------------------------- */
@@ -169,75 +172,6 @@ static int check_msg(int err, const svc_msg *m)
     case SVC_STATS: return 0;
     }
     return kvcr_fail(err, "unknown message type %d", (int)m->type);
-}
-
-/* ---- pre-scan -------------------------------------------------------------- */
-
-/* One header at p[*i]: how many elements a container promises (*elems, a
- * map counting two per entry) or how many payload bytes follow (*skip). */
-static int header(const uint8_t *p, size_t len, size_t *i, uint64_t *elems, uint64_t *skip)
-{
-    uint8_t b = p[(*i)++];
-    *elems = *skip = 0;
-    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) return 0;
-    if (b <= 0x8f) *elems = 2u * (b & 0x0f);
-    else if (b <= 0x9f) *elems = b & 0x0f;
-    else if (b <= 0xbf) *skip = b & 0x1f;
-    else if (b == 0xca || b == 0xcb) *skip = b == 0xca ? 4 : 8;   /* float32, float64 */
-    else if (b >= 0xcc && b <= 0xd3) *skip = 1u << (b & 3);        /* [u]int8..64 */
-    else if (b == 0xc1) return kvcr_fail(KVCR_EPROTO, "invalid msgpack byte 0xc1");
-    else if ((b >= 0xc7 && b <= 0xc9) || (b >= 0xd4 && b <= 0xd8))
-        return kvcr_fail(KVCR_EPROTO, "msgpack ext types are not allowed");
-    else {
-        /* bin8/16/32 (c4-c6), str8/16/32 (d9-db), array16/32 (dc, dd),
-         * map16/32 (de, df): a big-endian length of 1, 2 or 4 bytes. */
-        unsigned width = b <= 0xc6 ? 1u << (b - 0xc4) : b <= 0xdb ? 1u << (b - 0xd9)
-                                                                  : 2u << (b & 1);
-        uint64_t n = 0;
-        if (width > len - *i) return kvcr_fail(KVCR_EPROTO, "truncated message");
-        for (unsigned k = 0; k < width; k++) n = n << 8 | p[(*i)++];
-        if (b >= 0xde) *elems = 2 * n;
-        else if (b >= 0xdc) *elems = n;
-        else *skip = n;
-    }
-    return 0;
-}
-
-/* Checks that p holds exactly one msgpack object of at most MAX_OBJECTS
- * objects, nested at most MAX_DEPTH deep, whose containers never promise
- * more elements than bytes remain. (msgpack-c reports nesting beyond its
- * own stack as out of memory: refused here, it is the protocol error it
- * is.) */
-static int prescan(const uint8_t *p, size_t len)
-{
-    uint64_t left[MAX_DEPTH + 1] = {1}; /* objects still to read at each depth */
-    uint64_t need = 1;                  /* their sum; always <= len - i */
-    size_t i = 0, seen = 0;
-    int depth = 0;
-    while (need > 0) {
-        while (left[depth] == 0) depth--;
-        if (i >= len) return kvcr_fail(KVCR_EPROTO, "truncated message");
-        if (++seen > MAX_OBJECTS)
-            return kvcr_fail(KVCR_EPROTO, "more msgpack objects than any message has");
-        uint64_t elems, skip;
-        int rc = header(p, len, &i, &elems, &skip);
-        if (rc) return rc;
-        left[depth]--;
-        need--;
-        if (skip > len - i) return kvcr_fail(KVCR_EPROTO, "truncated message");
-        i += skip;
-        /* Each object still to read takes at least a byte. */
-        if (elems > len - i || need + elems > len - i)
-            return kvcr_fail(KVCR_EPROTO, elems ? "container longer than the message"
-                                                : "truncated message");
-        if (elems > 0) {
-            if (depth == MAX_DEPTH)
-                return kvcr_fail(KVCR_EPROTO, "msgpack nested deeper than any message");
-            left[++depth] = elems;
-            need += elems;
-        }
-    }
-    return i == len ? 0 : kvcr_fail(KVCR_EPROTO, "trailing bytes after the message");
 }
 
 /* ---- decoding ---------------------------------------------------------------- */
@@ -410,11 +344,14 @@ static int decode_tree(const msgpack_object *root, svc_msg *m)
 int svc_decode(const uint8_t *buf, size_t len, svc_msg *m)
 {
     memset(m, 0, sizeof *m);
-    int rc;
-    if (len == 0) rc = kvcr_fail(KVCR_EPROTO, "empty message");
+    int rc = 0;
+    const char *why;
+    if (len == 0)
+        rc = kvcr_fail(KVCR_EPROTO, "empty message");
     else if (len > SVC_FRAME_MAX)
         rc = kvcr_fail(KVCR_EPROTO, "message of %zu bytes is over %u", len, SVC_FRAME_MAX);
-    else rc = prescan(buf, len);
+    else if ((why = mpscan(buf, len, MAX_OBJECTS, MAX_DEPTH)) != NULL)
+        rc = kvcr_fail(KVCR_EPROTO, "%s", why);
     if (rc == 0) {
         msgpack_unpacked up;
         msgpack_unpacked_init(&up);
@@ -771,4 +708,22 @@ int svc_recv(int sock, svc_msg *m, int *fds, size_t max_fds, size_t *n_fds, int 
         *n_fds = 0;
     }
     return rc;
+}
+
+int svc_connect(const char *path, int *fd)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (path == NULL || path[0] == '\0' || strlen(path) >= sizeof sa.sun_path)
+        return kvcr_fail(KVCR_EINVAL, "socket path must be 1..%zu bytes", sizeof sa.sun_path - 1);
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) return kvcr_fail(KVCR_ESYS, "socket: %s", strerror(errno));
+    if (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        int err = errno;
+        close(s);
+        return kvcr_fail(KVCR_ESYS, "the KVCR service at %s is not reachable: %s", path,
+                         strerror(err));
+    }
+    *fd = s;
+    return 0;
 }

@@ -104,6 +104,11 @@ int svc_send_frame(int sock, const uint8_t *payload, size_t len, const int *fds,
 int svc_recv_frame(int sock, uint8_t **payload, size_t *len, int *fds, size_t max_fds,
                    size_t *n_fds, int timeout_ms);
 
+/* Connects to the service's socket (blocking, close-on-exec). KVCR_EINVAL
+ * for a path that does not fit a Unix socket address; KVCR_ESYS naming the
+ * path and the reason when nobody answers there. */
+int svc_connect(const char *path, int *fd);
+
 /* svc_encode + svc_send_frame, and svc_recv_frame + svc_decode. */
 int svc_send(int sock, const svc_msg *m, const int *fds, size_t n_fds);
 int svc_recv(int sock, svc_msg *m, int *fds, size_t max_fds, size_t *n_fds, int timeout_ms);

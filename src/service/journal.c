@@ -31,6 +31,7 @@
 #include <xxhash.h>
 
 #include "kvcr/error.h"
+#include "util/bytes.h"
 #include "util/log.h"
 
 #define MAGIC "KVCRJNL1"
@@ -59,46 +60,7 @@
 #define FRAME_MIN (HEAD + 8)                 /* a 1-byte key, padded */
 #define SCRATCH_BYTES (HEAD + KVCR_KEY_MAX + 8) /* >= the largest frame */
 
-/* ---- little-endian fields and shared words --------------------------------- */
-
-static uint16_t get16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return le16toh(v);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return le32toh(v);
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return le64toh(v);
-}
-
-static void put16(uint8_t *p, uint16_t v)
-{
-    v = htole16(v);
-    memcpy(p, &v, 2);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    v = htole32(v);
-    memcpy(p, &v, 4);
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    v = htole64(v);
-    memcpy(p, &v, 8);
-}
+/* ---- the words both processes touch ------------------------------------------ */
 
 /* The words both processes touch; base is 8-byte aligned (checked). */
 static uint64_t load_word(const uint8_t *base, size_t off)

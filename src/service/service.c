@@ -426,19 +426,10 @@ int svc_serve(const svc_options *o, const kvcr_logger *log, volatile sig_atomic_
 int svc_fetch_metrics(const char *socket_path, char **text)
 {
     *text = NULL;
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (socket_path == NULL || strlen(socket_path) >= sizeof sa.sun_path)
-        return kvcr_fail(KVCR_EINVAL, "bad socket path");
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", socket_path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return kvcr_fail(KVCR_ESYS, "socket: %s", strerror(errno));
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        int err = errno;
-        close(fd);
-        return kvcr_fail(KVCR_ESYS, "no KVCR service at %s: %s", socket_path, strerror(err));
-    }
+    int fd, rc = svc_connect(socket_path, &fd);
+    if (rc != 0) return rc;
     svc_msg m = {.type = SVC_STATS};
-    int rc = svc_send(fd, &m, NULL, 0);
+    rc = svc_send(fd, &m, NULL, 0);
     size_t n_fds = 0;
     int fds[SVC_MAX_FDS];
     if (rc == 0) rc = svc_recv(fd, &m, fds, SVC_MAX_FDS, &n_fds, 10000);

@@ -42,6 +42,7 @@ XXH64_hash_t XXH3_64bits_dispatch(const void *input, size_t len);
 #endif
 
 #include "kvcr/error.h"
+#include "util/bytes.h"
 
 #define SB_MAGIC "KVCRG3SB"
 #define SB_VERSION 1u
@@ -159,32 +160,6 @@ static bool all_zero(const uint8_t *p, size_t n)
     for (size_t i = 0; i < n; i++)
         if (p[i]) return false;
     return true;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    v = htole32(v);
-    memcpy(p, &v, 4);
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    v = htole64(v);
-    memcpy(p, &v, 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return le32toh(v);
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return le64toh(v);
 }
 
 /* Block checksums take the library's runtime dispatch on x86, which picks
