@@ -107,6 +107,7 @@ typedef struct g3_file {
     int dfd; /* O_DIRECT: all I/O */
     dev_t dev;
     ino_t ino;
+    bool created;     /* this open created the file (removed again if the open fails) */
     bool fresh;       /* preallocated by this open */
     bool unformatted; /* no superblock yet */
     uint8_t uuid[UUID_LEN];
@@ -456,7 +457,9 @@ static int read_superblock(const g3_store *st, uint32_t i, g3_file *f)
 static int open_file(g3_store *st, uint32_t i)
 {
     g3_file *f = &st->files[i];
-    f->fd = open(f->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    f->fd = open(f->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    f->created = f->fd >= 0;
+    if (f->fd < 0 && errno == EEXIST) f->fd = open(f->path, O_RDWR | O_CLOEXEC);
     if (f->fd < 0)
         return kvcr_fail(KVCR_ESYS, "G3 file %s: cannot open: %s", f->path, strerror(errno));
     struct stat s;
@@ -572,8 +575,13 @@ static void free_store(g3_store *st, bool failed)
     if (st->efd >= 0) close(st->efd);
     for (uint32_t i = 0; st->files && i < st->n_files; i++) {
         g3_file *f = &st->files[i];
-        /* A failed open leaves no preallocated file behind (we hold its lock). */
-        if (failed && f->fresh && f->fd >= 0) {
+        /* A failed open leaves no file it created and no preallocated
+         * space behind (we hold the lock, so nobody else uses either). */
+        if (failed && f->created && f->fd >= 0) {
+            struct stat now;
+            if (lstat(f->path, &now) == 0 && now.st_dev == f->dev && now.st_ino == f->ino)
+                unlink(f->path);
+        } else if (failed && f->fresh && f->fd >= 0) {
             int t = ftruncate(f->fd, 0);
             (void)t;
         }

@@ -1077,6 +1077,14 @@ static void test_tmpfs_is_refused_for_want_of_o_direct(void **state)
     g3_store_options o = {p, 1, 16 * 4096, 4096, 0, NULL};
     expect_open_error(&o, KVCR_EINVAL, "G3 file storage requires O_DIRECT (tmpfs of ");
     assert_non_null(strstr(kvcr_last_error(), "does not support it"));
+    /* The refused open created the file, and took it away again. */
+    assert_int_equal(access(path, F_OK), -1);
+    /* A file that was there before stays. */
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fclose(f);
+    expect_open_error(&o, KVCR_EINVAL, "G3 file storage requires O_DIRECT (tmpfs of ");
+    assert_int_equal(access(path, F_OK), 0);
     unlink(path);
     assert_int_equal(rmdir(dir), 0);
 }
