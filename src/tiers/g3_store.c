@@ -67,6 +67,19 @@ enum { TAG_DATA = 0, TAG_RECORD = 1, TAG_BLOCK = 2, TAG_MASK = 3 };
 
 typedef enum { OP_WRITE, OP_READ, OP_CLEAR } g3_op;
 
+/* What the store knows of a slot's record without reading it, from the
+ * scan and from its own completed writes and clears. A read of a known
+ * slot checks the key and length against it and reads only the data (one
+ * I/O instead of two); an UNKNOWN slot (files not scanned yet, a write or
+ * clear in flight or failed) reads its record from disk as well. */
+enum { MEMO_UNKNOWN = 0, MEMO_EMPTY, MEMO_FULL };
+typedef struct slot_memo {
+    uint64_t sum;      /* FULL: XXH3-64 of the data */
+    uint64_t key_hash; /* FULL: XXH3-64 of the key */
+    uint64_t len;      /* FULL: data length */
+    uint8_t state;
+} slot_memo;
+
 typedef struct g3_req g3_req;
 struct g3_req {
     g3_req *next;    /* in the FIFO or the done list */
@@ -87,6 +100,7 @@ struct g3_req {
     unsigned ios;       /* own I/Os in flight */
     bool rec_pending;   /* write and clear: its record update is not back yet */
     int result;
+    uint64_t sum;       /* write: the data's checksum; read of a known slot: the expected one */
     uint8_t record[G3_RECORD_SIZE]; /* write and clear: the record to store */
 };
 
@@ -142,6 +156,7 @@ struct g3_store {
     unsigned ios;         /* I/Os in flight */
     unsigned unsubmitted; /* SQEs not handed to the kernel yet */
 
+    slot_memo *memo;            /* one per slot */
     uint64_t next_gen;
     bool scanned;               /* the highest generation on disk is known */
     unsigned fail_skip, fail_n; /* fault injection */
@@ -561,7 +576,9 @@ static int alloc_pools(g3_store *st)
     st->blocks = calloc(st->qd, sizeof *st->blocks);
     st->recbufs = aligned(2 * (size_t)st->qd * G3_ALIGN);
     st->blockbufs = aligned((size_t)st->qd * G3_ALIGN);
-    if (!st->active || !st->free_recbufs || !st->blocks || !st->recbufs || !st->blockbufs)
+    st->memo = calloc(st->n_slots, sizeof *st->memo);
+    if (!st->active || !st->free_recbufs || !st->blocks || !st->recbufs || !st->blockbufs ||
+        !st->memo)
         return kvcr_fail(KVCR_ENOMEM, "out of memory");
     for (unsigned i = 0; i < st->qd; i++) st->blocks[i].buf = st->blockbufs + (size_t)i * G3_ALIGN;
     for (unsigned i = 0; i < 2 * st->qd; i++) st->free_recbufs[i] = (int)i;
@@ -589,6 +606,7 @@ static void free_store(g3_store *st, bool failed)
         if (f->fd >= 0) close(f->fd);
     }
     free(st->files);
+    free(st->memo);
     free(st->active);
     free(st->free_recbufs);
     free(st->blocks);
@@ -662,6 +680,8 @@ int g3_store_open(const g3_store_options *o, g3_store **out)
         free_store(st, true);
         return rc;
     }
+    if (st->scanned) /* new files: every slot is known to be empty */
+        for (uint64_t i = 0; i < st->n_slots; i++) st->memo[i].state = MEMO_EMPTY;
     G3_LOG(st, KVCR_LOG_INFO, "G3 store open: %u files, %llu slots of %llu bytes, queue depth %u",
            st->n_files, (unsigned long long)st->n_slots, (unsigned long long)st->slot_size, st->qd);
     *out = st;
@@ -724,8 +744,21 @@ static uint8_t *record_in_block(uint8_t *block, uint64_t fslot)
 
 /* ---- finishing requests ----------------------------------------------------------- */
 
+static void remember(g3_store *st, const g3_req *r)
+{
+    slot_memo *m = &st->memo[r->slot];
+    if (r->op == OP_READ) return;
+    if (r->result != 0)
+        m->state = MEMO_UNKNOWN; /* what is on disk now is anyone's guess */
+    else if (r->op == OP_CLEAR)
+        m->state = MEMO_EMPTY;
+    else
+        *m = (slot_memo){r->sum, XXH3_64bits(r->key, r->key_len), r->len, MEMO_FULL};
+}
+
 static void finish(g3_store *st, g3_req *r)
 {
+    remember(st, r);
     unsigned at = r->active_at;
     st->active[at] = st->active[--st->n_active];
     st->active[at]->active_at = at;
@@ -882,15 +915,29 @@ static int start_write(g3_store *st, g3_req *r)
     if (rc != 0) return rc;
     r->ios++;
     flush(st);
-    uint64_t sum = data_checksum(r->src, r->len);
-    record_encode(st, r->record, REC_FULL, r->slot, r->gen, r->key, r->key_len, r->len, sum);
+    r->sum = data_checksum(r->src, r->len);
+    record_encode(st, r->record, REC_FULL, r->slot, r->gen, r->key, r->key_len, r->len, r->sum);
     block_join(st, r);
     return 0;
 }
 
-/* The record block and the data, together. */
+static int refuse_read(g3_store *st, const g3_req *r, const char *why)
+{
+    G3_LOG(st, KVCR_LOG_WARN, "G3 slot %llu (%s): %s", (unsigned long long)r->slot,
+           st->files[r->file].path, why);
+    return G3_CORRUPT;
+}
+
+/* A known slot is checked against its memo and only its data is read; an
+ * unknown one reads its record block and its data together. */
 static int start_read(g3_store *st, g3_req *r)
 {
+    const slot_memo *m = &st->memo[r->slot];
+    if (m->state == MEMO_EMPTY) return refuse_read(st, r, "empty slot");
+    if (m->state == MEMO_FULL && m->key_hash != XXH3_64bits(r->key, r->key_len))
+        return refuse_read(st, r, "another key");
+    if (m->state == MEMO_FULL && m->len != r->len)
+        return refuse_read(st, r, "another data length");
     size_t n = round_up(r->len, G3_ALIGN);
     uint8_t *buf = r->dst;
     if (!direct_ok(r->dst, r->len)) {
@@ -898,8 +945,15 @@ static int start_read(g3_store *st, g3_req *r)
         if (r->bounce == NULL) return -ENOMEM;
         buf = r->bounce;
     }
-    r->recbuf = st->free_recbufs[--st->n_free_recbufs];
     int fd = st->files[r->file].dfd;
+    if (m->state == MEMO_FULL) {
+        r->sum = m->sum;
+        int rc = queue_io(st, false, fd, buf, n, st->data_off + r->fslot * st->slot_size, r,
+                          TAG_DATA);
+        if (rc == 0) r->ios++;
+        return rc;
+    }
+    r->recbuf = st->free_recbufs[--st->n_free_recbufs];
     uint8_t *rb = st->recbufs + (size_t)r->recbuf * G3_ALIGN;
     int rc = queue_io(st, false, fd, rb, G3_ALIGN, block_offset(st, r->fslot / RECS_PER_BLOCK), r,
                       TAG_RECORD);
@@ -914,6 +968,7 @@ static void activate(g3_store *st, g3_req *r)
 {
     r->active_at = st->n_active;
     st->active[st->n_active++] = r;
+    if (r->op != OP_READ) st->memo[r->slot].state = MEMO_UNKNOWN; /* until it is back */
     int rc = 0;
     switch (r->op) {
     case OP_WRITE: rc = start_write(st, r); break;
@@ -1053,8 +1108,15 @@ int g3_store_clear(g3_store *st, uint64_t slot, g3_done_fn cb, void *ud)
  * for this slot, key and length, and the data must match its checksum. */
 static void read_verify(g3_store *st, g3_req *r)
 {
-    const uint8_t *rec = record_in_block(st->recbufs + (size_t)r->recbuf * G3_ALIGN, r->fslot);
     const uint8_t *data = r->bounce ? r->bounce : r->dst;
+    if (r->recbuf < 0) { /* a known slot: its key and length were checked at the start */
+        if (data_checksum(data, r->len) != r->sum) {
+            r->result = G3_CORRUPT;
+            refuse_read(st, r, "data checksum mismatch");
+        }
+        return;
+    }
+    const uint8_t *rec = record_in_block(st->recbufs + (size_t)r->recbuf * G3_ALIGN, r->fslot);
     int state = 0;
     const char *why = NULL;
     if (record_check(st, rec, r->slot, &state) != REC_OK)
@@ -1069,8 +1131,7 @@ static void read_verify(g3_store *st, g3_req *r)
         why = "data checksum mismatch";
     if (why == NULL) return;
     r->result = G3_CORRUPT;
-    G3_LOG(st, KVCR_LOG_WARN, "G3 slot %llu (%s): %s", (unsigned long long)r->slot,
-           st->files[r->file].path, why);
+    refuse_read(st, r, why);
 }
 
 static void request_io_done(g3_store *st, g3_req *r, unsigned tag, int res)
@@ -1227,6 +1288,7 @@ static void scan_record(g3_store *st, scan_ctx *c, const uint8_t *rec, uint64_t 
 {
     int state = 0;
     c->stats.slots++;
+    st->memo[slot].state = MEMO_EMPTY; /* unless it verifies as FULL below */
     switch (record_check(st, rec, slot, &state)) {
     case REC_UNWRITTEN: c->stats.unwritten++; return;
     case REC_DAMAGED: c->stats.damaged++; return;
@@ -1239,6 +1301,8 @@ static void scan_record(g3_store *st, scan_ctx *c, const uint8_t *rec, uint64_t 
         return;
     }
     c->stats.full++;
+    st->memo[slot] = (slot_memo){get64(rec + 32), XXH3_64bits(rec + 40, rec[5]), get64(rec + 24),
+                                 MEMO_FULL};
     if (c->cb == NULL) return;
     g3_slot_info info = {slot, rec + 40, rec[5], gen, get64(rec + 24)};
     c->cb(c->ud, &info);
