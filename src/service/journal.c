@@ -235,7 +235,7 @@ static int walk(const uint8_t *base, uint64_t bytes, uint64_t generation, uint64
     uint8_t buf[SCRATCH_BYTES];
     uint64_t pos = 0, seq = 0;
     while (pos < end) { /* every turn advances pos by at least FRAME_MIN */
-        uint64_t total;
+        uint64_t total = 0;
         jrec r;
         int rc = fetch(ring, cap, pos, end, buf, &total);
         if (rc == 0) rc = decode(buf, total, generation, seq, pos, &r);
@@ -428,7 +428,7 @@ int journal_read_next(journal *j, jrec *out)
                        ", capacity %" PRIu64 ")", published, pos, j->cap);
     if (published == pos) return 0;
 
-    uint64_t total;
+    uint64_t total = 0;
     int rc = fetch(j->base + JOURNAL_HEADER_BYTES, j->cap, pos, published, j->scratch, &total);
     if (rc == 0) rc = decode(j->scratch, total, j->generation, j->seq, pos, out);
     if (rc != 0) {
