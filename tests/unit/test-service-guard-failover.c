@@ -18,11 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "peer.h"
+#include "service/frame.h"
 #include "service/journal.h"
 #include "service/service.h"
 
@@ -389,6 +392,49 @@ static void test_service_restart_and_sigkill_keep_a_live_engine_working(void **s
     svc_cleanup(&s);
 }
 
+/* Bytes that break the protocol, sent to a live service: each connection
+ * is refused and closed, the service counts them and goes on serving. */
+static void send_raw(const svc *s, const void *bytes, size_t len)
+{
+    int fd;
+    assert_int_equal(svc_connect(s->sock, &fd), 0);
+    assert_int_equal(write(fd, bytes, len), (ssize_t)len);
+    shutdown(fd, SHUT_WR);
+    char buf[4096];
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (int i = 0; i < 100 && read(fd, buf, sizeof buf) > 0; i++) {
+    } /* an error reply, then EOF: the service closed it */
+    close(fd);
+}
+
+static void test_malformed_frames_are_refused_and_the_service_goes_on(void **state)
+{
+    (void)state;
+    svc s;
+    svc_start(&s);
+    static const uint8_t too_long[] = {0xff, 0xff, 0xff, 0xff, 0x80};
+    static const uint8_t zero_len[] = {0, 0, 0, 0};
+    static const uint8_t not_msgpack[] = {0, 0, 0, 3, 0xc1, 0xc1, 0xc1};
+    static const uint8_t not_a_map[] = {0, 0, 0, 2, 0x92, 0x01};
+    static const uint8_t truncated[] = {0, 0, 0, 9, 0x81, 0xa4, 't'};
+    static const uint8_t unknown_type[] = {0, 0, 0, 0x0e, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xa1,
+                                           'x', 0xa1, 'v', 0x01, 0, 0, 0};
+    send_raw(&s, too_long, sizeof too_long);
+    send_raw(&s, zero_len, sizeof zero_len);
+    send_raw(&s, not_msgpack, sizeof not_msgpack);
+    send_raw(&s, not_a_map, sizeof not_a_map);
+    send_raw(&s, truncated, sizeof truncated);
+    send_raw(&s, unknown_type, sizeof unknown_type);
+    assert_true(svc_metric(&s, "kvcr_service_frames_refused_total") >= 5);
+    peer a; /* and claims still work */
+    engine_spawn(&a, &s, 0, 2);
+    assert_int_equal(peer_verify(&a, 2).good, 2);
+    peer_stop(&a);
+    svc_stop(&s);
+    svc_cleanup(&s);
+}
+
 /* ---- the failover, twenty times -------------------------------------------------- */
 
 static void test_failover_twenty_times_loses_nothing(void **state)
@@ -437,6 +483,7 @@ int main(void)
         cmocka_unit_test(test_sigkill_during_deposits_keeps_every_committed_block),
         cmocka_unit_test(test_corrupt_journal_frame_recovers_nothing),
         cmocka_unit_test(test_service_restart_and_sigkill_keep_a_live_engine_working),
+        cmocka_unit_test(test_malformed_frames_are_refused_and_the_service_goes_on),
         cmocka_unit_test(test_failover_twenty_times_loses_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
