@@ -26,13 +26,21 @@ again, and a copy that fails its checksum fails its entry ("CORRUPT").
 G3FIFOPolicy / G3LRUPolicy without G3 raise ValueError("G3LRUPolicy
 requires configured G3").
 
-Not built: the KVCR service / Guard. Configuring it raises
-NotImplementedError ("... Guard are not built yet") once every validation
-rule has passed.
+Guard mode: a KVCRGuardConfig(kvcr_service_socket_path, guard_index,
+compatibility_digest) as KVCR's fourth argument takes KVCR DRAM from a pool
+group of the node's KVCR service (`kvcr service`) instead of local_dram
+(both together: ValueError "guard_config conflicts with
+backend_configs.local_dram"). Committed blocks are journalled for the
+group's Guard, which keeps them (and serves them to peers on this worker's
+control endpoint) when the process dies; the next KVCR claiming the group
+recovers them.
 
 Errors: configuration and argument rules raise ValueError / TypeError before
 anything starts (libkvcr's KVCR_EINVAL text); parts not built raise
-NotImplementedError (a RuntimeError); other libkvcr failures RuntimeError.
+NotImplementedError (a RuntimeError); a guard-mode claim the service refuses
+raises KVCRServiceError, one that cannot reach it KVCRSocketError, a broken
+service answer KVCRGuardProtocolError (all RuntimeError subclasses); other
+libkvcr failures RuntimeError.
 """
 from . import config, policy, types  # noqa: F401  (submodules users import)
 from .api import (DURATION_METRIC, KVCR, STATE_METRIC, TRANSFER_BLOCKS_METRIC,
@@ -40,7 +48,8 @@ from .api import (DURATION_METRIC, KVCR, STATE_METRIC, TRANSFER_BLOCKS_METRIC,
 from .config import (FRAMEWORK_MEMORY_TYPES, FrameworkControl, FrameworkDramInput, G3Options,
                      InventorySink, KeyAdapter, KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig,
                      LocalDramOptions, RemoteFWDramOptions, TelemetryStats)
-from .control_channels import ZmqPeerControlChannel
+from .control_channels import (KVCRGuardProtocolError, KVCRMsgFramingError, KVCRServiceError,
+                               KVCRSocketError, ZmqPeerControlChannel)
 from .hints import ROUTER_HINT_CAPABILITIES, ROUTER_HINT_KEY
 from .policy import FIFOPolicy, G3FIFOPolicy, G3LRUPolicy, KVCachePolicy, LRUPolicy
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError,
@@ -68,6 +77,7 @@ __all__ = [
     # kvcr.policy
     "KVCachePolicy", "FIFOPolicy", "LRUPolicy", "G3FIFOPolicy", "G3LRUPolicy",
     # kvcr.control_channels
-    "ZmqPeerControlChannel",
+    "ZmqPeerControlChannel", "KVCRServiceError", "KVCRSocketError", "KVCRMsgFramingError",
+    "KVCRGuardProtocolError",
     "__version__",
 ]

@@ -25,7 +25,12 @@
  * with no lock held; kvcr_pin_complete, which takes the lock, is called
  * with the GIL released. No Python exception crosses into libkvcr: each
  * callback clears what it raised (the Python side has logged or recorded
- * it already). */
+ * it already).
+ *
+ * Guard mode arrives as one tuple (socket path, guard_index, digest) that
+ * fills kvcr_config.guard; kvcr_create then claims the pool group itself.
+ * Its failures are raised as kvcr.control_channels' service errors (see
+ * raise_kvcr). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -49,6 +54,10 @@ static PyObject *g_pair[N_STATUS][N_TIER]; /* (status, tier) result tuples */
 static PyObject *g_memref_type;            /* kvcr.types.MemoryRef */
 static PyObject *g_entry[N_ENTRY][N_REASON]; /* shared plain OpEntryResults */
 static PyObject *s_end_point, *s_label, *s_index; /* interned attribute names */
+/* kvcr.control_channels' service errors (NULL until init: RuntimeError). */
+static PyObject *g_err_service; /* KVCR_EREFUSED: the service refused */
+static PyObject *g_err_socket;  /* KVCR_ESYS of a guard-mode start: not reachable */
+static PyObject *g_err_proto;   /* KVCR_EPROTO: the service broke the claim protocol */
 
 typedef struct {
     PyObject_HEAD
@@ -70,15 +79,27 @@ typedef struct {
     bool closed;
 } Instance;
 
-static PyObject *raise_rc(int rc)
+/* The exception for a libkvcr error. Only the KVCR service's code returns
+ * KVCR_EREFUSED and KVCR_EPROTO; `guard` marks a guard-mode kvcr_create,
+ * whose KVCR_ESYS means the service could not be reached (libkvcr has no
+ * separate code for it). */
+static PyObject *raise_kvcr(int rc, int guard)
 {
     const char *msg = kvcr_last_error();
     if (msg == NULL || msg[0] == '\0') msg = kvcr_strerror(rc);
     PyObject *type = PyExc_RuntimeError; /* ECLOSED, EBUSY, ENOMEM, ESYS, ... */
     if (rc == KVCR_EINVAL) type = PyExc_ValueError;
     else if (rc == KVCR_ENOTSUP) type = PyExc_NotImplementedError; /* "... is not built yet" */
+    else if (rc == KVCR_EREFUSED && g_err_service) type = g_err_service;
+    else if (rc == KVCR_EPROTO && g_err_proto) type = g_err_proto;
+    else if (rc == KVCR_ESYS && guard && g_err_socket) type = g_err_socket;
     PyErr_SetString(type, msg);
     return NULL;
+}
+
+static PyObject *raise_rc(int rc)
+{
+    return raise_kvcr(rc, 0);
 }
 
 static int ready(void)
@@ -580,19 +601,20 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
                             "regions", "operation_timeout_ms", "abandon_timeout_ms",
                             "watermark_percent", "telemetry", "copy_threads", "policy",
                             "inventory", "capacity", "log", "make_entry", "remote", "key_hash",
-                            "pins", "resilience", "g3", NULL};
+                            "pins", "resilience", "g3", "guard", NULL};
     const char *agent, *backend;
     PyObject *layouts, *dram, *regions, *policy, *inventory, *capacity, *log, *make_entry;
     PyObject *remote = Py_None, *key_hash = Py_None, *pins = Py_None, *resilience = Py_None;
-    PyObject *g3 = Py_None;
+    PyObject *g3 = Py_None, *guard = Py_None;
     unsigned int op_ms, abandon_ms, threads;
     double watermark;
     int telemetry;
     if (!ready() ||
-        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOOO", names, &agent, &layouts,
-                                     &dram, &backend, &regions, &op_ms, &abandon_ms, &watermark,
-                                     &telemetry, &threads, &policy, &inventory, &capacity, &log,
-                                     &make_entry, &remote, &key_hash, &pins, &resilience, &g3))
+        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOOOO", names, &agent,
+                                     &layouts, &dram, &backend, &regions, &op_ms, &abandon_ms,
+                                     &watermark, &telemetry, &threads, &policy, &inventory,
+                                     &capacity, &log, &make_entry, &remote, &key_hash, &pins,
+                                     &resilience, &g3, &guard))
         return -1;
     if (self->kv != NULL || self->make_entry != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "instance already initialised");
@@ -655,6 +677,16 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
             goto out;
     }
     if (g3 != Py_None && parse_g3(g3, &cfg.g3, &g3_paths, keep) != 0) goto out;
+    if (guard != Py_None) {
+        /* (service socket path, guard_index, compatibility digest) */
+        PyObject *path, *digest;
+        unsigned int index;
+        if (!PyArg_ParseTuple(guard, "OIO", &path, &index, &digest) ||
+            (cfg.guard.service_socket_path = str_of(path, keep, "guard socket path")) == NULL ||
+            (cfg.guard.compatibility_digest = str_of(digest, keep, "guard digest")) == NULL)
+            goto out;
+        cfg.guard.guard_index = index;
+    }
     if (set_policy(self, policy, &cfg) != 0) goto out;
     self->make_entry = Py_NewRef(make_entry);
     self->log = log == Py_None ? NULL : Py_NewRef(log);
@@ -681,7 +713,7 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     err = kvcr_create(&cfg, &kv);
     Py_END_ALLOW_THREADS
     if (err != 0) {
-        raise_rc(err);
+        raise_kvcr(err, cfg.guard.service_socket_path != NULL);
         Py_CLEAR(self->policy);
         Py_CLEAR(self->inventory);
         Py_CLEAR(self->capacity);
@@ -1468,20 +1500,41 @@ static PyTypeObject InstanceType = {
     .tp_methods = Instance_methods,
 };
 
-/* init(query_statuses, tiers, memory_ref_type): the Python values of the C
- * enums, by C value (tiers[0] is None, for KVCR_TIER_NONE). */
+/* init(query_statuses, tiers, memory_ref_type, service_errors=None): the
+ * Python values of the C enums, by C value (tiers[0] is None, for
+ * KVCR_TIER_NONE), and the exception types for KVCR_EREFUSED, KVCR_ESYS of a
+ * guard-mode start and KVCR_EPROTO (without them: RuntimeError). */
 static PyObject *mod_init(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    PyObject *statuses, *tiers, *memref;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyTuple_Type, &statuses, &PyTuple_Type, &tiers,
-                          &PyType_Type, &memref))
+    PyObject *statuses, *tiers, *memref, *errors = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O!|O!", &PyTuple_Type, &statuses, &PyTuple_Type, &tiers,
+                          &PyType_Type, &memref, &PyTuple_Type, &errors))
         return NULL;
     if (PyTuple_GET_SIZE(statuses) != N_STATUS || PyTuple_GET_SIZE(tiers) != N_TIER) {
         PyErr_Format(PyExc_ValueError, "init needs %d statuses and %d tiers", N_STATUS, N_TIER);
         return NULL;
     }
+    if (errors != NULL) {
+        if (PyTuple_GET_SIZE(errors) != 3) {
+            PyErr_SetString(PyExc_ValueError, "init needs 3 service error types");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < 3; i++) {
+            PyObject *t = PyTuple_GET_ITEM(errors, i);
+            if (!PyType_Check(t) ||
+                !PyType_IsSubtype((PyTypeObject *)t, (PyTypeObject *)PyExc_RuntimeError)) {
+                PyErr_SetString(PyExc_TypeError, "service error types must subclass RuntimeError");
+                return NULL;
+            }
+        }
+    }
     if (g_memref_type != NULL) Py_RETURN_NONE; /* once per process */
+    if (errors != NULL) {
+        g_err_service = Py_NewRef(PyTuple_GET_ITEM(errors, 0));
+        g_err_socket = Py_NewRef(PyTuple_GET_ITEM(errors, 1));
+        g_err_proto = Py_NewRef(PyTuple_GET_ITEM(errors, 2));
+    }
     for (int i = 0; i < N_STATUS; i++) g_status[i] = Py_NewRef(PyTuple_GET_ITEM(statuses, i));
     for (int i = 0; i < N_TIER; i++) g_tier[i] = Py_NewRef(PyTuple_GET_ITEM(tiers, i));
     g_memref_type = Py_NewRef(memref);
@@ -1497,7 +1550,8 @@ static PyObject *mod_reason_name(PyObject *mod, PyObject *arg)
 }
 
 static PyMethodDef module_methods[] = {
-    {"init", mod_init, METH_VARARGS, "init(query_statuses, tiers, MemoryRef)"},
+    {"init", mod_init, METH_VARARGS,
+     "init(query_statuses, tiers, MemoryRef, (service, socket, protocol error types))"},
     {"reason_name", mod_reason_name, METH_O, "reason_name(value) -> kvcr_reason_name(value)"},
     {NULL, NULL, 0, NULL},
 };

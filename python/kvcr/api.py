@@ -10,9 +10,11 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from . import _native
 from .config import (KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig, check_config, check_g3,
-                     check_local_dram, check_policy_tiers, check_regions, check_remote)
+                     check_guard, check_local_dram, check_policy_tiers, check_regions,
+                     check_remote)
 from .config import control_endpoint as control_endpoint_of
-from .control_channels import ZmqPeerControlChannel
+from .control_channels import (KVCRGuardProtocolError, KVCRServiceError, KVCRSocketError,
+                               ZmqPeerControlChannel)
 from .hints import encode_router_hint
 from .policy import KVCachePolicy, native_builtin
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError, MemoryRef,
@@ -40,7 +42,10 @@ _MEM_TYPES = {"DRAM": 0, "VRAM": 1}
 _RESILIENCE_STATES = ("uncertain", "quiesced", "stalled")  # kvcr_resilience_state
 _U64 = 2**64
 
-_native.init(_QUERY, _TIERS, MemoryRef)
+# libkvcr's service errors, for kvcr._native: KVCR_EREFUSED, KVCR_ESYS of a
+# guard-mode start, KVCR_EPROTO.
+_native.init(_QUERY, _TIERS, MemoryRef,
+             (KVCRServiceError, KVCRSocketError, KVCRGuardProtocolError))
 
 # Instances whose start-up failed and could not be stopped (KVCRStartupError).
 _RETAINED_INSTANCES: list = []
@@ -460,8 +465,20 @@ class KVCR:
     into KVCR DRAM; a new KVCR on the same files finds them again. A G3
     copy that fails its key or checksum check is never handed over: its
     entry fails with reason "CORRUPT" and the block leaves G3.
-    Not built: the KVCR service / Guard (NotImplementedError at
-    construction, after every validation rule passed).
+    With a guard_config (KVCRGuardConfig), guard mode: KVCR DRAM is the pool
+    group guard_index of the node's KVCR service (`kvcr service`), claimed
+    when KVCR starts (backend_configs.local_dram must be unset: ValueError
+    "guard_config conflicts with backend_configs.local_dram", raised before
+    anything is contacted). Committed blocks are journalled for the group's
+    Guard; a later KVCR claiming the same group recovers them (query HIT,
+    announced to the inventory sink again), and with a framework_control the
+    service owns the control endpoint, so peers reach the Guard on it while
+    no engine holds the group (it needs no control_bind_address /
+    adopt_listener: libkvcr and the service hand the listener over
+    themselves). close() gives the group back. A claim that fails raises
+    KVCRServiceError (refused: digest mismatch, guard_index out of range,
+    group held by another worker, endpoint that cannot be moved),
+    KVCRSocketError (service not reachable) or KVCRGuardProtocolError.
 
     Callbacks (inventory sink, capacity callback, pin callbacks, resilience
     events, log) run only inside poll_completed() or close() on the calling
@@ -557,12 +574,13 @@ class KVCR:
             raise TypeError("guard_config must be a KVCRGuardConfig or None")
         check_config(config)  # rules 1-8, agent name, listen port
         local, g3 = backends.local_dram, backends.g3
-        if guard is not None:
+        guard_args = None
+        if guard is not None:  # §5.1 2a: nothing is contacted before these pass
             if local is not None:
                 raise ValueError("guard_config conflicts with backend_configs.local_dram")
-            raise NotImplementedError(
-                "the KVCR service and Guard are not built yet: guard_config cannot be used "
-                "with this build")
+            guard_args = check_guard(guard)
+        # The service's pool group is the KVCR DRAM of guard mode.
+        has_dram = local is not None or guard is not None
         layouts = list(config.pool_layouts)
         if g3 is not None and len(layouts) > 1:
             raise ValueError("G3 does not support multiple pools")  # rule 9
@@ -570,14 +588,14 @@ class KVCR:
         if policy is not None and not isinstance(policy, KVCachePolicy):
             raise TypeError("bindings.policy must be a KVCachePolicy")
         if policy is not None:
-            check_policy_tiers(policy, local is not None, g3 is not None)  # rule 10
-        if g3 is not None and local is None:
+            check_policy_tiers(policy, has_dram, g3 is not None)  # rule 10
+        if g3 is not None and not has_dram:
             raise ValueError("G3 requires configured local DRAM")  # rule 11
         regions = check_regions(backends)  # rule 12: backend records
         pools = check_local_dram(local, layouts) if local is not None else None
         check_remote(backends.remote_fw_dram)
         g3_args = check_g3(g3, layouts) if g3 is not None else None
-        if local is None and bindings.framework_control is None:
+        if not has_dram and bindings.framework_control is None:
             raise ValueError("at least one DRAM backend must be configured")  # rule 13
         remote = None
         if bindings.framework_control is not None:
@@ -615,6 +633,7 @@ class KVCR:
             copy_threads=config.copy_threads,
             remote=remote,
             g3=g3_args,
+            guard=guard_args,
         )
 
     # ---- the API ----------------------------------------------------------

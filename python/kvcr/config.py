@@ -94,6 +94,22 @@ class KVCRBackendConfigs:
 
 @dataclass(frozen=True)
 class KVCRGuardConfig:
+    """Guard mode (api_spec §3.3): KVCR DRAM comes from pool group
+    `guard_index` of the node's KVCR service (`kvcr service`), claimed over
+    its Unix socket `kvcr_service_socket_path`, instead of local_dram.
+    Every committed block is journalled for the group's Guard: when this
+    process dies the Guard keeps the blocks (and, with the peer tier, serves
+    them on this worker's control endpoint, which the service owns), and the
+    next KVCR claiming the same group gets them back.
+
+    `compatibility_digest` must equal the service's
+    --compatibility-digest byte for byte: change it whenever the model or
+    the KV layout changes. Like the other records it is checked by
+    `KVCR(...)` (check_guard), before anything is contacted: the socket
+    path a non-empty str (or os.PathLike of str) of at most 107 bytes
+    without NUL, guard_index an int in [0, 2**32), the digest a str of
+    1..256 bytes without NUL."""
+
     kvcr_service_socket_path: str
     guard_index: int
     compatibility_digest: str
@@ -351,6 +367,40 @@ def check_g3(g3: G3Options, layouts: list) -> tuple:
     capacity = _c_range(g3.capacity_bytes_per_file, _U64_MAX // slot * slot)
     return (tuple(resolved), capacity, g3.backend, _c_range(g3.queue_depth, _U32_MAX),
             _c_range(g3.max_staging_bytes, _U64_MAX))
+
+
+_SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
+_DIGEST_MAX = 256    # the service's limit on compatibility digests
+
+
+def check_guard(guard: KVCRGuardConfig) -> tuple:
+    """The KVCRGuardConfig field rules; returns (socket path, guard_index,
+    digest) for kvcr._native.Instance(guard=...). libkvcr checks the path
+    and digest lengths again; the service checks the rest (index range,
+    digest match)."""
+    path = guard.kvcr_service_socket_path
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError("guard_config.kvcr_service_socket_path must be a str, not "
+                        f"{type(guard.kvcr_service_socket_path).__name__}")
+    if not path or "\0" in path or len(path.encode()) > _SUN_PATH_MAX:
+        raise ValueError("guard_config.kvcr_service_socket_path must be a Unix socket path of "
+                         f"1..{_SUN_PATH_MAX} bytes without NUL")
+    index = guard.guard_index
+    if not _is_int(index):
+        raise TypeError(f"guard_config.guard_index must be an int, not {type(index).__name__}")
+    if not 0 <= index <= _U32_MAX:
+        raise ValueError(f"guard_config.guard_index must be between 0 and {_U32_MAX}, "
+                         f"got {index}")
+    digest = guard.compatibility_digest
+    if not isinstance(digest, str):
+        raise TypeError("guard_config.compatibility_digest must be a str, not "
+                        f"{type(digest).__name__}")
+    if not digest or "\0" in digest or len(digest.encode()) > _DIGEST_MAX:
+        raise ValueError(f"guard_config.compatibility_digest must be 1..{_DIGEST_MAX} bytes "
+                         "without NUL")
+    return path, index, digest
 
 
 def check_policy_tiers(policy: Any, has_local_dram: bool, has_g3: bool) -> None:

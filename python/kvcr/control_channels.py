@@ -9,8 +9,42 @@ describes the endpoint: KVCR binds `bind_host:bind_port` and tells peers
 send() returns False and recv() returns []. A framework_control of another
 type works too when it has `bind_host`, `bind_port` and `advertise_host`
 attributes, or an `endpoint` "tcp://host:port" (bound and advertised as is).
+
+It also holds the KVCR service's exceptions (api_spec §1.1), raised by
+`KVCR(...)` with a guard_config when the claim on the service fails:
+
+* KVCRServiceError — the service refused the claim (libkvcr KVCR_EREFUSED):
+  a compatibility digest that does not match, a guard_index out of range, a
+  pool group held by another worker, an endpoint that cannot be moved...
+  The message is the service's reason.
+* KVCRSocketError — the service could not be reached (KVCR_ESYS during a
+  guard-mode start: no socket, connection refused or closed, a timeout).
+* KVCRGuardProtocolError — the service's answer breaks the claim protocol
+  or does not fit the claim (KVCR_EPROTO).
+* KVCRMsgFramingError — a malformed length-prefixed frame. libkvcr reports
+  frame errors with the same code as other protocol errors (KVCR_EPROTO),
+  so this build raises KVCRGuardProtocolError for them; the class exists
+  for code that catches it.
+
+All are RuntimeError subclasses.
 """
 from __future__ import annotations
+
+
+class KVCRServiceError(RuntimeError):
+    """The KVCR service refused a request (its message says why)."""
+
+
+class KVCRSocketError(KVCRServiceError):
+    """The KVCR service could not be reached: connect, connection or timeout."""
+
+
+class KVCRMsgFramingError(KVCRServiceError):
+    """A malformed length-prefixed frame on the service's socket."""
+
+
+class KVCRGuardProtocolError(KVCRServiceError):
+    """A malformed or incompatible message from the KVCR service."""
 
 
 class ZmqPeerControlChannel:

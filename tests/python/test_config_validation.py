@@ -4,6 +4,7 @@ test_g3_tier.py)."""
 import dataclasses
 import logging
 import mmap
+import socket
 from pathlib import Path
 
 import pytest
@@ -257,15 +258,93 @@ def test_dram_backends_and_the_peer_tier(mem, caplog):
     assert "must be a host name or IPv4 address" in refused(ValueError, config, bad, backends)
 
 
-def test_guard_config(mem):
+GUARD_FIELD_CASES = [
+    # (socket path, guard_index, digest), exception, message
+    ((b"/s", 0, "d"), TypeError, "kvcr_service_socket_path must be a str, not bytes"),
+    ((None, 0, "d"), TypeError, "kvcr_service_socket_path must be a str, not NoneType"),
+    (("", 0, "d"), ValueError, "kvcr_service_socket_path must be a Unix socket path of 1..107"),
+    (("/" + "s" * 107, 0, "d"), ValueError, "Unix socket path of 1..107 bytes"),
+    (("/s\0x", 0, "d"), ValueError, "without NUL"),
+    (("/s", "0", "d"), TypeError, "guard_index must be an int, not str"),
+    (("/s", True, "d"), TypeError, "guard_index must be an int, not bool"),
+    (("/s", 1.0, "d"), TypeError, "guard_index must be an int, not float"),
+    (("/s", -1, "d"), ValueError, "guard_index must be between 0 and 4294967295, got -1"),
+    (("/s", 2**32, "d"), ValueError, "guard_index must be between 0 and 4294967295"),
+    (("/s", 0, None), TypeError, "compatibility_digest must be a str, not NoneType"),
+    (("/s", 0, b"d"), TypeError, "compatibility_digest must be a str, not bytes"),
+    (("/s", 0, ""), ValueError, "compatibility_digest must be 1..256 bytes without NUL"),
+    (("/s", 0, "d" * 257), ValueError, "compatibility_digest must be 1..256 bytes"),
+    (("/s", 0, "d\0"), ValueError, "compatibility_digest must be 1..256 bytes without NUL"),
+]
+
+
+@pytest.fixture
+def claim_socket(tmp_path):
+    """A listening Unix socket in place of the KVCR service: the test can
+    tell whether anything connected (accept() would not block)."""
+    path = str(tmp_path / "claim.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(4)
+        listener.setblocking(False)
+
+        def contacted():
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                return False
+            conn.close()
+            return True
+        yield path, contacted
+
+
+def test_guard_config_rules_come_before_any_claim(mem, claim_socket):
+    """api_spec §5.1 2a: local_dram with a guard_config is refused with the
+    reference's message, then the KVCRGuardConfig fields (types and ranges);
+    the service is never contacted. libkvcr checks the conflict again
+    (KVCR_EINVAL, "guard mode conflicts with local_dram")."""
+    path, contacted = claim_socket
     config, bindings, backends = parts(mem)
-    guard = kvcr.KVCRGuardConfig("/tmp/sock", 0, "digest")
+    guard = kvcr.KVCRGuardConfig(path, 0, "digest")
     assert refused(ValueError, config, bindings, backends, guard) == \
         "guard_config conflicts with backend_configs.local_dram"
-    got = refused(NotImplementedError, config, bindings, kvcr.KVCRBackendConfigs(), guard)
-    assert "KVCR service and Guard are not built yet" in got
+    bad = kvcr.KVCRGuardConfig(path, -1, "")  # the conflict is named first
+    assert "conflicts" in refused(ValueError, config, bindings, backends, bad)
+    no_dram = dataclasses.replace(backends, local_dram=None)
+    for (p, index, digest), exc, message in GUARD_FIELD_CASES:
+        got = refused(exc, config, bindings, no_dram, kvcr.KVCRGuardConfig(p, index, digest))
+        assert message in got, (p, index, digest, got)
+        assert got.startswith("guard_config.")
+    assert refused(TypeError, config, bindings, no_dram, object()) == \
+        "guard_config must be a KVCRGuardConfig or None"
+    assert not contacted()
+
+
+def test_guard_config_record(tmp_path):
     assert kvcr.KVCRGuardConfig("/s", 1, "d") == kvcr.KVCRGuardConfig(
         kvcr_service_socket_path="/s", guard_index=1, compatibility_digest="d")
+    assert [f.name for f in dataclasses.fields(kvcr.KVCRGuardConfig)] == \
+        ["kvcr_service_socket_path", "guard_index", "compatibility_digest"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        kvcr.KVCRGuardConfig("/s", 1, "d").guard_index = 2
+    assert issubclass(kvcr.KVCRSocketError, kvcr.KVCRServiceError)
+    assert issubclass(kvcr.KVCRMsgFramingError, kvcr.KVCRServiceError)
+    assert issubclass(kvcr.KVCRGuardProtocolError, kvcr.KVCRServiceError)
+    assert issubclass(kvcr.KVCRServiceError, RuntimeError)
+
+
+def test_guard_mode_needs_no_other_dram_backend(mem, tmp_path):
+    """The service's pool group is KVCR DRAM: without local_dram or a
+    framework_control the configuration is valid, so the claim is tried (a
+    socket path and os.PathLike both accepted) and fails to connect."""
+    config, bindings, backends = parts(mem)
+    no_dram = dataclasses.replace(backends, local_dram=None)
+    assert "at least one DRAM backend" in refused(ValueError, config, bindings, no_dram)
+    missing = tmp_path / "nobody.sock"
+    for path in (str(missing), missing):
+        got = refused(kvcr.KVCRSocketError, config, bindings, no_dram,
+                      kvcr.KVCRGuardConfig(path, 0, "digest"))
+        assert f"the KVCR service at {missing} is not reachable" in got
 
 
 def test_legacy_framework_dram(mem):

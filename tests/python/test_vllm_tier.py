@@ -293,8 +293,9 @@ def test_constructor_errors_come_in_the_seeds_order(g3_dir):
 @pytest.mark.parametrize("kw,exc,message", [
     (dict(policy="kvcr.types.MemoryRef"), TypeError, "is not a KVCachePolicy subclass"),
     (dict(compatibility_digest="d"), ValueError, "configured together"),
-    (dict(kvcr_service_socket_path="/tmp/s", compatibility_digest="d"), NotImplementedError,
-     "KVCR service and Guard are not built yet"),
+    (dict(kvcr_service_socket_path="/var/tmp/kvcr-never-made/claim.sock",
+          compatibility_digest="d"), kvcr.KVCRSocketError,
+     "KVCR service at /var/tmp/kvcr-never-made/claim.sock is not reachable"),
     (dict(policy="g3_lru"), ValueError, "G3LRUPolicy requires configured G3"),
     (dict(policy="g3_fifo"), ValueError, "G3FIFOPolicy requires configured G3"),
     (dict(g3={"paths": [], "capacity_bytes_per_file": 4 * ROW}), ValueError,

@@ -21,7 +21,13 @@ With this build of KVCR (see the kvcr package docstring):
   `secondary_g2_slots > 0`. Blocks evicted from KVCR DRAM spill there
   (the default policy is then g3_lru), lookups HIT them, loads read them
   back, and their inventory events are Medium.STORAGE.
-* `kvcr_service_socket_path` is validated, then refused as not built yet.
+* `kvcr_service_socket_path` with `compatibility_digest` turns guard mode
+  on: KVCR DRAM is pool group `data_parallel_rank_local` of the node's KVCR
+  service (`kvcr service`; `secondary_g2_slots` is then ignored), whose
+  Guard keeps this worker's committed blocks when it dies, serves them to
+  peers on its control port, and hands them back to the restarted worker.
+  A refused claim raises kvcr.KVCRServiceError, an unreachable service
+  kvcr.KVCRSocketError.
 * `msgspec` is optional: without it a minimal `to_builtins` stand-in converts
   dataclasses, msgspec-like structs, mappings, sequences and enums.
 """
