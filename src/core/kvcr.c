@@ -166,12 +166,39 @@ int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out)
     return 0;
 }
 
+/* Everything kvcr_create would check, before the service is asked: the
+ * pools the service will provide stand in as addresses near the top of the
+ * address space (validated, never touched). */
+static int precheck_claimed(const kvcr_config *cfg)
+{
+    int rc = svc_check_guard(cfg);
+    if (rc != 0) return rc;
+    kvcr_dram_pool pools[KVCR_MAX_POOLS];
+    uintptr_t at = UINTPTR_MAX / 2;
+    for (size_t i = 0; i < cfg->n_pool_layouts; i++) {
+        size_t bs = cfg->pool_layouts[i].block_size ? cfg->pool_layouts[i].block_size : 1;
+        pools[i] = (kvcr_dram_pool){cfg->pool_layouts[i].name, (void *)at, bs};
+        at += (bs + 4095) / 4096 * 4096;
+    }
+    kvcr_config c = *cfg;
+    c.guard = (kvcr_guard_options){0};
+    c.local_dram = pools;
+    c.n_local_dram = cfg->n_pool_layouts;
+    if (c.local_dram_backend == NULL) c.local_dram_backend = "UCX";
+    kvcr_conf conf;
+    rc = conf_build(&c, &conf);
+    if (rc == 0) conf_destroy(&conf);
+    return rc;
+}
+
 /* Guard mode: the pools come from a claim on the KVCR service; a failed
  * start gives the group straight back. */
 static int create_claimed(const kvcr_config *cfg, kvcr_t **out)
 {
+    int rc = precheck_claimed(cfg);
+    if (rc != 0) return rc;
     svc_hold *h;
-    int rc = svc_claim(cfg, &h);
+    rc = svc_claim(cfg, &h);
     if (rc != 0) return rc;
     kvcr_config c = *cfg;
     c.guard = (kvcr_guard_options){0};

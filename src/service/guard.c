@@ -32,8 +32,10 @@ struct guard {
     enum phase phase;
     char failure[320];
 
-    /* Fixed by the first claim for the service's lifetime. */
+    /* Fixed by the first claim for the service's lifetime (unless that
+     * claimant gives the group back without ever starting: terms_lease). */
     bool configured;
+    uint64_t terms_lease;
     uint32_t n_pools;
     svc_pool layouts[KVCR_MAX_POOLS];
     char host[SVC_HOST_MAX + 1];
@@ -201,6 +203,14 @@ static int refuse(guard *g, int rc)
     return rc;
 }
 
+static void endpoint_text(char *buf, size_t cap, const char *host, uint32_t port)
+{
+    if (host[0] == '\0')
+        snprintf(buf, cap, "no control endpoint");
+    else
+        snprintf(buf, cap, "%s:%u", host, port);
+}
+
 /* The first claim fixes the layout and the endpoint; later ones must match. */
 static int check_terms(guard *g, const svc_msg *c)
 {
@@ -217,10 +227,16 @@ static int check_terms(guard *g, const svc_msg *c)
         if (strcmp(c->pools[i].name, g->layouts[i].name) != 0 ||
             c->pools[i].block_size != g->layouts[i].block_size)
             return kvcr_fail(KVCR_EREFUSED, "KVCR pool was claimed with another tier configuration");
-    if (strcmp(c->control_host, g->host) != 0 || c->control_port != g->requested_port)
-        return kvcr_fail(KVCR_EREFUSED, "KVCR Guard %u answers on %s:%u and cannot be moved to "
-                         "%s:%u", g->index, g->host, g->requested_port, c->control_host,
-                         c->control_port);
+    /* The port as first asked for, or as bound (a claimant that asked for
+     * any port and was told P may ask for P). */
+    bool same_port = c->control_port == g->requested_port || (g->port && c->control_port == g->port);
+    if (strcmp(c->control_host, g->host) != 0 || !same_port) {
+        char was[SVC_HOST_MAX + 16], now[SVC_HOST_MAX + 16];
+        endpoint_text(was, sizeof was, g->host, g->port);
+        endpoint_text(now, sizeof now, c->control_host, c->control_port);
+        return kvcr_fail(KVCR_EREFUSED, "KVCR Guard %u answers on %s and cannot be moved to %s",
+                         g->index, was, now);
+    }
     return 0;
 }
 
@@ -266,6 +282,20 @@ static int configure(guard *g, const svc_msg *c)
     return 0;
 }
 
+/* The claimant that fixed the terms never started: nothing depends on
+ * them, and the next claim may fix others. */
+static void unconfigure(guard *g)
+{
+    if (g->listener >= 0) close(g->listener);
+    g->listener = -1;
+    g->port = 0;
+    mirror_destroy(&g->mir);
+    g->configured = false;
+    g->terms_lease = 0;
+    kvcr_log(g->t->log, KVCR_LOG_INFO, "guard %u: its first claimant never started; the group "
+             "takes the terms of its next claim", g->index);
+}
+
 static bool pidfd_exited(int pidfd)
 {
     struct pollfd p = {.fd = pidfd, .events = POLLIN};
@@ -301,7 +331,8 @@ int guard_claim(guard *g, const svc_msg *c, int pidfd, svc_msg *grant, int *fds,
         rc = kvcr_fail(KVCR_EREFUSED, "KVCR Guard %u is held by another worker (%s)", g->index,
                        g->agent);
     if (rc == 0) rc = check_terms(g, c);
-    if (rc == 0 && !g->configured) rc = configure(g, c);
+    bool first = !g->configured;
+    if (rc == 0 && first) rc = configure(g, c);
     fds[0] = fds[1] = -1;
     if (rc == 0 && ((fds[0] = fcntl(g->file.fd, F_DUPFD_CLOEXEC, 0)) < 0 ||
                     (g->listener >= 0 && (fds[1] = fcntl(g->listener, F_DUPFD_CLOEXEC, 0)) < 0)))
@@ -327,6 +358,7 @@ int guard_claim(guard *g, const svc_msg *c, int pidfd, svc_msg *grant, int *fds,
     *n_fds = g->listener >= 0 ? 2 : 1;
     fill_grant(g, grant);
     *lease = g->lease;
+    g->terms_lease = first ? g->lease : 0;
     kvcr_log(g->t->log, KVCR_LOG_INFO,
              "guard %u: granted to %s (lease %llu), %llu block(s) to recover, control port %u",
              g->index, g->agent, (unsigned long long)g->lease, (unsigned long long)g->recovered,
@@ -347,7 +379,11 @@ int guard_release(guard *g, uint64_t lease, bool activated)
     kvcr_log(g->t->log, KVCR_LOG_INFO, "guard %u: released by %s (%s), %llu block(s) kept",
              g->index, g->agent, activated ? "activated" : "never activated",
              (unsigned long long)mirror_count(&g->mir));
-    if (!activated && g->resumable) promote(g); /* the grant never took over: serve again */
+    if (!activated && g->terms_lease == lease && mirror_count(&g->mir) == 0)
+        unconfigure(g);
+    else if (!activated && g->resumable)
+        promote(g); /* the grant never took over: serve again */
+    g->terms_lease = 0;
     return 0;
 }
 
