@@ -53,5 +53,6 @@ bool bench_options(int argc, char **argv, bench_out *o, bool *quick);
 int bench_local(int argc, char **argv);
 int bench_peer(int argc, char **argv);
 int bench_g3(int argc, char **argv);
+int bench_service(int argc, char **argv);
 
 #endif

@@ -135,6 +135,7 @@ static int bench_python(int argc, char **argv)
     return 1;
 }
 
+
 static const command benches[] = {
     {"local", bench_local, "[--json] [--quick]",
      "query latency, deposit/deliver bandwidth vs memcpy, metadata size"},
@@ -142,6 +143,8 @@ static const command benches[] = {
      "peer-to-peer bandwidth between two processes vs raw UCX and Redis"},
     {"g3", bench_g3, "[--json] [--quick]",
      "G3 disk bandwidth vs fio on the same file, spill, deliver, restart"},
+    {"service", bench_service, "[--json] [--quick]",
+     "KVCR service: first block served after an engine's SIGKILL, reattach of 100k blocks"},
     {"python", bench_python, "[--json] [--quick]",
      "query and poll_completed cost from Python (needs the package)"},
 };

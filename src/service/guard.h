@@ -55,8 +55,9 @@ int guard_claim(guard *g, const svc_msg *claim, int pidfd, svc_msg *grant, int *
 /* The owner of lease releases the group (a stale lease: no-op, returns 0). */
 int guard_release(guard *g, uint64_t lease, bool activated);
 
-/* Descriptors the service loop polls: the lease's pidfd while PRIMARY, the
- * backup instance's event fd while SERVING; -1 otherwise. */
+/* The lease's pidfd while PRIMARY (the service loop polls it), and the
+ * backup instance's event fd while SERVING; -1 otherwise. The loop wakes
+ * every 2 ms while either exists (journal frames have no fd to wake it). */
 int guard_pidfd(const guard *g);
 int guard_backup_fd(const guard *g);
 
