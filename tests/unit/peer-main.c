@@ -1,6 +1,6 @@
 /* kvcr-test-peer: the peer process of the peer-to-peer tests (see peer.h).
  * argv: block_size deposit_n fw_n slots pins hold_pins port op_ms abandon_ms
- *       service guard_index digest (service "-": no guard mode).
+ *       service guard_index digest g3_path (service, g3_path "-": none).
  * Commands arrive on stdin, answers leave on stdout. No cmocka assertion
  * may fail here: every failure is an exit code the parent sees. */
 #include <poll.h>
@@ -171,17 +171,22 @@ static void deposit_more(child *c)
     }
 }
 
-/* PEER_CMD_VERIFY: which of k0..k<n-1> this instance holds in KVCR DRAM,
- * and whether each comes back with its bytes. */
+/* PEER_CMD_VERIFY: which of k0..k<n-1> this instance holds in KVCR DRAM
+ * or in G3, and whether each comes back with its bytes. */
 static peer_verdict child_verify(child *c, uint32_t n)
 {
-    peer_verdict v = {0, 0};
+    peer_verdict v = {0, 0, 0};
     for (uint32_t i = 0; i < n && i < c->r.fw_count; i++) {
         char k[24];
         kvcr_key key = key_of(peer_key(k, sizeof k, i));
         kvcr_query_result q;
-        if (kvcr_query(c->r.kv, &key, 1, NULL, &q) != 0 || q.status != KVCR_QUERY_HIT) continue;
-        v.hits++;
+        if (kvcr_query(c->r.kv, &key, 1, NULL, &q) != 0) continue;
+        if (q.status == KVCR_QUERY_HIT)
+            v.hits++;
+        else if (q.status == KVCR_QUERY_FETCHABLE && q.tier == KVCR_TIER_G3)
+            v.in_g3++;
+        else
+            continue;
         uint8_t *dst = c->r.fw + (size_t)i * c->r.block_size;
         memset(dst, 0, c->r.block_size);
         kvcr_mem_ref ref = {NULL, "", i};
@@ -222,6 +227,11 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
         c.r.region.count = o->deposit_n;
     }
     for (uint32_t i = 0; i < c.r.fw_count; i++) rig_pattern(&c.r, i, i);
+    if (o->g3_path) {
+        c.r.cfg.g3.paths = &o->g3_path;
+        c.r.cfg.g3.n_paths = 1;
+        c.r.cfg.g3.capacity_bytes_per_file = (uint64_t)PEER_G3_SLOTS * o->block_size;
+    }
     c.r.cfg.agent_name = "peer";
     c.r.cfg.remote.control_port = o->port;
     c.r.cfg.operation_timeout_ms = o->op_timeout_ms;
@@ -290,7 +300,7 @@ static unsigned long arg(char **argv, int i)
 
 int main(int argc, char **argv)
 {
-    if (argc != 13) {
+    if (argc != 14) {
         fprintf(stderr, "kvcr-test-peer: started by the tests (peer.c), not by hand\n");
         return 2;
     }
@@ -301,6 +311,7 @@ int main(int argc, char **argv)
                    .abandon_timeout_ms = (uint32_t)arg(argv, 9),
                    .service = strcmp(argv[10], "-") ? argv[10] : NULL,
                    .guard_index = (uint32_t)arg(argv, 11),
-                   .digest = strcmp(argv[12], "-") ? argv[12] : NULL};
+                   .digest = strcmp(argv[12], "-") ? argv[12] : NULL,
+                   .g3_path = strcmp(argv[13], "-") ? argv[13] : NULL};
     child_main(&o, 0, 1);
 }

@@ -161,7 +161,7 @@ void peer_spawn(peer *p, const peer_opts *o)
     int down[2], up[2];
     assert_int_equal(pipe2(down, O_CLOEXEC), 0);
     assert_int_equal(pipe2(up, O_CLOEXEC), 0);
-    char args[12][300];
+    char args[13][300];
     snprintf(args[0], sizeof args[0], "%zu", o->block_size);
     snprintf(args[1], sizeof args[1], "%u", o->deposit_n);
     snprintf(args[2], sizeof args[2], "%u", o->fw_n);
@@ -174,8 +174,9 @@ void peer_spawn(peer *p, const peer_opts *o)
     snprintf(args[9], sizeof args[9], "%s", o->service ? o->service : "-");
     snprintf(args[10], sizeof args[10], "%u", o->guard_index);
     snprintf(args[11], sizeof args[11], "%s", o->digest ? o->digest : "-");
+    snprintf(args[12], sizeof args[12], "%s", o->g3_path ? o->g3_path : "-");
     char *argv[] = {KVCR_TEST_PEER, args[0], args[1], args[2], args[3], args[4], args[5],
-                    args[6], args[7], args[8], args[9], args[10], args[11], NULL};
+                    args[6], args[7], args[8], args[9], args[10], args[11], args[12], NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, down[0], 0); /* dup2 clears close-on-exec */

@@ -30,7 +30,11 @@ typedef struct peer_opts {
     const char *service;  /* claim socket path, or NULL */
     uint32_t guard_index;
     const char *digest;
+    /* G3 on this slot file (capacity PEER_G3_SLOTS blocks), or NULL. */
+    const char *g3_path;
 } peer_opts;
+
+enum { PEER_G3_SLOTS = 1024 };
 
 typedef struct peer_counts {
     uint64_t pin_requests, pinned_keys, pin_releases, pin_cancels;
@@ -41,9 +45,10 @@ typedef struct peer_counts {
 } peer_counts;
 
 /* What PEER_CMD_VERIFY found among k0..k<n-1>: how many are HIT in KVCR
- * DRAM, and how many of those delivered back with the right bytes. */
+ * DRAM, how many FETCHABLE from G3, and how many of either delivered back
+ * with the right bytes. */
 typedef struct peer_verdict {
-    uint32_t hits, good;
+    uint32_t hits, in_g3, good;
 } peer_verdict;
 
 typedef struct peer {

@@ -7,7 +7,8 @@
  * serves a peer's hinted delivery from the pool, bytes compared; the
  * restarted engine recovers every committed block, bytes compared, and
  * takes the group back; a SIGKILL in the middle of deposits loses only
- * what was not committed; a corrupt journal frame -> nothing recovered,
+ * what was not committed; DRAM and G3 blocks both back after a restart
+ * in guard mode; a corrupt journal frame -> nothing recovered,
  * never wrong bytes; the service itself restarted and SIGKILLed; the
  * failover repeated 20 times with zero blocks lost. */
 #include <dirent.h>
@@ -359,6 +360,53 @@ static void test_sigkill_during_deposits_keeps_every_committed_block(void **stat
     svc_cleanup(&s);
 }
 
+/* An engine in guard mode with G3: the group's pool holds POOL_BLOCKS, the
+ * rest of its blocks spill to its slot file. After a SIGKILL the restarted
+ * engine gets both back: the DRAM blocks from the journal, the G3 blocks
+ * from the file's records, bytes compared. */
+static void test_restart_recovers_dram_and_g3_blocks(void **state)
+{
+    (void)state;
+    enum { N = POOL_BLOCKS + 88 };
+    svc s;
+    svc_start(&s);
+    char dir[] = "/var/tmp/kvcr-test-guard-g3.XXXXXX"; /* O_DIRECT: not on tmpfs */
+    assert_non_null(mkdtemp(dir));
+    char g3[sizeof dir + 16];
+    snprintf(g3, sizeof g3, "%s/slots", dir);
+    peer_opts o;
+    peer_opts_init(&o);
+    o.block_size = BS;
+    o.deposit_n = N;
+    o.service = s.sock;
+    o.digest = DIGEST;
+    o.g3_path = g3;
+    peer a;
+    peer_spawn(&a, &o);
+    /* Spills finish in the background: wait until every block is somewhere. */
+    peer_verdict before = {0, 0, 0};
+    for (int i = 0; i < 200 && before.hits + before.in_g3 < N; i++) {
+        before = peer_verify(&a, N);
+        if (before.hits + before.in_g3 < N) usleep(20000);
+    }
+    assert_int_equal(before.hits + before.in_g3, N);
+    assert_int_equal(before.good, N);
+    assert_true(before.in_g3 >= N - POOL_BLOCKS);
+
+    peer_kill(&a);
+    o.deposit_n = 0;
+    peer_spawn(&a, &o);
+    peer_verdict after = peer_verify(&a, N);
+    assert_int_equal(after.hits, before.hits);   /* from the journal */
+    assert_int_equal(after.in_g3, before.in_g3); /* from the slot file */
+    assert_int_equal(after.good, N);             /* every byte right */
+    peer_stop(&a);
+    svc_stop(&s);
+    svc_cleanup(&s);
+    assert_int_equal(unlink(g3), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /* Writes a frame with a wrong checksum at the published cursor, as a buggy
  * or hostile engine could: the Guard must stop believing the journal. */
 static void corrupt_next_frame(const svc *s, uint32_t guard)
@@ -532,6 +580,7 @@ int main(void)
         cmocka_unit_test(test_claims_are_refused_with_their_reasons),
         cmocka_unit_test(test_guard_serves_after_sigkill_and_hands_back_on_restart),
         cmocka_unit_test(test_sigkill_during_deposits_keeps_every_committed_block),
+        cmocka_unit_test(test_restart_recovers_dram_and_g3_blocks),
         cmocka_unit_test(test_corrupt_journal_frame_recovers_nothing),
         cmocka_unit_test(test_service_restart_and_sigkill_keep_a_live_engine_working),
         cmocka_unit_test(test_malformed_frames_are_refused_and_the_service_goes_on),
