@@ -253,7 +253,7 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
     }
     for (uint32_t i = 0; i < o->deposit_n; i++)
         if (!child_deposit(&c, i)) _exit(5);
-    char ep[256];
+    char ep[256] = {0}; /* all of it goes down the pipe */
     snprintf(ep, sizeof ep, "%s", kvcr_control_endpoint(c.r.kv));
     if (write(out, ep, sizeof ep) != (ssize_t)sizeof ep) _exit(3);
     for (;;) {

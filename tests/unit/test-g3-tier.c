@@ -20,6 +20,7 @@ typedef struct g3_rig {
     char dir[64];
     char paths[2][96];
     const char *path_ptrs[2];
+    size_t n_files;
 } g3_rig;
 
 /* slots of KVCR DRAM, files x slots_per_file of G3 */
@@ -28,6 +29,7 @@ static void g3_init(g3_rig *g, size_t slots, size_t files, size_t slots_per_file
     rig_init(&g->r, BS, 64, slots);
     snprintf(g->dir, sizeof g->dir, "/var/tmp/kvcr-g3-XXXXXX");
     assert_non_null(mkdtemp(g->dir));
+    g->n_files = files;
     for (size_t i = 0; i < files; i++) {
         snprintf(g->paths[i], sizeof g->paths[i], "%s/slots-%zu", g->dir, i);
         g->path_ptrs[i] = g->paths[i];
@@ -41,7 +43,7 @@ static void g3_init(g3_rig *g, size_t slots, size_t files, size_t slots_per_file
 
 static void g3_cleanup(g3_rig *g)
 {
-    for (size_t i = 0; i < 2; i++) unlink(g->paths[i]);
+    for (size_t i = 0; i < g->n_files; i++) unlink(g->paths[i]);
     rmdir(g->dir);
 }
 
