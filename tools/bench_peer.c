@@ -10,7 +10,11 @@
  * over pipes in length-prefixed messages; the parent relays what one side
  * of a pair must tell the other (worker address and rkey, or the source's
  * control endpoint). A child that fails prints why and exits 1; the parent
- * then names it, kills and reaps every child and redis-server, and exits 1. */
+ * then names it, kills and reaps every child and redis-server, and exits 1.
+ *
+ * --curve measures only what CURVE on the control channel costs: one 4 KiB
+ * block per deliver (so the start_write / write_done round trip dominates),
+ * between a plaintext pair and a CURVE pair in the same run. */
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -29,6 +33,7 @@
 #include <ucp/api/ucp.h>
 
 #include "bench.h"
+#include "keygen.h"
 #include "kvcr/kvcr.h"
 
 #define MIB (1024u * 1024u)
@@ -45,16 +50,24 @@
 /* One case: n blocks of `block` bytes (the working set, on each side),
  * moved in batches of `batch` blocks per deliver / put-and-flush /
  * pipelined GETs; a round moves the whole set, best of `rounds`. */
+/* CURVE key pairs of a KVCR pair: [0] the source's, [1] the target's. */
+typedef struct pair_keys {
+    char pub[2][KEYGEN_Z85], sec[2][KEYGEN_Z85];
+} pair_keys;
+
 typedef struct job {
     const char *tls; /* NULL: UCX's default lanes, else the value of UCX_TLS */
     size_t block, n, batch;
     int rounds;
+    const pair_keys *curve; /* KVCR pairs: NULL for plaintext control */
 } job;
 
 /* What the measuring side of a pair sends the parent. */
 typedef struct pair_result {
     double gbs;
-    uint64_t shift; /* the last round, for check_dest */
+    uint64_t shift;  /* the last round, for check_dest */
+    double first_s;  /* KVCR: the first round (connections made), */
+    double median_s; /* and the median round, seconds */
 } pair_result;
 
 /* Where block i lands in round `shift`: element (i * 5 + shift) mod n. The
@@ -77,7 +90,7 @@ static void check_dest(const uint8_t *dst, const job *j, uint64_t shift, const c
 
 static const char *size_name(const job *j)
 {
-    return j->block >= MIB ? "2 MiB" : "16 KiB";
+    return j->block >= MIB ? "2 MiB" : j->block >= 16 * 1024 ? "16 KiB" : "4 KiB";
 }
 
 /* ---- pipes ----------------------------------------------------------------- */
@@ -568,6 +581,11 @@ static void kv_start(kv_side *s, const char *who, const job *j, bool source)
     cfg.callbacks.key_hash = key_hash;
     cfg.operation_timeout_ms = OP_TIMEOUT_MS;
     cfg.abandon_timeout_ms = 2 * OP_TIMEOUT_MS;
+    const char *other[1];
+    if (j->curve) { /* each side admits the other's key only */
+        other[0] = j->curve->pub[source ? 1 : 0];
+        cfg.remote.curve = (kvcr_curve_options){j->curve->sec[source ? 0 : 1], NULL, other, 1};
+    }
     kv_check(kvcr_create(&cfg, &s->kv), s, "kvcr_create");
     s->fd = kvcr_fd(s->kv);
     if (s->fd < 0) kv_check(s->fd, s, "kvcr_fd");
@@ -670,6 +688,12 @@ static void kv_source(const job *j, int in, int out)
     kv_stop(&s);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* Each round: a hint for a fresh request id naming every block at the
  * source (untimed: the router's hint precedes the engine's request), then
  * the set delivered batch by batch into framework memory, timed from the
@@ -696,8 +720,11 @@ static void kv_target(const job *j, int in, int out)
     if (at >= cap) bench_fail("%s: internal: hint longer than %zu bytes", s.who, cap);
 
     double best = 0, until = bench_now() + CASE_BUDGET_S;
+    double *times = malloc((size_t)j->rounds * sizeof *times);
+    if (times == NULL) bench_fail("%s: out of memory", s.who);
     uint64_t shift = 0;
-    for (int r = 0; r < j->rounds && (r == 0 || bench_now() < until); r++) {
+    int r = 0;
+    for (; r < j->rounds && (r == 0 || bench_now() < until); r++) {
         shift = (uint64_t)r + 1;
         char request[32];
         snprintf(request, sizeof request, "bench-%d", r);
@@ -709,13 +736,17 @@ static void kv_target(const job *j, int in, int out)
             kv_check(kvcr_deliver(s.kv, s.blocks, n, request, &op), &s, "kvcr_deliver");
             kv_wait(&s, op, n, "kvcr_deliver");
         }
-        double v = bench_gbs(j->n * j->block, bench_now() - t0);
+        times[r] = bench_now() - t0;
+        double v = bench_gbs(j->n * j->block, times[r]);
         if (v > best) best = v;
         kv_check(kvcr_discard_hint(s.kv, request), &s, "kvcr_discard_hint");
     }
     check_dest(s.fw, j, shift, s.who);
     free(json);
-    pair_result res = {best, shift};
+    pair_result res = {best, shift, times[0], 0};
+    qsort(times, (size_t)r, sizeof *times, cmp_double);
+    res.median_s = times[r / 2];
+    free(times);
     up_send(out, &res, sizeof res, s.who);
     /* The source closes first, while this instance still answers it: a
      * peer that vanished under it would be logged as unreachable. */
@@ -746,7 +777,7 @@ static double raw_pair(const job *j)
     return res.gbs;
 }
 
-static double kvcr_pair(const job *j)
+static pair_result kvcr_pair(const job *j)
 {
     child src, tgt;
     child_spawn(&src, "KVCR source", kv_source, j);
@@ -762,7 +793,7 @@ static double kvcr_pair(const job *j)
     child_done(&src);
     to_child(&tgt, &stop, 1, "stopping");
     child_done(&tgt);
-    return res.gbs;
+    return res;
 }
 
 /* ---- (b) Redis ----------------------------------------------------------------- */
@@ -984,14 +1015,67 @@ static void report(bench_out *o, const char *sfx, const figures *big, const figu
                                                  small->kv >= 0.5 * big->kv)});
 }
 
+/* --curve: the same 4 KiB deliver over a plaintext and a CURVE control
+ * channel, pair after pair; the median over PAIRS pairs of each pair's
+ * median round, and of its first round (which includes connecting, and for
+ * CURVE the handshake and the ZAP check). */
+static void curve_cost(bench_out *o, bool quick)
+{
+    static pair_keys keys;
+    for (int i = 0; i < 2; i++)
+        if (keygen_pair(keys.pub[i], keys.sec[i]) != 0) bench_fail("no CURVE keys");
+    job plain = {NULL, 4096, 1, 1, quick ? 50 : 2000, NULL}, curved = plain;
+    curved.curve = &keys;
+    enum { PAIRS = 3 };
+    double med[2][PAIRS], first[2][PAIRS];
+    for (int p = 0; p < PAIRS; p++) {
+        pair_result a = kvcr_pair(&plain), b = kvcr_pair(&curved);
+        med[0][p] = a.median_s, first[0][p] = a.first_s;
+        med[1][p] = b.median_s, first[1][p] = b.first_s;
+    }
+    for (int k = 0; k < 2; k++) {
+        qsort(med[k], PAIRS, sizeof med[k][0], cmp_double);
+        qsort(first[k], PAIRS, sizeof first[k][0], cmp_double);
+    }
+    bench_report(o, &(bench_figure){.name = "peer_4k_deliver_curve",
+                                    .value = med[1][PAIRS / 2] * 1e6, .unit = "us",
+                                    .baseline = "plaintext",
+                                    .baseline_value = med[0][PAIRS / 2] * 1e6,
+                                    .lower_is_better = true});
+    bench_report(o, &(bench_figure){.name = "peer_4k_first_deliver_curve",
+                                    .value = first[1][PAIRS / 2] * 1e6, .unit = "us",
+                                    .baseline = "plaintext",
+                                    .baseline_value = first[0][PAIRS / 2] * 1e6,
+                                    .lower_is_better = true});
+}
+
 int bench_peer(int argc, char **argv)
 {
     bench_out o = {.bench = "peer"};
-    bool quick;
-    if (!bench_options(argc, argv, &o, &quick)) return 2;
+    bool quick, curve = false;
+    char *rest[16]; /* the options but --curve */
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--curve") == 0)
+            curve = true;
+        else if (n < 16)
+            rest[n++] = argv[i];
+    }
+    if (argc - (curve ? 1 : 0) > n) {
+        fprintf(stderr, "kvcr: bench peer: too many options\n");
+        return 2;
+    }
+    if (!bench_options(n, rest, &o, &quick)) return 2;
     g_parent = getpid();
     signal(SIGPIPE, SIG_IGN); /* a dead child's pipe is an error, not a signal */
     atexit(cleanup);
+    if (curve) {
+        if (!o.json)
+            printf("kvcr bench peer --curve%s: one 4 KiB block per deliver, median of 3 pairs' "
+                   "median rounds; ratio = plaintext / CURVE\n\n", quick ? " --quick" : "");
+        curve_cost(&o, quick);
+        return 0;
+    }
     if (!o.json)
         printf("kvcr bench peer%s: ratio = ours / baseline, both measured in this run\n\n",
                quick ? " --quick" : "");
@@ -1013,7 +1097,7 @@ int bench_peer(int argc, char **argv)
         job *jobs[2] = {&big, &small};
         for (int k = 0; k < 2; k++) {
             f[k].raw = raw_pair(jobs[k]);
-            f[k].kv = kvcr_pair(jobs[k]);
+            f[k].kv = kvcr_pair(jobs[k]).gbs;
             f[k].redis = redis_get(rc, jobs[k]);
         }
         char sfx[16] = "";

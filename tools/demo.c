@@ -6,17 +6,22 @@
  * that share a system prompt through the router, prints progress and then
  * the figures: where every block came from, bytes moved peer to peer, the
  * modelled prefill time saved, and the verification of every delivered
- * byte. Every wait is bounded; the whole run has a wall-clock limit. */
+ * byte. Every wait is bounded; the whole run has a wall-clock limit.
+ * With --chaos it also injects faults while the workload runs
+ * (demo_chaos.c) and restarts the engines it kills. */
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "demo.h"
+#include "keygen.h"
 
 /* ---- options ------------------------------------------------------------------- */
 
@@ -33,9 +38,20 @@ static const char usage_text[] =
     "  --time-limit S      wall-clock limit of the whole run (default 120)\n"
     "  --seed N            workload seed (default 1)\n"
     "  --local-only        no peer tier: the baseline without peer-to-peer reuse\n"
+    "  --curve             CURVE on the control channels: a key pair per engine, each engine\n"
+    "                      admitting only the engines' keys (see `kvcr keygen`)\n"
     "  --quick             a short run for ctest (64 KiB blocks, 60 requests, 8 conversations,\n"
     "                      4 system blocks, 128 slots, 60 s limit); options given explicitly win\n"
-    "  --json              print the final figures as one JSON object\n";
+    "  --json              print the final figures as one JSON object\n"
+    "  --chaos             faults while the workload runs: engines SIGKILLed and restarted\n"
+    "                      (guard mode on a KVCR service the demo starts; they recover their\n"
+    "                      blocks), engines SIGSTOPped for a moment, G3 slot files corrupted,\n"
+    "                      the G3 disk filled; every block verified, leaks checked after the\n"
+    "                      drain (64 KiB blocks, 64 DRAM slots + 512 G3 slots per engine,\n"
+    "                      4 system blocks by default)\n"
+    "  --duration S        --chaos: seconds of workload (default 60; --requests is unused)\n"
+    "  --faults LIST       --chaos: the kinds, comma-separated, of kill,stop,corrupt,full\n"
+    "                      (default all), or none: the same set-up without faults, a baseline\n";
 
 static int bad_option(const char *what, const char *arg)
 {
@@ -73,7 +89,16 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
                      .time_limit_s = 120,
                      .seed = 1};
     for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--quick") == 0) {
+        if (strcmp(argv[i], "--chaos") == 0) {
+            /* DRAM that overflows into G3 within seconds; explicit options win. */
+            o->chaos = true;
+            o->block_size = 64 * 1024;
+            o->slots = 64;
+            o->system_blocks = 4;
+            o->duration_s = 60;
+            o->faults = DEMO_FAULTS_ALL;
+            o->time_limit_s = 0; /* duration + margin, unless given */
+        } else if (strcmp(argv[i], "--quick") == 0) {
             /* A few seconds for ctest; explicit options still win. */
             o->quick = true;
             o->block_size = 64 * 1024;
@@ -99,10 +124,11 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
         {"--in-flight", 1, 1024, .i = &o->in_flight},
         {"--prefill-ms", 0, 1e4, .d = &o->prefill_ms},
         {"--time-limit", 1, 86400, .d = &o->time_limit_s},
+        {"--duration", 1, 86400, .d = &o->duration_s},
     };
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--quick") == 0) continue;
+        if (strcmp(a, "--quick") == 0 || strcmp(a, "--chaos") == 0) continue;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(usage_text, stdout);
             return -1;
@@ -113,6 +139,16 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
         }
         if (strcmp(a, "--local-only") == 0) {
             o->local_only = true;
+            continue;
+        }
+        if (strcmp(a, "--curve") == 0) {
+            o->curve = true;
+            continue;
+        }
+        if (strcmp(a, "--faults") == 0) {
+            if (i + 1 == argc) return bad_option("missing value for", a);
+            if (!o->chaos) return bad_option("needs --chaos:", a);
+            if (demo_chaos_kinds(argv[++i], &o->faults) != 0) return bad_option(a, argv[i]);
             continue;
         }
         if (strcmp(a, "--seed") == 0) { /* exact, so not through a double */
@@ -139,6 +175,19 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
         else
             *num[k].d = v;
     }
+    if (o->duration_s > 0 && !o->chaos) return bad_option("needs --chaos:", "--duration");
+    if (o->chaos && o->local_only)
+        return bad_option("--chaos needs the peer tier:", "--local-only");
+    if (o->curve && (o->local_only || o->chaos))
+        return bad_option("--curve needs the peer tier without guard mode:",
+                          o->chaos ? "--chaos" : "--local-only");
+    for (int e = 0; o->curve && e < o->engines; e++)
+        if (keygen_pair(o->curve_public[e], o->curve_secret[e]) != 0) return 1;
+    if (o->chaos) {
+        o->g3_slots = 8 * o->slots;
+        /* starting, draining and restarting take seconds; the limit is a backstop */
+        if (o->time_limit_s == 0) o->time_limit_s = o->duration_s + 120;
+    }
     if (o->block_size % 8 != 0) {
         fprintf(stderr, "kvcr: demo: --block-size must be a multiple of 8 (got %zu)\n%s",
                 o->block_size, usage_text);
@@ -149,15 +198,8 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
 
 /* ---- processes ------------------------------------------------------------------ */
 
-typedef struct cluster {
-    int n; /* children: [0] the router, [1..] the engines */
-    pid_t pid[1 + DEMO_MAX_ENGINES];
-    int status[1 + DEMO_MAX_ENGINES];
-    bool killed[1 + DEMO_MAX_ENGINES]; /* by us: its end is not news */
-    int to_router, from_router;        /* the driver's ends */
-} cluster;
-
-enum { P_D2R, P_R2D, P_N };
+/* P_FDS is a socket pair, [0] the router's end: restarted engines' pipes. */
+enum { P_D2R, P_R2D, P_FDS, P_N };
 
 /* All pipes are made first; each child keeps only its own ends. */
 static int pipes[P_N + 2 * DEMO_MAX_ENGINES][2];
@@ -256,7 +298,8 @@ static int start_cluster(const demo_opts *o, cluster *c, double deadline)
 {
     int n_pipes = P_N + 2 * o->engines;
     for (int p = 0; p < n_pipes; p++)
-        if (pipe(pipes[p]) != 0) {
+        if (p == P_FDS ? socketpair(AF_UNIX, SOCK_SEQPACKET, 0, pipes[p]) != 0
+                       : pipe(pipes[p]) != 0) {
             fprintf(stderr, "kvcr demo: pipe: %s\n", strerror(errno));
             return 1;
         }
@@ -275,16 +318,18 @@ static int start_cluster(const demo_opts *o, cluster *c, double deadline)
             demo_child_setup(driver);
             int rc;
             if (i == 0) {
-                int keep[2 + 2 * DEMO_MAX_ENGINES], k = 0, from_e[DEMO_MAX_ENGINES],
+                int keep[3 + 2 * DEMO_MAX_ENGINES], k = 0, from_e[DEMO_MAX_ENGINES],
                                                     to_e[DEMO_MAX_ENGINES];
                 keep[k++] = pipes[P_D2R][0];
                 keep[k++] = pipes[P_R2D][1];
+                keep[k++] = pipes[P_FDS][0];
                 for (int e = 0; e < o->engines; e++) {
                     keep[k++] = from_e[e] = pipes[e2r(e)][0];
                     keep[k++] = to_e[e] = pipes[r2e(e)][1];
                 }
                 close_all_but(n_pipes, keep, k);
-                rc = demo_router_main(o, pipes[P_D2R][0], pipes[P_R2D][1], from_e, to_e, deadline);
+                rc = demo_router_main(o, pipes[P_D2R][0], pipes[P_R2D][1], pipes[P_FDS][0], from_e,
+                                      to_e, deadline);
             } else {
                 int e = i - 1, keep[2] = {pipes[r2e(e)][0], pipes[e2r(e)][1]};
                 close_all_but(n_pipes, keep, 2);
@@ -297,9 +342,53 @@ static int start_cluster(const demo_opts *o, cluster *c, double deadline)
     }
     c->to_router = pipes[P_D2R][1];
     c->from_router = pipes[P_R2D][0];
-    int keep[2] = {c->to_router, c->from_router};
-    close_all_but(n_pipes, keep, 2);
+    c->to_router_fds = pipes[P_FDS][1];
+    int keep[3] = {c->to_router, c->from_router, c->to_router_fds};
+    close_all_but(n_pipes, keep, 3);
     return 0;
+}
+
+int demo_restart_engine(const demo_opts *o, cluster *cl, int e, double deadline)
+{
+    int down[2], up[2]; /* router -> engine, engine -> router */
+    if (pipe(down) != 0) {
+        fprintf(stderr, "kvcr demo: pipe: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pipe(up) != 0) {
+        fprintf(stderr, "kvcr demo: pipe: %s\n", strerror(errno));
+        close(down[0]);
+        close(down[1]);
+        return -1;
+    }
+    pid_t driver = getpid();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        demo_child_setup(driver);
+        close(cl->to_router);
+        close(cl->from_router);
+        close(cl->to_router_fds);
+        close(down[1]);
+        close(up[0]);
+        int rc = demo_engine_main(o, e, down[0], up[1], deadline);
+        fflush(NULL);
+        _exit(rc);
+    }
+    close(down[0]);
+    close(up[1]);
+    int rc = pid > 0 ? demo_send_fds(cl->to_router_fds, e, up[0], down[1]) : -1;
+    if (pid < 0 || rc != 0)
+        fprintf(stderr, "kvcr demo: restarting engine %d: %s: %s\n", e,
+                pid < 0 ? "fork" : "passing its pipes to the router", strerror(errno));
+    close(up[0]);
+    close(down[1]);
+    if (pid > 0) { /* reaped by the chaos or at the end, whatever happened */
+        cl->pid[1 + e] = pid;
+        cl->status[1 + e] = 0;
+        cl->killed[1 + e] = false;
+    }
+    return rc;
 }
 
 /* ---- the workload ----------------------------------------------------------------- */
@@ -357,88 +446,239 @@ static void conv_next(workload *w, conv *c)
 
 /* ---- the driver ------------------------------------------------------------------- */
 
-/* Sends requests (--in-flight at once, default one per engine) until all
- * are answered. */
-static int drive(const demo_opts *o, cluster *cl, double deadline, totals *t, totals *per,
-                 workload *w)
+enum { CONV_RING = 4096 }; /* > requests in flight (--in-flight <= 1024, + probes) */
+
+typedef struct driver {
+    const demo_opts *o;
+    cluster *cl;
+    double deadline, end; /* end: no new request after it (--chaos) */
+    totals *t, *per;
+    workload *w;
+    demo_chaos *chaos;    /* NULL without --chaos */
+    bool stopping;        /* after STOP: the engines end, no chaos any more */
+    demo_bye leaks;
+    int sent, in_flight;
+    int conv_of[CONV_RING]; /* by req_no % CONV_RING: its conversation, -1: a probe */
+} driver;
+
+static bool sending(const driver *d)
 {
-    static uint8_t msg[DEMO_MSG_MAX];
-    uint32_t type = 0;
-    size_t len = 0;
-    double ready_by = demo_now() + 30 < deadline ? demo_now() + 30 : deadline;
-    if (demo_recv(cl->from_router, &type, msg, sizeof msg - 1, &len, ready_by) != 0 ||
-        type != MSG_READY) {
-        msg[type == MSG_FATAL ? len : 0] = '\0';
-        fprintf(stderr, "kvcr demo: the engines did not come up: %s\n",
-                type == MSG_FATAL ? (char *)msg : strerror(errno));
+    return d->chaos ? demo_now() < d->end : d->sent < d->o->requests;
+}
+
+static int send_req(driver *d, int conv_no, const uint64_t *h, int n, int target)
+{
+    demo_req rq = {.req_no = (uint32_t)d->sent, .source = -1, .n_blocks = (uint32_t)n,
+                   .target = target};
+    if (demo_send(d->cl->to_router, MSG_REQ, &rq, sizeof rq, h, (size_t)n * 8) != 0) {
+        fprintf(stderr, "kvcr demo: the router does not take requests\n");
+        return -1;
+    }
+    d->conv_of[d->sent++ % CONV_RING] = conv_no;
+    d->in_flight++;
+    return 0;
+}
+
+/* Requests up to --in-flight at once (default one per engine). */
+static int send_more(driver *d)
+{
+    int max_in_flight = d->o->in_flight ? d->o->in_flight : d->o->engines;
+    while (sending(d) && d->in_flight < max_in_flight) {
+        /* A random idle conversation takes the next turn. */
+        int idle = 0, pick = -1;
+        for (int i = 0; i < d->o->conversations; i++)
+            if (!d->w->c[i].busy && demo_rand(&d->w->rng) % (uint64_t)++idle == 0) pick = i;
+        if (pick < 0) break;
+        conv *c = &d->w->c[pick];
+        if (send_req(d, pick, c->h, c->n, -1) != 0) return -1;
+        c->busy = true;
+    }
+    return 0;
+}
+
+/* Faults and repairs that are due; a probe of a corrupted slot is sent
+ * like any request. */
+static int chaos_step(driver *d)
+{
+    int probe = -1;
+    uint64_t hash = 0;
+    if (demo_chaos_step(d->chaos, d->cl, d->deadline + 10, &probe, &hash) != 0) return -1;
+    return probe >= 0 ? send_req(d, -1, &hash, 1, probe) : 0;
+}
+
+static int on_done(driver *d, const uint8_t *msg, size_t len)
+{
+    demo_result r;
+    if (len != sizeof r) {
+        fprintf(stderr, "kvcr demo: a malformed result from the router\n");
+        return -1;
+    }
+    memcpy(&r, msg, sizeof r);
+    if (r.req_no >= (uint32_t)d->sent || r.engine >= d->o->engines ||
+        (r.engine < 0 && r.failed == DEMO_FAIL_NONE)) {
+        fprintf(stderr, "kvcr demo: a result for an unknown request\n");
+        return -1;
+    }
+    demo_add(d->t, &r);
+    if (r.engine >= 0) demo_add(&d->per[r.engine], &r);
+    d->in_flight--;
+    int k = d->conv_of[r.req_no % CONV_RING];
+    if (k >= 0) { /* a failed turn is over too: the conversation goes on */
+        conv *c = &d->w->c[k];
+        c->busy = false;
+        conv_next(d->w, c);
+    }
+    demo_progress(d->o, d->t, !sending(d) && d->in_flight == 0);
+    return 0;
+}
+
+/* One message from the router: 0, 1 when it was the last BYE, -1 on failure. */
+static int on_message(driver *d, uint32_t type, uint8_t *msg, size_t len)
+{
+    if (type == MSG_FATAL) {
+        msg[len] = '\0';
+        fprintf(stderr, "kvcr demo: %s\n", (char *)msg);
+        return -1;
+    }
+    if (type == MSG_DONE) return on_done(d, msg, len);
+    if (type == MSG_HELLO && len == sizeof(demo_hello)) {
+        demo_hello h;
+        memcpy(&h, msg, sizeof h);
+        if (d->chaos) demo_chaos_hello(d->chaos, &h);
+        return 0;
+    }
+    if (type == MSG_BYE && len == sizeof(demo_bye)) {
+        demo_bye b;
+        memcpy(&b, msg, sizeof b);
+        demo_add_bye(&d->leaks, &b);
+        return d->leaks.engine == d->o->engines;
+    }
+    fprintf(stderr, "kvcr demo: unexpected message %u from the router\n", type);
+    return -1;
+}
+
+/* Waits for the next message from the router until `until` (running the
+ * chaos meanwhile): 1 with one read, 0 at `until`, -1 on failure. Only a
+ * readable pipe is read, so a message is never cut by a timeout. */
+static int next_message(driver *d, double until, uint32_t *type, uint8_t *msg, size_t cap,
+                        size_t *len)
+{
+    for (;;) {
+        if (d->chaos && !d->stopping && chaos_step(d) != 0) return -1;
+        double now = demo_now(), wake = until;
+        if (d->chaos && !d->stopping && demo_chaos_due(d->chaos) < wake)
+            wake = demo_chaos_due(d->chaos);
+        if (now >= until) return 0;
+        struct pollfd pfd = {d->cl->from_router, POLLIN, 0};
+        int ms = wake > now ? (int)((wake - now) * 1000) + 1 : 0;
+        int r = poll(&pfd, 1, ms > 100 ? 100 : ms);
+        if (r < 0 && errno != EINTR) return -1;
+        if (r <= 0) continue;
+        if (demo_recv(d->cl->from_router, type, msg, cap, len, d->deadline) != 0) {
+            fprintf(stderr, "kvcr demo: the router stopped answering: %s\n", strerror(errno));
+            return -1;
+        }
         return 1;
     }
-    int *conv_of = calloc((size_t)o->requests, sizeof *conv_of);
-    if (conv_of == NULL) return 1;
-    int sent = 0, in_flight = 0, max_in_flight = o->in_flight ? o->in_flight : o->engines;
-    int rc = 0;
-    while (t->requests < (uint64_t)o->requests) {
-        while (sent < o->requests && in_flight < max_in_flight) {
-            /* A random idle conversation takes the next turn. */
-            int idle = 0, pick = -1;
-            for (int i = 0; i < o->conversations; i++)
-                if (!w->c[i].busy && demo_rand(&w->rng) % (uint64_t)++idle == 0) pick = i;
-            if (pick < 0) break;
-            conv *c = &w->c[pick];
-            demo_req rq = {.req_no = (uint32_t)sent, .source = -1, .n_blocks = (uint32_t)c->n};
-            if (demo_send(cl->to_router, MSG_REQ, &rq, sizeof rq, c->h, (size_t)c->n * 8) != 0) {
-                fprintf(stderr, "kvcr demo: the router does not take requests\n");
-                rc = 1;
-                goto out;
-            }
-            c->busy = true;
-            conv_of[sent++] = pick;
-            in_flight++;
-        }
-        if (demo_now() > deadline) {
-            demo_progress(o, t, true);
+}
+
+static int wait_ready(driver *d, uint8_t *msg, size_t cap)
+{
+    double ready_by = demo_now() + 30 < d->deadline ? demo_now() + 30 : d->deadline;
+    for (int hellos = 0; hellos <= d->o->engines; hellos++) { /* their HELLOs, then READY */
+        uint32_t type = 0;
+        size_t len = 0;
+        int r = next_message(d, ready_by, &type, msg, cap, &len);
+        if (r > 0 && type == MSG_READY) return 0;
+        if (r > 0 && type == MSG_HELLO && on_message(d, type, msg, len) == 0) continue;
+        if (r > 0 && type == MSG_FATAL) on_message(d, type, msg, len);
+        else
+            fprintf(stderr, "kvcr demo: the engines did not come up%s\n",
+                    r == 0 ? " in time" : "");
+        return -1;
+    }
+    fprintf(stderr, "kvcr demo: the router sent more HELLOs than there are engines\n");
+    return -1;
+}
+
+/* Plays requests until all are answered (--chaos: until the duration is
+ * over, the faults repaired and every request answered). */
+static int drive(driver *d)
+{
+    static uint8_t msg[DEMO_MSG_MAX];
+    if (wait_ready(d, msg, sizeof msg - 1) != 0) return 1;
+    if (d->chaos) {
+        d->end = demo_now() + d->o->duration_s;
+        demo_chaos_begin(d->chaos);
+    }
+    for (;;) {
+        if (send_more(d) != 0) return 1;
+        bool settled = d->chaos ? !sending(d) && demo_chaos_settle(d->chaos, d->cl) : true;
+        if (!sending(d) && d->in_flight == 0 && settled) return 0;
+        if (demo_now() > d->deadline) {
+            demo_progress(d->o, d->t, true);
             fprintf(stderr,
                     "kvcr demo: the time limit of %.0f s passed with %" PRIu64
-                    " of %d requests answered\n",
-                    o->time_limit_s, t->requests, o->requests);
-            rc = 1;
-            goto out;
+                    " requests answered, %d in flight\n",
+                    d->o->time_limit_s, d->t->requests, d->in_flight);
+            return 1;
         }
-        if (demo_recv(cl->from_router, &type, msg, sizeof msg - 1, &len, deadline) != 0) {
-            if (errno == ETIMEDOUT) continue; /* the time limit, reported above */
-            fprintf(stderr, "kvcr demo: the router stopped answering: %s\n", strerror(errno));
-            rc = 1;
-            goto out;
-        }
-        if (type == MSG_FATAL) {
-            msg[len] = '\0';
-            fprintf(stderr, "kvcr demo: %s\n", (char *)msg);
-            rc = 1;
-            goto out;
-        }
-        demo_result r;
-        if (type != MSG_DONE || len != sizeof r) {
-            fprintf(stderr, "kvcr demo: unexpected message %u from the router\n", type);
-            rc = 1;
-            goto out;
-        }
-        memcpy(&r, msg, sizeof r);
-        if (r.req_no >= (uint32_t)sent || r.engine < 0 || r.engine >= o->engines) {
-            fprintf(stderr, "kvcr demo: a result for an unknown request\n");
-            rc = 1;
-            goto out;
-        }
-        demo_add(t, &r);
-        demo_add(&per[r.engine], &r);
-        in_flight--;
-        conv *c = &w->c[conv_of[r.req_no]];
-        c->busy = false;
-        conv_next(w, c);
-        demo_progress(o, t, t->requests == (uint64_t)o->requests);
+        uint32_t type;
+        size_t len;
+        int r = next_message(d, d->chaos ? demo_now() + 0.1 : d->deadline, &type, msg,
+                             sizeof msg - 1, &len);
+        if (r < 0 || (r > 0 && on_message(d, type, msg, len) != 0)) return 1;
     }
-out:
-    free(conv_of);
-    return rc;
+}
+
+/* STOP, then every engine's state after the drain (BYE), bounded. */
+static int stop_and_collect(driver *d)
+{
+    static uint8_t msg[DEMO_MSG_MAX];
+    d->stopping = true;
+    if (demo_send(d->cl->to_router, MSG_STOP, NULL, 0, NULL, 0) != 0) return 1;
+    double until = demo_now() + 60; /* each engine waits at most 30 s (DRAIN_LIMIT_S) */
+    for (;;) {
+        uint32_t type;
+        size_t len;
+        int r = next_message(d, until, &type, msg, sizeof msg - 1, &len);
+        if (r == 0) {
+            fprintf(stderr, "kvcr demo: %d of %d engines reported their state after the drain\n",
+                    d->leaks.engine, d->o->engines);
+            return 1;
+        }
+        if (r < 0) return 1;
+        r = on_message(d, type, msg, len);
+        if (r != 0) return r > 0 ? 0 : 1;
+    }
+}
+
+static int finish(const demo_opts *o, const totals *t, const demo_bye *leaks,
+                  const demo_chaos_figures *cf)
+{
+    if (t->wrong > 0 || t->hint_refused > 0 || demo_leaks(leaks) > 0) {
+        fprintf(stderr,
+                "kvcr demo: FAILED: %" PRIu64 " wrong bytes in delivered blocks, %" PRIu64
+                " router hints refused, %" PRIu64 " slots, operations or pins leaked\n",
+                t->wrong, t->hint_refused, demo_leaks(leaks));
+        return 1;
+    }
+    if (cf && (cf->unreaped || cf->unexpected_exits)) {
+        fprintf(stderr,
+                "kvcr demo: FAILED: %" PRIu64 " processes could not be reaped, %" PRIu64
+                " engines ended without being killed\n",
+                cf->unreaped, cf->unexpected_exits);
+        return 1;
+    }
+    if (!o->local_only && !o->chaos && t->hinted > 0 && t->remote == 0) {
+        fprintf(stderr,
+                "kvcr demo: FAILED: %" PRIu64
+                " requests carried a router hint but no "
+                "block was pulled from a peer (%" PRIu64 " pulls failed)\n",
+                t->hinted, t->remote_failed);
+        return 1;
+    }
+    return 0;
 }
 
 int cmd_demo(int argc, char **argv)
@@ -448,31 +688,42 @@ int cmd_demo(int argc, char **argv)
     if (rc != 0) return rc < 0 ? 0 : rc; /* -1: --help */
     double t0 = demo_now(), deadline = t0 + o.time_limit_s;
     signal(SIGPIPE, SIG_IGN);
-    if (!o.json)
+    if (!o.json && o.chaos)
+        printf("kvcr demo --chaos: %d engines + a router + the KVCR service for %.0f s, "
+               "%s blocks, %d DRAM slots (guard mode) and %d G3 slots per engine, seed %" PRIu64
+               "\n",
+               o.engines, o.duration_s, demo_size_text(o.block_size), o.slots, o.g3_slots, o.seed);
+    else if (!o.json)
         printf(
             "kvcr demo: %d engines + a router, %d requests over %d conversations, "
             "%s blocks, %d KVCR DRAM slots per engine, seed %" PRIu64 "%s\n",
             o.engines, o.requests, o.conversations, demo_size_text(o.block_size), o.slots, o.seed,
             o.local_only ? " (peer tier off)" : "");
 
+    demo_chaos *chaos = NULL;
+    if (o.chaos && demo_chaos_start(&o, &chaos) != 0) return 1;
     cluster cl = {0};
     /* Children stop on their own only if the driver could not stop them. */
-    if (start_cluster(&o, &cl, deadline + 10) != 0) return 1;
+    if (start_cluster(&o, &cl, deadline + 10) != 0) {
+        demo_chaos_stop(chaos);
+        return 1;
+    }
 
     workload w = {.o = &o, .rng = o.seed, .root = demo_mix(o.seed ^ 0x726f6f74ull)};
     w.c = calloc((size_t)o.conversations, sizeof *w.c);
-    totals t = {0}, per[DEMO_MAX_ENGINES] = {{0}};
-    t.pulls = calloc((size_t)o.requests, sizeof *t.pulls);
-    if (w.c == NULL || t.pulls == NULL) {
+    totals t = {.keep_pulls = true}, per[DEMO_MAX_ENGINES] = {{0}};
+    driver d = {.o = &o, .cl = &cl, .deadline = deadline, .t = &t, .per = per, .w = &w,
+                .chaos = chaos};
+    if (w.c == NULL) {
         fprintf(stderr, "kvcr demo: out of memory\n");
         rc = 1;
     } else {
         for (int i = 0; i < o.conversations; i++) conv_new(&w, &w.c[i]);
-        rc = drive(&o, &cl, deadline, &t, per, &w);
+        rc = drive(&d);
     }
     double wall = demo_now() - t0;
+    if (rc == 0) rc = stop_and_collect(&d);
     if (rc == 0) {
-        demo_send(cl.to_router, MSG_STOP, NULL, 0, NULL, 0);
         /* engines close within their abandon timeout */
         if (reap_all(&cl, 30) != 0) rc = 1;
     } else {
@@ -481,27 +732,16 @@ int cmd_demo(int argc, char **argv)
     }
     close(cl.to_router);
     close(cl.from_router);
-    if (rc == 0) demo_report(&o, &t, per, w.started, wall);
+    close(cl.to_router_fds);
+    demo_chaos_figures cf = {0};
+    if (chaos) cf = *demo_chaos_figures_of(chaos);
+    demo_chaos_stop(chaos);
+    if (rc == 0) demo_report(&o, &t, per, w.started, wall, &d.leaks, chaos ? &cf : NULL);
     free(w.c);
     free(t.pulls);
     if (rc != 0) {
         fprintf(stderr, "kvcr demo: FAILED\n");
         return 1;
     }
-    if (t.wrong > 0 || t.hint_refused > 0) {
-        fprintf(stderr,
-                "kvcr demo: FAILED: %" PRIu64 " wrong bytes in delivered blocks, %" PRIu64
-                " router hints refused\n",
-                t.wrong, t.hint_refused);
-        return 1;
-    }
-    if (!o.local_only && t.hinted > 0 && t.remote == 0) {
-        fprintf(stderr,
-                "kvcr demo: FAILED: %" PRIu64
-                " requests carried a router hint but no "
-                "block was pulled from a peer (%" PRIu64 " pulls failed)\n",
-                t.hinted, t.remote_failed);
-        return 1;
-    }
-    return 0;
+    return finish(&o, &t, &d.leaks, chaos ? &cf : NULL);
 }

@@ -15,13 +15,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 enum {
     DEMO_MAX_ENGINES = 16,
     DEMO_MAX_BLOCKS = 64,     /* blocks per request = the engine's "GPU KV buffer" */
     DEMO_MSG_MAX = 64 * 1024, /* largest message on any pipe */
     DEMO_ENDPOINT_MAX = 256,
-    DEMO_REASONS = 16 /* > every kvcr_reason */
+    DEMO_REASONS = 16, /* > every kvcr_reason */
+    DEMO_HELD_MAX = 1100 /* requests held by one engine at once: > --in-flight + probes */
 };
 
 typedef struct demo_opts {
@@ -36,6 +38,21 @@ typedef struct demo_opts {
     double time_limit_s; /* the whole run, wall clock */
     uint64_t seed;
     bool quick, json, local_only;
+    /* --chaos: every engine in guard mode on the driver's KVCR service, with
+     * its own G3 slot file, while the driver kills, stops, corrupts and
+     * fills (demo_chaos.c). The workload runs for duration_s seconds. */
+    bool chaos;
+    double duration_s;
+    unsigned faults;            /* the kinds that run: bit (1 << enum demo_fault) */
+    int g3_slots;               /* G3 slots per engine */
+    const char *service_socket; /* set by demo_chaos_start */
+    const char *g3_dir;         /* set by demo_chaos_start */
+    const char *digest;         /* the service's compatibility digest */
+    /* --curve: CURVE on every engine's control channel. The driver makes a
+     * key pair per engine before forking; every engine allows all of the
+     * engines' public keys (its own is never dialled). */
+    bool curve;
+    char curve_public[DEMO_MAX_ENGINES][41], curve_secret[DEMO_MAX_ENGINES][41];
 } demo_opts;
 
 /* Message types. Payloads are the structs below (one binary, so one layout)
@@ -47,12 +64,15 @@ enum demo_msg_type {
     MSG_INV,       /* engine -> router: demo_inv + hashes */
     MSG_DONE,      /* engine -> router -> driver: demo_result */
     MSG_STOP,      /* driver -> router -> engines: no payload */
-    MSG_FATAL      /* router -> driver: text */
+    MSG_FATAL,     /* router -> driver: text */
+    MSG_BYE,       /* engine -> router -> driver after STOP: demo_bye */
+    MSG_DISK       /* driver -> router -> every engine: demo_disk */
 };
 
 typedef struct demo_hello {
     int32_t engine;
-    char endpoint[DEMO_ENDPOINT_MAX]; /* "" without the peer tier */
+    uint32_t recovered_g2, recovered_g3; /* blocks found at start (guard mode, G3 files) */
+    char endpoint[DEMO_ENDPOINT_MAX];    /* "" without the peer tier */
 } demo_hello;
 
 typedef struct demo_req {
@@ -60,7 +80,15 @@ typedef struct demo_req {
     int32_t source; /* engine the hint names, -1: none (set by the router) */
     uint32_t n_blocks;
     uint32_t hint_len; /* bytes of hint JSON after the hashes (router -> engine) */
+    int32_t target;    /* driver: the engine that must serve it, -1: the router picks */
+    uint32_t flags;    /* router -> engine: DEMO_REQ_* */
 } demo_req;
+
+/* The hinted source is dead: its Guard serves its blocks. */
+#define DEMO_REQ_SOURCE_DOWN 0x1u
+
+/* Why a request got no answer from an engine (demo_result.failed). */
+enum demo_fail { DEMO_FAIL_NONE = 0, DEMO_FAIL_ENGINE_DIED, DEMO_FAIL_NO_ENGINE, DEMO_FAILS };
 
 typedef struct demo_inv {
     int32_t engine;
@@ -73,7 +101,10 @@ typedef struct demo_result {
     uint32_t req_no;
     int32_t engine, source;
     uint32_t n_blocks;
+    int32_t failed; /* enum demo_fail: set by the router, nothing else is */
     uint32_t local_hit, remote_hit, recomputed;
+    uint32_t g3_hit;    /* of local_hit: read from the engine's G3 file */
+    uint32_t guard_hit; /* of remote_hit: served by a dead engine's Guard */
     uint32_t remote_failed;            /* FETCHABLE but the pull failed: recomputed */
     uint32_t local_failed;             /* HIT but the deliver failed: recomputed */
     uint32_t hint_refused;             /* kvcr_submit_hint refused the router's hint */
@@ -86,17 +117,45 @@ typedef struct demo_result {
     double peer_s;  /* submit to completion of the peer deliver */
     double local_s; /* same for the local deliver */
     double wall_s;  /* the whole request inside the engine */
+    double slowest_op_s; /* its longest KVCR operation, submit to result */
+    uint32_t slow_ops;   /* operations longer than DEMO_SLOW_OP_S */
 } demo_result;
+
+/* An operation this slow outlived even the engines' abandon timeout (10 s). */
+#define DEMO_SLOW_OP_S 12.0
+
+/* An engine's state after the drain, before it closes (kvcr_stats gauges):
+ * anything non-zero is a leak. */
+typedef struct demo_bye {
+    int32_t engine;
+    uint32_t slots;  /* KVCR DRAM slots allocated but not evictable (claimed) */
+    uint32_t g3;     /* G3 slots allocated but not evictable, and stores pending */
+    uint32_t ops;    /* operations in flight, hints kept */
+    uint32_t pins;   /* framework pins, pinned keys, source writes in flight */
+} demo_bye;
+
+/* Sent while the G3 file system is full: the next `fail_n` G3 I/O
+ * completions of each engine report -err (demo_chaos.c says why). */
+typedef struct demo_disk {
+    uint32_t fail_n;
+    int32_t err;
+} demo_disk;
 
 /* Sums of demo_result over requests (the whole cluster, or one engine). */
 typedef struct totals {
     uint64_t requests, blocks, local, remote, recomputed, remote_failed, local_failed;
+    uint64_t g3, guard;
+    uint64_t failed[DEMO_FAILS]; /* requests by enum demo_fail ([0]: unused) */
+    uint64_t slow_ops;
+    double slowest_op_s;
     uint64_t hinted, hint_refused, deposited, not_stored, verified, wrong, peer_bytes;
     uint64_t resilience;
     uint64_t why_failed[DEMO_REASONS];
     double peer_s, local_s;
     double (*pulls)[2]; /* [start, end] of every pull (the cluster totals only) */
-    size_t n_pulls;
+    size_t n_pulls, cap_pulls;
+    bool keep_pulls;    /* the cluster totals: pulls are kept */
+    bool pulls_lost;    /* a pull's times could not be kept (out of memory) */
 } totals;
 
 /* ---- demo_common.c ---------------------------------------------------------- */
@@ -118,7 +177,8 @@ int demo_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, 
  * EMSGSIZE for a message larger than cap. */
 int demo_recv(int fd, uint32_t *type, void *buf, size_t cap, size_t *len, double deadline);
 
-/* Child processes: die with the driver, ignore SIGPIPE (writes fail). */
+/* Child processes: die with the driver, ignore SIGPIPE (writes fail),
+ * SIGINT and SIGHUP (the driver's). */
 void demo_child_setup(int driver_pid);
 
 /* ---- demo_report.c: the figures ----------------------------------------------- */
@@ -126,18 +186,99 @@ void demo_child_setup(int driver_pid);
 void demo_add(totals *t, const demo_result *r);
 /* A progress line on stderr (redrawn on a terminal, every 10% otherwise). */
 void demo_progress(const demo_opts *o, const totals *t, bool last);
-/* The final table, or one JSON object with --json. Sorts t->pulls. */
-void demo_report(const demo_opts *o, totals *t, const totals *per, int started, double wall);
+struct demo_chaos_figures;
+/* Adds an engine's state after the drain into *sum (sum->engine counts them). */
+void demo_add_bye(demo_bye *sum, const demo_bye *b);
+/* Leaked slots, operations and pins in a sum of demo_bye. */
+uint64_t demo_leaks(const demo_bye *sum);
+/* The final table, or one JSON object with --json. Sorts t->pulls. chaos:
+ * its figures, NULL without --chaos. */
+void demo_report(const demo_opts *o, totals *t, const totals *per, int started, double wall,
+                 const demo_bye *leaks, const struct demo_chaos_figures *chaos);
 /* "256 KiB", or "1000 B" when not a whole number of KiB (a static buffer). */
 const char *demo_size_text(size_t bytes);
 
 /* ---- the processes --------------------------------------------------------- */
 
-/* Each returns the process's exit status. */
+/* The driver's children: [0] the router, [1..] the engines. */
+typedef struct cluster {
+    int n;
+    pid_t pid[1 + DEMO_MAX_ENGINES];
+    int status[1 + DEMO_MAX_ENGINES];
+    bool killed[1 + DEMO_MAX_ENGINES]; /* by us: its end is not news */
+    int to_router, from_router;        /* the driver's ends */
+    int to_router_fds;                 /* a restarted engine's pipes go to the router here */
+} cluster;
+
+/* Each returns the process's exit status. fds_from_driver: a Unix socket
+ * bringing a restarted engine's pipe ends (demo_recv_fds). */
 int demo_engine_main(const demo_opts *o, int engine, int from_router, int to_router,
                      double deadline);
-int demo_router_main(const demo_opts *o, int from_driver, int to_driver, const int *from_engine,
-                     const int *to_engine, double deadline);
+int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds_from_driver,
+                     const int *from_engine, const int *to_engine, double deadline);
+
+/* Starts engine e again (its earlier process reaped): new pipes, whose
+ * router ends go to the router. 0, or -1 with a message on stderr. */
+int demo_restart_engine(const demo_opts *o, cluster *cl, int e, double deadline);
+
+/* Passes two descriptors and an engine number over a Unix socket, and
+ * takes them (the receiver owns them). 0 or -1 with errno. */
+int demo_send_fds(int sock, int32_t engine, int fd0, int fd1);
+int demo_recv_fds(int sock, int32_t *engine, int *fd0, int *fd1);
+
+/* ---- demo_chaos.c: faults while the workload runs ------------------------------- */
+
+typedef struct demo_chaos demo_chaos;
+
+enum demo_fault {
+    DEMO_FAULT_KILL,
+    DEMO_FAULT_STOP,
+    DEMO_FAULT_CORRUPT,
+    DEMO_FAULT_FULL,
+    DEMO_FAULTS
+};
+#define DEMO_FAULTS_ALL ((1u << DEMO_FAULTS) - 1)
+
+/* "kill,stop,corrupt,full" (any of them, once each) or "none" into *mask;
+ * -1 on anything else. */
+int demo_chaos_kinds(const char *list, unsigned *mask);
+
+/* What the chaos did and saw, for the report. */
+typedef struct demo_chaos_figures {
+    uint64_t kills, restarts, stops, corruptions, disk_fulls;
+    uint64_t probes;                     /* requests sent to read a corrupted slot */
+    uint64_t recovered_g2, recovered_g3; /* blocks the restarted engines found */
+    uint64_t endpoint_changes;           /* restarts that came back on another endpoint */
+    uint64_t disk_fill_bytes;            /* written to fill the G3 file system, summed */
+    uint64_t enospc_injected;            /* G3 I/O completions set to fail with ENOSPC */
+    bool disk_real;                      /* the G3 files are on a small loop-mounted ext4 */
+    uint64_t unreaped, unexpected_exits;
+    double chaos_s;                      /* seconds the faults ran */
+} demo_chaos_figures;
+
+/* Makes the temporary directories, the G3 file system and the service
+ * (before any other child is forked), and fills o's chaos paths. Cleans up
+ * after itself on failure and, from then on, at exit and on SIGINT/TERM/HUP. */
+int demo_chaos_start(demo_opts *o, demo_chaos **out);
+/* The workload runs (every engine up): the faults begin. */
+void demo_chaos_begin(demo_chaos *c);
+/* The time (demo_now) of the next fault or repair. */
+double demo_chaos_due(const demo_chaos *c);
+/* Runs the faults and repairs due (restarted engines die at deadline).
+ * *probe_engine >= 0 asks the driver to send a one-block request for
+ * *probe_hash to that engine. 0, or -1 when the run cannot go on (also
+ * after SIGINT, SIGTERM or SIGHUP). */
+int demo_chaos_step(demo_chaos *c, cluster *cl, double deadline, int *probe_engine,
+                    uint64_t *probe_hash);
+/* From the driver's end of the workload on: no new faults, and every
+ * engine brought back. True once all are up again. */
+bool demo_chaos_settle(demo_chaos *c, cluster *cl);
+/* An engine said HELLO: before demo_chaos_begin its first start, after it
+ * a restart (what it recovered is counted). */
+void demo_chaos_hello(demo_chaos *c, const demo_hello *h);
+const demo_chaos_figures *demo_chaos_figures_of(const demo_chaos *c);
+/* Stops the service, unmounts, removes every file. */
+void demo_chaos_stop(demo_chaos *c);
 
 int cmd_demo(int argc, char **argv);
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -140,9 +141,59 @@ int demo_recv(int fd, uint32_t *type, void *buf, size_t cap, size_t *len, double
     return 0;
 }
 
+int demo_send_fds(int sock, int32_t engine, int fd0, int fd1)
+{
+    int fds[2] = {fd0, fd1};
+    char ctl[CMSG_SPACE(sizeof fds)];
+    memset(ctl, 0, sizeof ctl);
+    struct iovec iov = {&engine, sizeof engine};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
+                       .msg_controllen = sizeof ctl};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    ssize_t n;
+    do n = sendmsg(sock, &m, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof engine ? 0 : -1;
+}
+
+int demo_recv_fds(int sock, int32_t *engine, int *fd0, int *fd1)
+{
+    char ctl[CMSG_SPACE(2 * sizeof(int))];
+    struct iovec iov = {engine, sizeof *engine};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
+                       .msg_controllen = sizeof ctl};
+    ssize_t n;
+    do n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    int fds[2] = {-1, -1}, got = 0;
+    struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&m) : NULL;
+    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        got = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        if (got > 2) got = 2; /* cannot be: ctl holds two (MSG_CTRUNC otherwise) */
+        memcpy(fds, CMSG_DATA(c), (size_t)got * sizeof(int));
+    }
+    if (got != 2 || n != (ssize_t)sizeof *engine || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        for (int i = 0; i < got; i++) close(fds[i]); /* nothing of an odd message is kept */
+        errno = n == 0 ? EPIPE : EPROTO;
+        return -1;
+    }
+    *fd0 = fds[0];
+    *fd1 = fds[1];
+    return 0;
+}
+
 void demo_child_setup(int driver_pid)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != driver_pid) _exit(1); /* the driver died before we got here */
     signal(SIGPIPE, SIG_IGN);
+    /* A terminal's ^C or hang-up is the driver's to handle (--chaos cleans
+     * up first); the children end with it. */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGTERM, SIG_DFL); /* not the driver's --chaos handler */
 }

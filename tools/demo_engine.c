@@ -5,22 +5,40 @@
  * where every block is, delivers what KVCR has (its own DRAM, or a peer's
  * through the router's hint), verifies every delivered byte, "recomputes"
  * the rest at a modelled cost, and deposits what it computed or pulled so
- * that other engines can pull it from here. */
+ * that other engines can pull it from here.
+ *
+ * With --chaos its KVCR DRAM is a pool group of the driver's KVCR service
+ * (guard mode: group = engine number) and its evictions spill to its own
+ * G3 slot file; a restarted engine claims the group back and finds what
+ * the Guard kept and what its G3 file holds. At STOP it reports what its
+ * KVCR still holds claimed or pinned (a leak once the work is drained). */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "core/testing.h"
 #include "demo.h"
 #include "kvcr/kvcr.h"
 
 #define OP_TIMEOUT_MS 5000u
 #define ABANDON_TIMEOUT_MS 10000u
 /* Waits for our own operations: past KVCR's deadline, so a stuck transfer
- * is reported by KVCR with its reason rather than by us giving up. */
-#define WAIT_LIMIT_S 15.0
+ * is reported by KVCR with its reason rather than by us giving up; and past
+ * the 30-40 s stalls of G3 reads seen after injected ENOSPC completions
+ * (--chaos), which are reported as slow operations rather than ending the
+ * engine. */
+#define WAIT_LIMIT_S 60.0
+/* A restarted engine's claim may reach the service before it has seen the
+ * old process die ("held by another worker"): asked again, this long. */
+#define CLAIM_RETRY_S 15.0
+/* At STOP: G3 writes still going out, and source writes to a peer that
+ * died (resolved by the transport, seen to take over 10 s), are waited
+ * for this long; what is still held then is a leak. */
+#define DRAIN_LIMIT_S 30.0
 
 typedef struct engine {
     const demo_opts *o;
@@ -92,9 +110,22 @@ typedef struct pending {
     size_t n;
     kvcr_entry_status *st;
     kvcr_reason *why;
-    double done_at;
+    double t0, done_at; /* submitted, completed */
     bool done;
+    const char *what; /* for the message when it does not complete */
 } pending;
+
+/* KVCR's gauges on stderr: what a stuck operation was waiting behind. */
+static void show_state(engine *e)
+{
+    kvcr_stats *s = NULL;
+    if (kvcr_stats_take(e->kv, &s) != 0 || s == NULL) return;
+    fprintf(stderr, "kvcr demo: engine %d: KVCR gauges:", e->idx);
+    for (size_t i = 0; i < s->n_gauges; i++)
+        fprintf(stderr, " %s=%g", s->gauges[i].resource, s->gauges[i].value);
+    fprintf(stderr, "\n");
+    kvcr_stats_free(s);
+}
 
 /* Polls until every operation in p[0..n) completed (n may be 0). */
 static int wait_ops(engine *e, pending *p, int n)
@@ -130,11 +161,13 @@ static int wait_ops(engine *e, pending *p, int n)
         if (now > until) {
             if (now > e->deadline)
                 fprintf(stderr, "kvcr demo: engine %d: the time limit passed\n", e->idx);
-            else
-                fprintf(stderr,
-                        "kvcr demo: engine %d: %d operation(s) not completed within "
-                        "%.0f s\n",
-                        e->idx, left, WAIT_LIMIT_S);
+            for (int k = 0; k < n && now <= e->deadline; k++)
+                if (!p[k].done)
+                    fprintf(stderr,
+                            "kvcr demo: engine %d: %s of %zu blocks not completed within "
+                            "%.0f s\n",
+                            e->idx, p[k].what, p[k].n, WAIT_LIMIT_S);
+            show_state(e);
             return 1;
         }
         struct pollfd pfd = {e->kfd, POLLIN, 0};
@@ -145,9 +178,10 @@ static int wait_ops(engine *e, pending *p, int n)
 /* Submits a deliver (or deposit when deliver is false) of blocks listed by
  * index: key keys[idx[i]], framework element idx[i]. */
 static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t *idx, size_t n,
-                  const char *rid, pending *p, kvcr_entry_status *st, kvcr_reason *why)
+                  const char *rid, pending *p, kvcr_entry_status *st, kvcr_reason *why,
+                  const char *what)
 {
-    *p = (pending){.n = n, .st = st, .why = why, .done = n == 0};
+    *p = (pending){.n = n, .st = st, .why = why, .done = n == 0, .what = what, .t0 = demo_now()};
     if (n == 0) return 0;
     kvcr_mem_ref refs[DEMO_MAX_BLOCKS];
     kvcr_block b[DEMO_MAX_BLOCKS];
@@ -161,6 +195,16 @@ static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t 
 }
 
 /* ---- one request ---------------------------------------------------------------- */
+
+/* The request's slowest operations, of p[0..n) (completed; n == 0 ones count 0 s). */
+static void timed(demo_result *out, const pending *p, int n)
+{
+    for (int k = 0; k < n; k++) {
+        double s = p[k].n ? p[k].done_at - p[k].t0 : 0;
+        if (s > out->slowest_op_s) out->slowest_op_s = s;
+        out->slow_ops += s > DEMO_SLOW_OP_S;
+    }
+}
 
 static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const char *hint,
                  demo_result *out)
@@ -189,11 +233,13 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     kvcr_query_result q[DEMO_MAX_BLOCKS];
     if ((rc = kvcr_query(e->kv, keys, n, rid, q)) != 0) return fail(e, "kvcr_query", rc);
 
+    /* loc: this engine's own tiers (KVCR DRAM, its G3 file); rem: a peer's. */
     uint32_t loc[DEMO_MAX_BLOCKS], rem[DEMO_MAX_BLOCKS], redo[DEMO_MAX_BLOCKS];
     uint32_t keep[DEMO_MAX_BLOCKS];
     size_t n_loc = 0, n_rem = 0, n_redo = 0, n_keep = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (q[i].status == KVCR_QUERY_HIT || q[i].status == KVCR_QUERY_FETCHING)
+        if (q[i].status == KVCR_QUERY_HIT || q[i].status == KVCR_QUERY_FETCHING ||
+            (q[i].status == KVCR_QUERY_FETCHABLE && q[i].tier == KVCR_TIER_G3))
             loc[n_loc++] = i;
         else if (q[i].status == KVCR_QUERY_FETCHABLE)
             rem[n_rem++] = i;
@@ -206,19 +252,24 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     kvcr_reason why[2][DEMO_MAX_BLOCKS];
     pending p[2];
     double r0 = demo_now();
-    if (submit(e, true, keys, rem, n_rem, rid, &p[0], st[0], why[0]) != 0) return 1;
+    if (submit(e, true, keys, rem, n_rem, rid, &p[0], st[0], why[0], "a deliver from a peer") != 0)
+        return 1;
     double l0 = demo_now();
-    if (submit(e, true, keys, loc, n_loc, rid, &p[1], st[1], why[1]) != 0) return 1;
+    if (submit(e, true, keys, loc, n_loc, rid, &p[1], st[1], why[1],
+               "a deliver from KVCR DRAM and G3") != 0)
+        return 1;
     if (wait_ops(e, p, 2) != 0) return 1;
     if (n_rem) {
         out->peer_t0 = r0;
         out->peer_s = p[0].done_at - r0;
     }
     if (n_loc) out->local_s = p[1].done_at - l0;
+    timed(out, p, 2);
 
     for (size_t i = 0; i < n_rem; i++) {
         if (st[0][i] == KVCR_ENTRY_SUCCESS) {
             out->remote_hit++;
+            out->guard_hit += (rq->flags & DEMO_REQ_SOURCE_DOWN) != 0;
             out->peer_bytes += bs;
             keep[n_keep++] = rem[i]; /* offloaded here too: shareable from now on */
         } else {
@@ -230,6 +281,7 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     for (size_t i = 0; i < n_loc; i++) {
         if (st[1][i] == KVCR_ENTRY_SUCCESS) {
             out->local_hit++;
+            out->g3_hit += q[loc[i]].tier == KVCR_TIER_G3;
         } else {
             out->local_failed++;
             out->why_failed[(unsigned)why[1][i] < DEMO_REASONS ? (unsigned)why[1][i] : 0]++;
@@ -248,7 +300,11 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
                 fprintf(stderr,
                         "kvcr demo: engine %d: block %" PRIu32 " of request %" PRIu32
                         " (%s) has %" PRIu64 " wrong bytes\n",
-                        e->idx, idx[i], rq->req_no, k == 0 ? "pulled from a peer" : "local", bad);
+                        e->idx, idx[i], rq->req_no,
+                        k == 1 ? (q[idx[i]].tier == KVCR_TIER_G3 ? "G3" : "local")
+                        : rq->flags & DEMO_REQ_SOURCE_DOWN ? "from a Guard"
+                                                            : "pulled from a peer",
+                        bad);
         }
     }
     /* "Prefill": the KV of the blocks nobody had. Its cost is modelled by
@@ -259,8 +315,10 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     }
     out->recomputed = (uint32_t)n_redo;
 
-    if (submit(e, false, keys, keep, n_keep, NULL, &p[0], st[0], why[0]) != 0) return 1;
+    if (submit(e, false, keys, keep, n_keep, NULL, &p[0], st[0], why[0], "a deposit") != 0)
+        return 1;
     if (wait_ops(e, p, 1) != 0) return 1;
+    timed(out, p, 1);
     for (size_t i = 0; i < n_keep; i++) {
         if (st[0][i] == KVCR_ENTRY_SUCCESS)
             out->deposited++;
@@ -282,11 +340,48 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
 
 /* ---- the process ------------------------------------------------------------------ */
 
+/* A gauge of a kvcr_stats snapshot by resource name; 0 when it has none. */
+static double gauge(const kvcr_stats *s, const char *name)
+{
+    for (size_t i = 0; s && i < s->n_gauges; i++)
+        if (strcmp(s->gauges[i].resource, name) == 0) return s->gauges[i].value;
+    return 0;
+}
+
+static uint32_t count_of(double v)
+{
+    return v > 0 ? (uint32_t)v : 0;
+}
+
+/* kvcr_create, asked again while a restarted engine's claim is refused
+ * because the service has not yet seen the old process die. */
+static int create(engine *e, const kvcr_config *cfg)
+{
+    double until = demo_now() + CLAIM_RETRY_S;
+    for (;;) {
+        int rc = kvcr_create(cfg, &e->kv);
+        if (rc != KVCR_EREFUSED || !e->o->chaos || demo_now() > until) return rc;
+        usleep(50000);
+    }
+}
+
+/* What is in this engine's tiers right after it started: blocks the Guard
+ * handed back and blocks its G3 file still holds. */
+static void recovered(engine *e, demo_hello *h)
+{
+    kvcr_stats *s = NULL;
+    if (kvcr_stats_take(e->kv, &s) != 0) return;
+    h->recovered_g2 = count_of(gauge(s, "local_g2_allocated_slots"));
+    h->recovered_g3 = count_of(gauge(s, "g3_allocated_slots"));
+    kvcr_stats_free(s);
+}
+
 static int start(engine *e)
 {
     const demo_opts *o = e->o;
     e->bs = o->block_size;
-    size_t fw_bytes = e->bs * DEMO_MAX_BLOCKS, pool_bytes = e->bs * (size_t)o->slots;
+    size_t fw_bytes = e->bs * DEMO_MAX_BLOCKS;
+    size_t pool_bytes = o->chaos ? e->bs : e->bs * (size_t)o->slots; /* guard mode: unused */
     e->fw = aligned_alloc(4096, fw_bytes);
     e->pool = aligned_alloc(4096, pool_bytes);
     if (e->fw == NULL || e->pool == NULL) {
@@ -315,12 +410,31 @@ static int start(engine *e)
     cfg.abandon_timeout_ms = ABANDON_TIMEOUT_MS;
     cfg.remote.enabled = !o->local_only;
     cfg.remote.control_host = "127.0.0.1";
+    const char *allowed[DEMO_MAX_ENGINES];
+    for (int i = 0; o->curve && i < o->engines; i++) allowed[i] = o->curve_public[i];
+    if (o->curve)
+        cfg.remote.curve = (kvcr_curve_options){o->curve_secret[e->idx], o->curve_public[e->idx],
+                                                allowed, (size_t)o->engines};
     cfg.remote.control_port = 0;
     cfg.callbacks.ud = e;
     cfg.callbacks.key_hash = key_hash;
     cfg.callbacks.inventory = on_inventory;
     cfg.callbacks.resilience = on_resilience;
-    int rc = kvcr_create(&cfg, &e->kv);
+    cfg.enable_telemetry = true; /* the gauges: what was recovered, what leaked */
+    char g3_path[512];
+    const char *g3_paths[1] = {g3_path};
+    if (o->chaos) {
+        cfg.local_dram = NULL;
+        cfg.n_local_dram = 0;
+        cfg.guard.service_socket_path = o->service_socket;
+        cfg.guard.guard_index = (uint32_t)e->idx;
+        cfg.guard.compatibility_digest = o->digest;
+        snprintf(g3_path, sizeof g3_path, "%s/engine-%d.g3", o->g3_dir, e->idx);
+        cfg.g3.paths = g3_paths;
+        cfg.g3.n_paths = 1;
+        cfg.g3.capacity_bytes_per_file = (uint64_t)o->g3_slots * e->bs;
+    }
+    int rc = create(e, &cfg);
     if (rc != 0) return fail(e, "kvcr_create", rc);
     e->kfd = kvcr_fd(e->kv);
     if (e->kfd < 0) return fail(e, "kvcr_fd", e->kfd);
@@ -332,8 +446,46 @@ static int start(engine *e)
         return 1;
     }
     snprintf(h.endpoint, sizeof h.endpoint, "%s", ep ? ep : "");
+    recovered(e, &h);
     if (demo_send(e->to_router, MSG_HELLO, &h, sizeof h, NULL, 0) != 0) return 1;
     return 0;
+}
+
+/* After STOP, with every request answered: waits (bounded) for G3 writes
+ * still going out, then tells the router what KVCR still holds. */
+static int bye(engine *e)
+{
+    demo_bye b = {.engine = e->idx};
+    double until = demo_now() + DRAIN_LIMIT_S;
+    for (;;) {
+        kvcr_op_result *res;
+        size_t n_res;
+        int rc = kvcr_poll(e->kv, &res, &n_res);
+        if (rc != 0) return fail(e, "kvcr_poll", rc);
+        kvcr_results_free(res);
+        kvcr_stats *s = NULL;
+        if ((rc = kvcr_stats_take(e->kv, &s)) != 0) return fail(e, "kvcr_stats_take", rc);
+        b.slots = count_of(gauge(s, "local_g2_allocated_slots") -
+                           gauge(s, "local_g2_evictable_slots"));
+        b.g3 = count_of(gauge(s, "g3_allocated_slots") - gauge(s, "g3_evictable_slots") +
+                        gauge(s, "g3_pending_stores"));
+        b.ops = count_of(gauge(s, "in_flight_ops") + gauge(s, "hinted_requests"));
+        b.pins = count_of(gauge(s, "framework_pins") + gauge(s, "pinned_keys") +
+                          gauge(s, "source_writes_in_flight"));
+        kvcr_stats_free(s);
+        if ((b.slots == 0 && b.g3 == 0 && b.ops == 0 && b.pins == 0) || demo_now() > until) break;
+        usleep(10000);
+    }
+    return demo_send(e->to_router, MSG_BYE, &b, sizeof b, NULL, 0) != 0;
+}
+
+/* While the G3 file system is full (--chaos): see demo_chaos.c. */
+static void disk_full(engine *e, const uint8_t *msg, size_t len)
+{
+    demo_disk d;
+    if (len != sizeof d) return;
+    memcpy(&d, msg, sizeof d);
+    kvcr__test_g3_fail_next(e->kv, d.fail_n, d.err);
 }
 
 /* Serves requests until STOP; polls KVCR at least every 10 ms meanwhile,
@@ -359,7 +511,11 @@ static int loop(engine *e)
         size_t len;
         if (demo_recv(e->from_router, &type, msg, sizeof msg, &len, e->deadline) != 0)
             return 1; /* the router is gone: it reports why */
-        if (type == MSG_STOP) return 0;
+        if (type == MSG_STOP) return bye(e);
+        if (type == MSG_DISK) {
+            disk_full(e, msg, len);
+            continue;
+        }
         demo_req rq;
         if (type != MSG_REQ || len < sizeof rq) return 1;
         memcpy(&rq, msg, sizeof rq);

@@ -9,12 +9,38 @@
 #include "demo.h"
 #include "kvcr/kvcr.h"
 
+/* Keeps a pull's [start, end]; the array grows (a --chaos run has no
+ * request count to size it by). */
+static void keep_pull(totals *t, double start, double end)
+{
+    if (t->n_pulls == t->cap_pulls) {
+        size_t cap = t->cap_pulls ? 2 * t->cap_pulls : 1024;
+        double(*p)[2] = realloc(t->pulls, cap * sizeof *p);
+        if (p == NULL) {
+            t->pulls_lost = true;
+            return;
+        }
+        t->pulls = p;
+        t->cap_pulls = cap;
+    }
+    t->pulls[t->n_pulls][0] = start;
+    t->pulls[t->n_pulls++][1] = end;
+}
+
 void demo_add(totals *t, const demo_result *r)
 {
     t->requests++;
+    if (r->failed != DEMO_FAIL_NONE) { /* no engine answered: nothing else to add */
+        t->failed[(unsigned)r->failed < DEMO_FAILS ? r->failed : 0]++;
+        return;
+    }
     t->blocks += r->n_blocks;
     t->local += r->local_hit;
     t->remote += r->remote_hit;
+    t->g3 += r->g3_hit;
+    t->guard += r->guard_hit;
+    t->slow_ops += r->slow_ops;
+    if (r->slowest_op_s > t->slowest_op_s) t->slowest_op_s = r->slowest_op_s;
     t->recomputed += r->recomputed;
     t->remote_failed += r->remote_failed;
     t->local_failed += r->local_failed;
@@ -29,10 +55,21 @@ void demo_add(totals *t, const demo_result *r)
     t->peer_s += r->peer_s;
     t->local_s += r->local_s;
     for (int i = 0; i < DEMO_REASONS; i++) t->why_failed[i] += r->why_failed[i];
-    if (t->pulls && r->peer_s > 0) {
-        t->pulls[t->n_pulls][0] = r->peer_t0;
-        t->pulls[t->n_pulls++][1] = r->peer_t0 + r->peer_s;
-    }
+    if (t->keep_pulls && r->peer_s > 0) keep_pull(t, r->peer_t0, r->peer_t0 + r->peer_s);
+}
+
+void demo_add_bye(demo_bye *sum, const demo_bye *b)
+{
+    sum->engine++;
+    sum->slots += b->slots;
+    sum->g3 += b->g3;
+    sum->ops += b->ops;
+    sum->pins += b->pins;
+}
+
+uint64_t demo_leaks(const demo_bye *sum)
+{
+    return (uint64_t)sum->slots + sum->g3 + sum->ops + sum->pins;
 }
 
 static int by_start(const void *a, const void *b)
@@ -75,10 +112,31 @@ static double pct(uint64_t a, uint64_t b)
     return b ? 100.0 * (double)a / (double)b : 0;
 }
 
+/* --chaos: a line every tenth of the duration (there is no request count). */
+static void chaos_progress(const demo_opts *o, const totals *t, bool last)
+{
+    static double start, shown;
+    double now = demo_now();
+    if (start == 0) start = shown = now;
+    if (!last && now - shown < o->duration_s / 10) return;
+    shown = now;
+    fprintf(stderr,
+            "  %.0f s  %" PRIu64 " requests (%" PRIu64 " failed)  hit rate %.1f%% (local %.1f%%, "
+            "G3 %.1f%%, peer %.1f%%, Guard %.1f%%)\n",
+            now - start, t->requests,
+            t->failed[DEMO_FAIL_ENGINE_DIED] + t->failed[DEMO_FAIL_NO_ENGINE],
+            pct(t->local + t->remote, t->blocks), pct(t->local - t->g3, t->blocks),
+            pct(t->g3, t->blocks), pct(t->remote - t->guard, t->blocks), pct(t->guard, t->blocks));
+}
+
 void demo_progress(const demo_opts *o, const totals *t, bool last)
 {
     static double shown;
     static int tenth;
+    if (o->chaos) {
+        chaos_progress(o, t, last);
+        return;
+    }
     bool tty = isatty(STDERR_FILENO);
     double now = demo_now();
     if (tty) {
@@ -110,7 +168,78 @@ static void jf(const char *name, double v)
     printf(",\"%s\":%.6g", name, v);
 }
 
-void demo_report(const demo_opts *o, totals *t, const totals *per, int started, double wall)
+static const char *const fail_names[DEMO_FAILS] = {"", "engine_died", "no_engine"};
+
+/* "failed_by_reason": requests no engine answered, then blocks whose
+ * delivery failed (recomputed), by kvcr_reason name. */
+static void json_failures(const totals *t)
+{
+    printf(",\"failed_by_reason\":{");
+    bool first = true;
+    for (int i = 1; i < DEMO_FAILS; i++, first = false)
+        printf("%s\"%s\":%" PRIu64, first ? "" : ",", fail_names[i], t->failed[i]);
+    for (int i = 1; i < DEMO_REASONS; i++)
+        if (t->why_failed[i])
+            printf(",\"%s\":%" PRIu64, kvcr_reason_name((kvcr_reason)i), t->why_failed[i]);
+    printf("}");
+}
+
+static void json_leaks(const demo_bye *l)
+{
+    ju("engines_reported", (uint64_t)l->engine, false);
+    ju("leaked_slots", l->slots, false);
+    ju("leaked_g3_slots", l->g3, false);
+    ju("leaked_ops", l->ops, false);
+    ju("leaked_pins", l->pins, false);
+    ju("leaks", demo_leaks(l), false);
+}
+
+static void json_chaos(const totals *t, const demo_chaos_figures *c)
+{
+    printf(",\"chaos\":");
+    ju("kills", c->kills, true);
+    ju("restarts", c->restarts, false);
+    ju("stops", c->stops, false);
+    ju("corruptions", c->corruptions, false);
+    ju("disk_fulls", c->disk_fulls, false);
+    ju("probes", c->probes, false);
+    ju("checksum_misses", t->why_failed[KVCR_REASON_CORRUPT], false);
+    ju("recovered_g2", c->recovered_g2, false);
+    ju("recovered_g3", c->recovered_g3, false);
+    ju("endpoint_changes", c->endpoint_changes, false);
+    ju("disk_fill_bytes", c->disk_fill_bytes, false);
+    ju("enospc_injected", c->enospc_injected, false);
+    printf(",\"disk_real\":%s", c->disk_real ? "true" : "false");
+    ju("unreaped", c->unreaped, false);
+    ju("unexpected_exits", c->unexpected_exits, false);
+    jf("chaos_s", c->chaos_s);
+    printf("}");
+}
+
+static void text_chaos(const totals *t, const demo_chaos_figures *c)
+{
+    printf("%-20s %.0f s: %" PRIu64 " engines SIGKILLed (%" PRIu64 " restarted, %" PRIu64
+           " on another endpoint), %" PRIu64 " stopped for a moment, %" PRIu64
+           " G3 slots corrupted (%" PRIu64 " probed), the G3 disk filled %" PRIu64 " times\n",
+           "chaos", c->chaos_s, c->kills, c->restarts, c->endpoint_changes, c->stops,
+           c->corruptions, c->probes, c->disk_fulls);
+    printf("%-20s %" PRIu64 " blocks back in KVCR DRAM from the Guard, %" PRIu64
+           " in G3 files; %" PRIu64 " blocks pulled from a Guard, %" PRIu64 " read from G3\n",
+           "recovered", c->recovered_g2, c->recovered_g3, t->guard, t->g3);
+    printf("%-20s %" PRIu64
+           " checksum misses (corrupt slots refused, recomputed); disk full: %s%.1f MB "
+           "filled, %" PRIu64 " G3 completions set to fail with ENOSPC\n",
+           "faults seen", t->why_failed[KVCR_REASON_CORRUPT],
+           c->disk_real ? "a loop-mounted ext4, " : "no real file system (injection only), ",
+           (double)c->disk_fill_bytes / 1e6, c->enospc_injected);
+    if (c->unreaped || c->unexpected_exits)
+        printf("%-20s %" PRIu64 " processes not reaped, %" PRIu64 " engines ended on their own"
+               "  <-- FAILED\n",
+               "processes", c->unreaped, c->unexpected_exits);
+}
+
+void demo_report(const demo_opts *o, totals *t, const totals *per, int started, double wall,
+                 const demo_bye *leaks, const struct demo_chaos_figures *chaos)
 {
     double cost = o->prefill_ms / 1e3, busy = pull_time(t);
     double gbs = t->peer_s > 0 ? (double)t->peer_bytes / t->peer_s / 1e9 : 0;
@@ -142,6 +271,15 @@ void demo_report(const demo_opts *o, totals *t, const totals *per, int started, 
         jf("prefill_all_s", all_s);
         jf("prefill_with_kvcr_s", kvcr_s);
         jf("prefill_saved_s", all_s - kvcr_s);
+        ju("local_g3_hit", t->g3, false);
+        ju("guard_pulled", t->guard, false);
+        ju("failed_requests", t->failed[DEMO_FAIL_ENGINE_DIED] + t->failed[DEMO_FAIL_NO_ENGINE],
+           false);
+        json_failures(t);
+        ju("slow_ops", t->slow_ops, false);
+        jf("slowest_op_s", t->slowest_op_s);
+        json_leaks(leaks);
+        if (chaos) json_chaos(t, chaos);
         ju("verified_blocks", t->verified, false);
         ju("wrong_bytes", t->wrong, false);
         ju("resilience_events", t->resilience, false);
@@ -190,6 +328,18 @@ void demo_report(const demo_opts *o, totals *t, const totals *per, int started, 
     if (t->resilience)
         printf("%-20s %" PRIu64 " uncertain or stalled peer transfers (see stderr)\n",
                "resilience events", t->resilience);
+    if (t->failed[DEMO_FAIL_ENGINE_DIED] || t->failed[DEMO_FAIL_NO_ENGINE])
+        printf("%-20s %" PRIu64 " requests held by an engine that died, %" PRIu64
+               " with no engine up (never answered, never counted as served)\n",
+               "failed requests", t->failed[DEMO_FAIL_ENGINE_DIED], t->failed[DEMO_FAIL_NO_ENGINE]);
+    if (t->slow_ops)
+        printf("%-20s %" PRIu64 " KVCR operations took longer than %.0f s (the slowest %.1f s)\n",
+               "slow operations", t->slow_ops, DEMO_SLOW_OP_S, t->slowest_op_s);
+    printf("%-20s %d engines reported after the drain: %" PRIu64 " claimed DRAM slots, %" PRIu64
+           " G3 slots, %" PRIu64 " operations or hints, %" PRIu64 " pins left%s\n",
+           "leaks", leaks->engine, (uint64_t)leaks->slots, (uint64_t)leaks->g3,
+           (uint64_t)leaks->ops, (uint64_t)leaks->pins, demo_leaks(leaks) ? "  <-- FAILED" : "");
+    if (chaos) text_chaos(t, chaos);
     printf("\n%-8s %8s %8s %8s %10s %10s\n", "engine", "requests", "local", "pulled", "recomputed",
            "pulled MB");
     for (int e = 0; e < o->engines; e++)

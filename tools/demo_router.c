@@ -3,7 +3,14 @@
  * engines forward their inventory events), spreads the driver's requests
  * over the engines by load alone (least busy, random among equals, so a
  * conversation's prefix often lives elsewhere), and attaches a kv_hint
- * naming the engine that holds the longest prefix of the request's blocks. */
+ * naming the engine that holds the longest prefix of the request's blocks.
+ *
+ * With --chaos an engine may die at any time: the requests it held are
+ * answered as failed (never as served), no new one goes to it, hints may
+ * still name it (its Guard serves its blocks on its endpoint), and when
+ * the driver restarts it the new process's pipes arrive on the descriptor
+ * socket; its HELLO brings the endpoint again and its inventory starts
+ * afresh. */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -11,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "demo.h"
 
@@ -67,14 +75,21 @@ static uint32_t inv_mask(const inventory *inv, uint64_t h)
 
 /* ---- routing ---------------------------------------------------------------------- */
 
+static void inv_forget(inventory *inv, int engine)
+{
+    for (size_t i = 0; i < inv->cap; i++) inv->t[i].mask &= ~(1u << engine);
+}
+
 typedef struct router {
     const demo_opts *o;
-    int from_driver, to_driver;
-    const int *from_engine, *to_engine;
+    int from_driver, to_driver, fds_from_driver;
+    int from_engine[DEMO_MAX_ENGINES], to_engine[DEMO_MAX_ENGINES]; /* -1: no process */
     double deadline;
     char endpoint[DEMO_MAX_ENGINES][DEMO_ENDPOINT_MAX];
-    int busy[DEMO_MAX_ENGINES];
-    int hello;
+    bool up[DEMO_MAX_ENGINES];                  /* said HELLO, pipes open */
+    uint32_t held[DEMO_MAX_ENGINES][DEMO_HELD_MAX]; /* req_no of requests sent to it */
+    int busy[DEMO_MAX_ENGINES];                 /* entries of held */
+    bool ready, stopping;
     inventory inv;
     uint64_t rng;
 } router;
@@ -93,12 +108,13 @@ static int fatal(router *r, const char *fmt, ...)
     return -1;
 }
 
+/* The least busy engine that is up, random among equals; -1: none is up. */
 static int pick_target(router *r)
 {
-    int best = 0, ties = 0;
+    int best = -1, ties = 0;
     for (int e = 0; e < r->o->engines; e++) {
-        if (e > 0 && r->busy[e] > r->busy[best]) continue;
-        if (e == 0 || r->busy[e] < r->busy[best]) {
+        if (!r->up[e] || (best >= 0 && r->busy[e] > r->busy[best])) continue;
+        if (best < 0 || r->busy[e] < r->busy[best]) {
             best = e, ties = 1;
         } else if (demo_rand(&r->rng) % (uint64_t)++ties == 0) {
             best = e; /* reservoir choice among the least busy */
@@ -107,11 +123,60 @@ static int pick_target(router *r)
     return best;
 }
 
+/* Answers a request no engine served: counted as failed by the driver. */
+static int answer_failed(router *r, uint32_t req_no, int engine, enum demo_fail why)
+{
+    demo_result res = {.req_no = req_no, .engine = engine, .source = -1, .failed = why};
+    return demo_send(r->to_driver, MSG_DONE, &res, sizeof res, NULL, 0);
+}
+
+/* Engine e's process is gone (or must be given up): its pipes are closed
+ * and every request it held is answered as failed. Without --chaos that
+ * ends the run. */
+static int engine_gone(router *r, int e, const char *why)
+{
+    if (!r->o->chaos && !r->stopping)
+        return fatal(r, "engine %d stopped talking to the router (%s)", e, why);
+    close(r->from_engine[e]);
+    close(r->to_engine[e]);
+    r->from_engine[e] = r->to_engine[e] = -1;
+    r->up[e] = false;
+    for (int k = 0; k < r->busy[e]; k++)
+        if (answer_failed(r, r->held[e][k], e, DEMO_FAIL_ENGINE_DIED) != 0) return -1;
+    r->busy[e] = 0;
+    return 0;
+}
+
+/* A restarted engine's pipe ends, from the driver. Its blocks are
+ * announced again by its own inventory events. */
+static int engine_back(router *r)
+{
+    int32_t e;
+    int from, to;
+    if (demo_recv_fds(r->fds_from_driver, &e, &from, &to) != 0)
+        return fatal(r, "router: no engine pipes from the driver (%s)", strerror(errno));
+    if (e < 0 || e >= r->o->engines) {
+        close(from);
+        close(to);
+        return fatal(r, "router: pipes for engine %d of %d", (int)e, r->o->engines);
+    }
+    /* The driver reaped the old process first: an end of file not read yet. */
+    if (r->from_engine[e] >= 0 && engine_gone(r, e, "replaced") != 0) return -1;
+    r->from_engine[e] = from;
+    r->to_engine[e] = to;
+    inv_forget(&r->inv, e);
+    return 0;
+}
+
 /* Forwards a request to its target, with a hint when another engine holds
  * a longer prefix than the target does. */
 static int route(router *r, const demo_req *in, const uint64_t *h)
 {
-    int t = pick_target(r), n = (int)in->n_blocks;
+    int t = in->target >= 0 ? in->target : pick_target(r), n = (int)in->n_blocks;
+    if (t >= r->o->engines)
+        return fatal(r, "router: a request for engine %d of %d", t, r->o->engines);
+    if (t < 0 || !r->up[t] || r->busy[t] == DEMO_HELD_MAX)
+        return answer_failed(r, in->req_no, t, DEMO_FAIL_NO_ENGINE) != 0 ? -1 : 0;
     int prefix[DEMO_MAX_ENGINES] = {0};
     uint32_t mask[DEMO_MAX_BLOCKS];
     for (int i = 0; i < n; i++) mask[i] = inv_mask(&r->inv, h[i]);
@@ -124,6 +189,7 @@ static int route(router *r, const demo_req *in, const uint64_t *h)
     demo_req out = *in;
     out.source = -1;
     out.hint_len = 0;
+    out.flags = 0;
     char json[4096];
     if (s >= 0 && !r->o->local_only) {
         /* The prefix blocks the target lacks, all held by s. */
@@ -144,26 +210,74 @@ static int route(router *r, const demo_req *in, const uint64_t *h)
             return fatal(r, "router: a hint did not fit in %zu bytes", sizeof json);
         out.source = s;
         out.hint_len = (uint32_t)at;
+        if (!r->up[s]) out.flags |= DEMO_REQ_SOURCE_DOWN;
     }
     static uint8_t msg[DEMO_MSG_MAX];
     memcpy(msg, &out, sizeof out);
     memcpy(msg + sizeof out, h, (size_t)n * 8);
+    r->held[t][r->busy[t]++] = in->req_no;
     if (demo_send(r->to_engine[t], MSG_REQ, msg, sizeof out + (size_t)n * 8, json, out.hint_len) !=
         0)
-        return fatal(r, "router: engine %d does not take requests (%s)", t, strerror(errno));
-    r->busy[t]++;
+        return engine_gone(r, t, strerror(errno)); /* the request with the rest */
     return 0;
 }
 
-/* One message from the driver (e < 0) or from engine e: 0 to go on, 1 to
- * stop cleanly, -1 on failure. */
+static int done(router *r, int e, const uint8_t *msg, size_t len)
+{
+    demo_result res;
+    memcpy(&res, msg, sizeof res);
+    int k = 0;
+    while (k < r->busy[e] && r->held[e][k] != res.req_no) k++;
+    if (k == r->busy[e] || res.failed != DEMO_FAIL_NONE)
+        return fatal(r, "router: engine %d answered request %" PRIu32 ", not one of its own", e,
+                     res.req_no);
+    r->held[e][k] = r->held[e][--r->busy[e]];
+    return demo_send(r->to_driver, MSG_DONE, msg, len, NULL, 0) != 0 ? -1 : 0;
+}
+
+/* Every engine with pipes: STOP. The run ends once each said BYE or died. */
+static int stop_all(router *r)
+{
+    r->stopping = true;
+    for (int i = 0; i < r->o->engines; i++)
+        if (r->to_engine[i] >= 0 && demo_send(r->to_engine[i], MSG_STOP, NULL, 0, NULL, 0) != 0 &&
+            engine_gone(r, i, strerror(errno)) != 0)
+            return -1;
+    return 0;
+}
+
+static int forward_disk(router *r, const uint8_t *msg, size_t len)
+{
+    if (len != sizeof(demo_disk)) return fatal(r, "router: a malformed disk message");
+    for (int i = 0; i < r->o->engines; i++)
+        if (r->up[i] && demo_send(r->to_engine[i], MSG_DISK, msg, len, NULL, 0) != 0 &&
+            engine_gone(r, i, strerror(errno)) != 0)
+            return -1;
+    return 0;
+}
+
+static int hello(router *r, int e, const uint8_t *msg)
+{
+    demo_hello hl;
+    memcpy(&hl, msg, sizeof hl);
+    hl.endpoint[sizeof hl.endpoint - 1] = '\0';
+    snprintf(r->endpoint[e], sizeof r->endpoint[e], "%s", hl.endpoint);
+    r->up[e] = true;
+    /* the driver learns the endpoint, and after a restart what it recovered */
+    if (demo_send(r->to_driver, MSG_HELLO, &hl, sizeof hl, NULL, 0) != 0) return -1;
+    if (r->ready) return 0;
+    for (int i = 0; i < r->o->engines; i++)
+        if (!r->up[i]) return 0;
+    r->ready = true;
+    return demo_send(r->to_driver, MSG_READY, NULL, 0, NULL, 0) != 0 ? -1 : 0;
+}
+
+/* One message from the driver (e < 0) or from engine e: 0 to go on, -1
+ * on failure. */
 static int handle(router *r, int e, uint32_t type, const uint8_t *msg, size_t len)
 {
-    if (e < 0 && type == MSG_STOP) {
-        for (int i = 0; i < r->o->engines; i++)
-            demo_send(r->to_engine[i], MSG_STOP, NULL, 0, NULL, 0);
-        return 1;
-    }
+    if (e < 0 && type == MSG_STOP) return stop_all(r);
+    if (e < 0 && type == MSG_DISK) return forward_disk(r, msg, len);
     if (e < 0 && type == MSG_REQ && len >= sizeof(demo_req)) {
         demo_req rq;
         memcpy(&rq, msg, sizeof rq);
@@ -173,14 +287,7 @@ static int handle(router *r, int e, uint32_t type, const uint8_t *msg, size_t le
         memcpy(h, msg + sizeof rq, rq.n_blocks * 8);
         return route(r, &rq, h) != 0 ? -1 : 0;
     }
-    if (e >= 0 && type == MSG_HELLO && len == sizeof(demo_hello)) {
-        const demo_hello *hl = (const void *)msg;
-        snprintf(r->endpoint[e], sizeof r->endpoint[e], "%s", hl->endpoint);
-        if (++r->hello == r->o->engines &&
-            demo_send(r->to_driver, MSG_READY, NULL, 0, NULL, 0) != 0)
-            return -1;
-        return 0;
-    }
+    if (e >= 0 && type == MSG_HELLO && len == sizeof(demo_hello)) return hello(r, e, msg);
     if (e >= 0 && type == MSG_INV && len >= sizeof(demo_inv)) {
         demo_inv iv;
         memcpy(&iv, msg, sizeof iv);
@@ -193,24 +300,37 @@ static int handle(router *r, int e, uint32_t type, const uint8_t *msg, size_t le
         free(h);
         return rc != 0 ? fatal(r, "router: out of memory") : 0;
     }
-    if (e >= 0 && type == MSG_DONE && len == sizeof(demo_result)) {
-        r->busy[e]--;
-        return demo_send(r->to_driver, MSG_DONE, msg, len, NULL, 0) != 0 ? -1 : 0;
+    if (e >= 0 && type == MSG_DONE && len == sizeof(demo_result)) return done(r, e, msg, len);
+    if (e >= 0 && type == MSG_BYE && len == sizeof(demo_bye) && r->stopping) {
+        if (demo_send(r->to_driver, MSG_BYE, msg, len, NULL, 0) != 0) return -1;
+        return engine_gone(r, e, "said goodbye");
     }
     return e < 0 ? fatal(r, "router: unexpected message %u from the driver", type)
                  : fatal(r, "router: unexpected message %u from engine %d", type, e);
 }
 
-int demo_router_main(const demo_opts *o, int from_driver, int to_driver, const int *from_engine,
-                     const int *to_engine, double deadline)
+/* Still routing: before STOP, or while an engine has not said BYE. */
+static bool running(const router *r)
+{
+    if (!r->stopping) return true;
+    for (int e = 0; e < r->o->engines; e++)
+        if (r->from_engine[e] >= 0) return true;
+    return false;
+}
+
+int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds_from_driver,
+                     const int *from_engine, const int *to_engine, double deadline)
 {
     router r = {.o = o,
                 .from_driver = from_driver,
                 .to_driver = to_driver,
-                .from_engine = from_engine,
-                .to_engine = to_engine,
+                .fds_from_driver = fds_from_driver,
                 .deadline = deadline,
                 .rng = o->seed ^ 0x726f75746572ull};
+    for (int e = 0; e < o->engines; e++) {
+        r.from_engine[e] = from_engine[e];
+        r.to_engine[e] = to_engine[e];
+    }
     r.inv.cap = 1u << 14;
     r.inv.t = calloc(r.inv.cap, sizeof(slot));
     if (r.inv.t == NULL) {
@@ -219,31 +339,37 @@ int demo_router_main(const demo_opts *o, int from_driver, int to_driver, const i
     }
     static uint8_t msg[DEMO_MSG_MAX];
     int rc = 0;
-    while (rc == 0) {
+    while (rc == 0 && running(&r)) {
         if (demo_now() > deadline) {
             rc = fatal(&r, "router: the time limit passed");
             break;
         }
-        struct pollfd fds[1 + DEMO_MAX_ENGINES];
-        fds[0] = (struct pollfd){from_driver, POLLIN, 0};
+        /* [0] the driver, [1] the descriptor socket, then the engines with pipes */
+        struct pollfd fds[2 + DEMO_MAX_ENGINES];
+        int who[2 + DEMO_MAX_ENGINES], n = 0;
+        fds[n] = (struct pollfd){from_driver, POLLIN, 0}, who[n++] = -1;
+        fds[n] = (struct pollfd){fds_from_driver, POLLIN, 0}, who[n++] = -2;
         for (int e = 0; e < o->engines; e++)
-            fds[1 + e] = (struct pollfd){from_engine[e], POLLIN, 0};
-        if (poll(fds, (nfds_t)(1 + o->engines), 100) <= 0) continue;
-        for (int i = 0; i <= o->engines && rc == 0; i++) {
+            if (r.from_engine[e] >= 0)
+                fds[n] = (struct pollfd){r.from_engine[e], POLLIN, 0}, who[n++] = e;
+        if (poll(fds, (nfds_t)n, 100) <= 0) continue;
+        for (int i = 0; i < n && rc == 0; i++) {
             if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            if (who[i] == -2) {
+                rc = engine_back(&r);
+                continue;
+            }
+            int e = who[i];
+            if (e >= 0 && r.from_engine[e] != fds[i].fd) continue; /* gone meanwhile */
             uint32_t type;
             size_t len;
             if (demo_recv(fds[i].fd, &type, msg, sizeof msg, &len, deadline) != 0) {
-                if (i == 0)
-                    rc = -1; /* the driver is gone */
-                else
-                    rc = fatal(&r, "engine %d stopped talking to the router (%s)", i - 1,
-                               strerror(errno));
-                break;
+                rc = e < 0 ? -1 /* the driver is gone */ : engine_gone(&r, e, strerror(errno));
+                continue;
             }
-            rc = handle(&r, i - 1, type, msg, len);
+            rc = handle(&r, e, type, msg, len);
         }
     }
     free(r.inv.t);
-    return rc == 1 ? 0 : 1;
+    return rc == 0 ? 0 : 1;
 }

@@ -12,6 +12,7 @@
 #include "bench.h"
 #include "demo.h"
 #include "kvcr/kvcr.h"
+#include "keygen.h"
 #include "service_cmd.h"
 
 /* ---- shared benchmark pieces (bench.h) ----------------------------------- */
@@ -139,8 +140,8 @@ static int bench_python(int argc, char **argv)
 static const command benches[] = {
     {"local", bench_local, "[--json] [--quick]",
      "query latency, deposit/deliver bandwidth vs memcpy, metadata size"},
-    {"peer", bench_peer, "[--json] [--quick]",
-     "peer-to-peer bandwidth between two processes vs raw UCX and Redis"},
+    {"peer", bench_peer, "[--json] [--quick] [--curve]",
+     "peer-to-peer bandwidth vs raw UCX and Redis; --curve: CURVE's cost"},
     {"g3", bench_g3, "[--json] [--quick]",
      "G3 disk bandwidth vs fio on the same file, spill, deliver, restart"},
     {"service", bench_service, "[--json] [--quick]",
@@ -160,6 +161,7 @@ static const command commands[] = {
     {"service", cmd_service, "--socket-path P --pool-dir D ...",
      "the node daemon: pools that outlive an engine, and their Guards"},
     {"stats", cmd_stats, "--socket P", "a running service's metrics (Prometheus text)"},
+    {"keygen", cmd_keygen, "", "a new CURVE key pair for the control channel"},
     {"version", cmd_version, "", "print the library version"},
     {"help", cmd_help, "", "this text"},
 };

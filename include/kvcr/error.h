@@ -21,7 +21,8 @@ enum {
     KVCR_ENOENT = -6,      /* the named object does not exist */
     KVCR_ESYS = -7,        /* a system call failed (the message has errno) */
     KVCR_EPROTO = -8,      /* a peer or the service sent bytes that break the protocol */
-    KVCR_EREFUSED = -9     /* the KVCR service refused the request (the message says why) */
+    KVCR_EREFUSED = -9,    /* the KVCR service refused the request (the message says why) */
+    KVCR_ELIMIT = -10      /* a configured limit (kvcr_limits) is reached; the message names it */
 };
 
 /* A short, static description of an error code ("invalid argument"). */

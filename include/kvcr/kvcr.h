@@ -51,6 +51,24 @@ typedef struct kvcr_dram_pool {
     size_t size;
 } kvcr_dram_pool;
 
+/* CURVE security of the control channel (CurveZMQ: every control message
+ * encrypted and authenticated both ways). Off while secret_key is NULL.
+ * Keys are Z85 text, 40 characters (`kvcr keygen` prints a pair). With it
+ * the control endpoint carries this instance's public key,
+ * "tcp://host:port#curve=<public key>" (kvcr_control_endpoint gives it to
+ * the router as is); peers are admitted, and hints' sources accepted, only
+ * when their public key is in allowed_keys, and endpoints without a key are
+ * refused (as keyed ones are when CURVE is off). Not with guard mode. */
+typedef struct kvcr_curve_options {
+    const char *secret_key;              /* this instance's secret key, or NULL: off */
+    const char *public_key;              /* its public key; NULL: derived from secret_key */
+    const char *const *allowed_keys;     /* the peers' public keys, 1..KVCR_CURVE_MAX_KEYS */
+    size_t n_allowed_keys;
+} kvcr_curve_options;
+
+#define KVCR_CURVE_KEY_LEN 40    /* characters of a Z85 key */
+#define KVCR_CURVE_MAX_KEYS 4096 /* allowed_keys */
+
 /* Peer-to-peer (REMOTE_G2) options: the control endpoint this instance
  * binds (ZeroMQ PULL) and advertises to peers, and how hints connect. */
 typedef struct kvcr_remote_options {
@@ -62,6 +80,7 @@ typedef struct kvcr_remote_options {
     const char *control_host;           /* address to bind; default "127.0.0.1" */
     uint16_t control_port;              /* 0: any free port (see kvcr_control_endpoint) */
     const char *advertise_host;         /* host peers are told; default control_host */
+    kvcr_curve_options curve;           /* default off */
 } kvcr_remote_options;
 
 /* The G3 tier: KVCR-owned slot files on local disk (O_DIRECT, io_uring).
@@ -115,6 +134,41 @@ typedef struct kvcr_guard_options {
                                        * whenever the model or KV layout changes */
 } kvcr_guard_options;
 
+/* Bounds on what peers and callers can make this instance hold, so that a
+ * flooding peer (or a caller that stops polling) meets a clear refusal
+ * instead of exhausting memory. Each is enforced, counted in telemetry
+ * (kvcr_limit_refusals{limit}) and has the default kvcr_config_init sets.
+ *   A start_write is refused with write_refused(busy) when its target agent
+ *   already has max_source_writes_per_peer writes being served (accepted,
+ *   not yet answered), or when this instance holds max_source_writes
+ *   (also ended ones whose claims and pins the next kvcr_poll releases):
+ *   nothing is written and the target's entries fail SOURCE_BUSY. With
+ *   max_source_writes well above peers * max_source_writes_per_peer no peer
+ *   at its limit can keep another peer's requests from being served.
+ *   A write whose keys need more framework pins than max_pin_requests
+ *   leaves pending is refused the same way (no pin is requested).
+ *   A control message over max_control_message_bytes is never received
+ *   (ZeroMQ drops the connection that sent it).
+ *   kvcr_submit_hint refuses (KVCR_ELIMIT) a hint longer than
+ *   max_hint_bytes, and a new request_id while max_hinted_requests are
+ *   kept (replacing or discarding a kept one is always possible).
+ *   deposit / deliver / fetch are refused (KVCR_ELIMIT) while
+ *   max_unpolled_operations operations are pending or completed and not yet
+ *   collected by kvcr_poll: no completion is ever dropped, so the queue of
+ *   completions can never hold more than this. */
+#define KVCR_MAX_CONTROL_MESSAGE (16u << 20) /* the protocol's own bound on one message */
+#define KVCR_MAX_HINT_TEXT (16u << 20)       /* the JSON reader's own bound */
+
+typedef struct kvcr_limits {
+    uint32_t max_source_writes_per_peer; /* default 64; 1..max_source_writes */
+    uint32_t max_source_writes;          /* default 1024; 1..1048576 */
+    uint32_t max_pin_requests;           /* default 1024; 1..1048576 */
+    uint32_t max_control_message_bytes;  /* default 16 MiB; 4096..16 MiB */
+    uint32_t max_hint_bytes;             /* default 1 MiB; 64..16 MiB (JSON text) */
+    uint32_t max_hinted_requests;        /* default 65536; 1..16777216 */
+    uint32_t max_unpolled_operations;    /* default 65536; 1..16777216 */
+} kvcr_limits;
+
 typedef struct kvcr_callbacks {
     void *ud;
     /* Inventory of KVCR-owned residencies; non-zero return = the event is
@@ -166,6 +220,7 @@ typedef struct kvcr_config {
     kvcr_remote_options remote;
     kvcr_g3_options g3;
     kvcr_guard_options guard;
+    kvcr_limits limits;
 
     uint32_t operation_timeout_ms;          /* default 1000, > 0 */
     uint32_t abandon_timeout_ms;            /* default 5000, >= 2 * operation */
@@ -212,6 +267,10 @@ int kvcr_fd(const kvcr_t *kv);
 
 /* ---- operations ---------------------------------------------------------- */
 
+/* deposit, deliver and fetch return KVCR_ELIMIT (and start nothing) while
+ * limits.max_unpolled_operations operations are pending or completed and
+ * not yet collected by kvcr_poll(). */
+
 /* Where each key is now (advisory; changes nothing). request_id may be NULL. */
 int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
                kvcr_query_result *out);
@@ -257,7 +316,11 @@ void kvcr_results_free(kvcr_op_result *results);
  * request_id NULL stores nothing. With the remote tier on, the hinted keys
  * of the request are FETCHABLE / REMOTE_G2 (every key with
  * opportunistic_query), deliver and fetch pull them from the source, and
- * eager_ctrl_connect publishes this instance to the source at once. */
+ * eager_ctrl_connect publishes this instance to the source at once. A
+ * source this instance may not talk to (CURVE: no key or a key not
+ * allowed; plaintext: a keyed endpoint) is refused with KVCR_EINVAL.
+ * KVCR_ELIMIT: the text is longer than limits.max_hint_bytes, or a new
+ * request_id would keep more than limits.max_hinted_requests. */
 int kvcr_submit_hint(kvcr_t *kv, const char *request_id, const char *json, size_t len);
 /* Forgets the request's hint; an unknown request_id is not an error. */
 int kvcr_discard_hint(kvcr_t *kv, const char *request_id);
@@ -271,7 +334,8 @@ int kvcr_pin_complete(kvcr_t *kv, uint64_t req, uint64_t pin, const kvcr_block *
                       size_t n);
 
 /* "tcp://<advertise_host>:<port>" of this instance's control channel (the
- * port chosen when control_port was 0), or NULL without the remote tier. */
+ * port chosen when control_port was 0), followed by "#curve=<public key>"
+ * with CURVE, or NULL without the remote tier. */
 const char *kvcr_control_endpoint(const kvcr_t *kv);
 
 /* The interval's telemetry (see kvcr/stats.h). *out is NULL when telemetry

@@ -7,6 +7,8 @@
  *   kvcr_duration_seconds{scope,result}  histogram, seconds
  *   kvcr_transfer_bytes{operation}       counter
  *   kvcr_transfer_blocks{operation}      counter
+ *   kvcr_limit_refusals{limit}           counter (KVCR's own: requests refused at a
+ *                                        kvcr_limits bound, by the limit's name)
  *   kvcr_state{resource}                 gauge */
 #ifndef KVCR_STATS_H
 #define KVCR_STATS_H
@@ -22,6 +24,7 @@ extern "C" {
 #define KVCR_TRANSFER_BYTES_METRIC "kvcr_transfer_bytes"
 #define KVCR_TRANSFER_BLOCKS_METRIC "kvcr_transfer_blocks"
 #define KVCR_STATE_METRIC "kvcr_state"
+#define KVCR_LIMIT_REFUSALS_METRIC "kvcr_limit_refusals"
 
 /* Upper bounds (seconds) of the duration histogram's buckets; +Inf is
  * implicit. */
@@ -34,8 +37,10 @@ typedef struct kvcr_gauge {
 } kvcr_gauge;
 
 typedef struct kvcr_counter {
-    const char *name;      /* KVCR_TRANSFER_BYTES_METRIC or _BLOCKS_ */
-    const char *operation; /* the scope: "local_fill", "local_deliver", ... */
+    const char *name;      /* KVCR_TRANSFER_BYTES_METRIC, _BLOCKS_ or KVCR_LIMIT_REFUSALS_METRIC */
+    const char *operation; /* the scope: "local_fill", "local_deliver", ...; for
+                            * KVCR_LIMIT_REFUSALS_METRIC the limit ("source_writes_per_peer",
+                            * rendered as the label limit) */
     double value;
 } kvcr_counter;
 

@@ -101,7 +101,9 @@ typedef enum kvcr_reason {
     KVCR_REASON_NO_LOCAL_DRAM,   /* the operation needs KVCR DRAM */
     KVCR_REASON_CLOSED,          /* the instance closed first */
     KVCR_REASON_POLICY,          /* the policy declined a required admission */
-    KVCR_REASON_CORRUPT          /* a stored block failed its checksum or key check */
+    KVCR_REASON_CORRUPT,         /* a stored block failed its checksum or key check */
+    KVCR_REASON_SOURCE_BUSY      /* the peer refused the pull at one of its limits
+                                  * (kvcr_limits): nothing was written */
 } kvcr_reason;
 
 const char *kvcr_entry_status_name(kvcr_entry_status status);

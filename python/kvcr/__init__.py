@@ -47,7 +47,7 @@ from .api import (DURATION_METRIC, KVCR, STATE_METRIC, TRANSFER_BLOCKS_METRIC,
                   TRANSFER_BYTES_METRIC, KVCRBindings)
 from .config import (FRAMEWORK_MEMORY_TYPES, FrameworkControl, FrameworkDramInput, G3Options,
                      InventorySink, KeyAdapter, KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig,
-                     LocalDramOptions, RemoteFWDramOptions, TelemetryStats)
+                     KVCRLimits, LocalDramOptions, RemoteFWDramOptions, TelemetryStats)
 from .control_channels import (KVCRGuardProtocolError, KVCRMsgFramingError, KVCRServiceError,
                                KVCRSocketError, ZmqPeerControlChannel)
 from .hints import ROUTER_HINT_CAPABILITIES, ROUTER_HINT_KEY
@@ -67,7 +67,7 @@ __all__ = [
     # kvcr.config
     "KVCRConfig", "KVCRBackendConfigs", "LocalDramOptions", "G3Options", "RemoteFWDramOptions",
     "KVCRGuardConfig", "KeyAdapter", "FrameworkDramInput", "FrameworkControl", "TelemetryStats",
-    "InventorySink", "FRAMEWORK_MEMORY_TYPES",
+    "InventorySink", "FRAMEWORK_MEMORY_TYPES", "KVCRLimits",
     # kvcr.types
     "BlockKey", "RegionDescriptor", "MemoryRef", "QueryStatus", "CacheTier", "InventoryEvent",
     "OpHandle", "OpEntryStatus", "OpEntryResult", "OpResult", "PinHandle", "PinRequestId",

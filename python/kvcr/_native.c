@@ -595,26 +595,48 @@ static int parse_g3(PyObject *g3, kvcr_g3_options *out, const char ***paths, PyO
     return 0;
 }
 
+/* CURVE keys: None (off) or (secret, public or None, allowed keys). The
+ * keys themselves are checked by libkvcr, whose message the caller sees. */
+static int parse_curve(PyObject *curve, kvcr_curve_options *out, const char ***keys,
+                       PyObject *keep)
+{
+    if (curve == Py_None) return 0;
+    PyObject *secret, *pub, *allowed;
+    if (!PyArg_ParseTuple(curve, "OOO!", &secret, &pub, &PyTuple_Type, &allowed)) return -1;
+    size_t n = (size_t)PyTuple_GET_SIZE(allowed);
+    if ((*keys = alloc_n(n, sizeof **keys)) == NULL) return -1;
+    for (size_t i = 0; i < n; i++)
+        if (((*keys)[i] = str_of(PyTuple_GET_ITEM(allowed, (Py_ssize_t)i), keep,
+                                 "curve allowed key")) == NULL)
+            return -1;
+    if ((out->secret_key = str_of(secret, keep, "curve secret key")) == NULL ||
+        (pub != Py_None && (out->public_key = str_of(pub, keep, "curve public key")) == NULL))
+        return -1;
+    out->allowed_keys = *keys;
+    out->n_allowed_keys = n;
+    return 0;
+}
+
 static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"agent_name", "pool_layouts", "local_dram", "local_backend",
                             "regions", "operation_timeout_ms", "abandon_timeout_ms",
                             "watermark_percent", "telemetry", "copy_threads", "policy",
                             "inventory", "capacity", "log", "make_entry", "remote", "key_hash",
-                            "pins", "resilience", "g3", "guard", NULL};
+                            "pins", "resilience", "g3", "guard", "limits", NULL};
     const char *agent, *backend;
     PyObject *layouts, *dram, *regions, *policy, *inventory, *capacity, *log, *make_entry;
     PyObject *remote = Py_None, *key_hash = Py_None, *pins = Py_None, *resilience = Py_None;
-    PyObject *g3 = Py_None, *guard = Py_None;
+    PyObject *g3 = Py_None, *guard = Py_None, *limits = Py_None;
     unsigned int op_ms, abandon_ms, threads;
     double watermark;
     int telemetry;
     if (!ready() ||
-        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOOOO", names, &agent,
+        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOOOOO", names, &agent,
                                      &layouts, &dram, &backend, &regions, &op_ms, &abandon_ms,
                                      &watermark, &telemetry, &threads, &policy, &inventory,
                                      &capacity, &log, &make_entry, &remote, &key_hash, &pins,
-                                     &resilience, &g3, &guard))
+                                     &resilience, &g3, &guard, &limits))
         return -1;
     if (self->kv != NULL || self->make_entry != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "instance already initialised");
@@ -633,7 +655,7 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     kvcr_pool_layout *pl = NULL;
     kvcr_dram_pool *dp = NULL;
     kvcr_region *rg = NULL;
-    const char **g3_paths = NULL;
+    const char **g3_paths = NULL, **curve_keys = NULL;
     size_t n_pl = 0, n_dp = 0, n_rg = 0;
     int rc = -1;
     if (keep == NULL || parse_layouts(layouts, &pl, &n_pl, keep) ||
@@ -655,12 +677,13 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     cfg.enable_telemetry = telemetry != 0;
     cfg.copy_threads = threads;
     if (remote != Py_None) {
-        /* (eager, opportunistic, retry_ms, backend, host, port, advertise) */
+        /* (eager, opportunistic, retry_ms, backend, host, port, advertise, curve) */
         int eager, opportunistic;
         unsigned int retry_ms, port;
-        PyObject *rb, *host, *adv;
-        if (!PyArg_ParseTuple(remote, "ppIOOIO", &eager, &opportunistic, &retry_ms, &rb, &host,
-                              &port, &adv))
+        PyObject *rb, *host, *adv, *curve;
+        if (!PyArg_ParseTuple(remote, "ppIOOIOO", &eager, &opportunistic, &retry_ms, &rb, &host,
+                              &port, &adv, &curve) ||
+            parse_curve(curve, &cfg.remote.curve, &curve_keys, keep) != 0)
             goto out;
         if (port > 65535) {
             PyErr_SetString(PyExc_ValueError, "control port must be between 1 and 65535");
@@ -686,6 +709,15 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
             (cfg.guard.compatibility_digest = str_of(digest, keep, "guard digest")) == NULL)
             goto out;
         cfg.guard.guard_index = index;
+    }
+    /* limits: the seven kvcr_limits fields in their C order (libkvcr checks the ranges) */
+    if (limits != Py_None) {
+        kvcr_limits *l = &cfg.limits;
+        if (!PyArg_ParseTuple(limits, "IIIIIII", &l->max_source_writes_per_peer,
+                              &l->max_source_writes, &l->max_pin_requests,
+                              &l->max_control_message_bytes, &l->max_hint_bytes,
+                              &l->max_hinted_requests, &l->max_unpolled_operations))
+            goto out;
     }
     if (set_policy(self, policy, &cfg) != 0) goto out;
     self->make_entry = Py_NewRef(make_entry);
@@ -731,6 +763,7 @@ out:
     free(dp);
     free(rg);
     free(g3_paths);
+    free(curve_keys);
     Py_XDECREF(keep);
     return rc;
 }
@@ -1584,17 +1617,27 @@ PyMODINIT_FUNC PyInit__native(void)
     kvcr_config defaults; /* libkvcr's defaults of the G3 extras (kvcr.config.G3Options) */
     kvcr_config_init(&defaults);
     PyObject *staging = PyLong_FromUnsignedLongLong(defaults.g3.max_staging_bytes);
+    const kvcr_limits *dl = &defaults.limits; /* kvcr.config.KVCRLimits' defaults */
+    PyObject *limits = Py_BuildValue(
+        "{sIsIsIsIsIsIsI}", "max_source_writes_per_peer", dl->max_source_writes_per_peer,
+        "max_source_writes", dl->max_source_writes, "max_pin_requests", dl->max_pin_requests,
+        "max_control_message_bytes", dl->max_control_message_bytes, "max_hint_bytes",
+        dl->max_hint_bytes, "max_hinted_requests", dl->max_hinted_requests,
+        "max_unpolled_operations", dl->max_unpolled_operations);
     Py_INCREF(&InstanceType);
-    if (staging == NULL ||
+    if (staging == NULL || limits == NULL ||
+        PyModule_AddObjectRef(m, "LIMIT_DEFAULTS", limits) != 0 ||
         PyModule_AddObject(m, "Instance", (PyObject *)&InstanceType) != 0 ||
         PyModule_AddStringConstant(m, "LIBRARY_VERSION", kvcr_version_string()) != 0 ||
         PyModule_AddIntConstant(m, "NO_EVICT", KVCR_NO_EVICT) != 0 ||
         PyModule_AddIntConstant(m, "G3_QUEUE_DEPTH", (long)defaults.g3.queue_depth) != 0 ||
         PyModule_AddObjectRef(m, "G3_MAX_STAGING_BYTES", staging) != 0) {
         Py_XDECREF(staging);
+        Py_XDECREF(limits);
         Py_DECREF(m);
         return NULL;
     }
     Py_DECREF(staging);
+    Py_DECREF(limits);
     return m;
 }

@@ -542,7 +542,8 @@ class KVCR:
             control = bindings.framework_control
             if (isinstance(control, ZmqPeerControlChannel) and control.bind_port == 0
                     and self._endpoint is not None):
-                control._bound(int(self._endpoint.rpartition(":")[2]))
+                # "tcp://host:port", then "#curve=<key>" with CURVE ('#' is never in a host)
+                control._bound(int(self._endpoint.partition("#")[0].rpartition(":")[2]))
             g3 = backend_configs.g3
             if g3 is not None and g3.backend_options:
                 logger.warning("KVCR G3 backend_options %s are ignored: libkvcr serves G3 "
@@ -614,8 +615,12 @@ class KVCR:
                     bindings.on_resilience_event):
                 raise TypeError("on_resilience_event must be callable or None")
             opts = backends.remote_fw_dram
+            curve = None
+            if opts.curve_secret_key is not None:
+                curve = (opts.curve_secret_key, opts.curve_public_key,
+                         tuple(opts.curve_allowed_keys))
             remote = (bool(opts.eager_ctrl_connect), bool(opts.opportunistic_query),
-                      opts.metadata_retry_interval_ms, opts.backend, host, port, advertise)
+                      opts.metadata_retry_interval_ms, opts.backend, host, port, advertise, curve)
         # Everything below is valid but needs a part that is not built.
         if backends.framework_dram is not None:
             raise NotImplementedError(
@@ -631,6 +636,7 @@ class KVCR:
             operation_timeout_ms=config.operation_timeout_ms,
             abandon_timeout_ms=config.abandon_timeout_ms,
             copy_threads=config.copy_threads,
+            limits=config.limits.as_tuple(),
             remote=remote,
             g3=g3_args,
             guard=guard_args,
@@ -650,7 +656,8 @@ class KVCR:
     def control_endpoint(self) -> Optional[str]:
         """"tcp://<advertise host>:<port>" of the control channel libkvcr
         bound (the port it chose when the channel asked for port 0): what
-        peers and router hints name as this instance's source. None without
+        peers and router hints name as this instance's source, followed by
+        "#curve=<public key>" with CURVE (pass it on unchanged). None without
         a framework_control."""
         return self._endpoint
 

@@ -33,6 +33,42 @@ class KVCRConfig:
     nixl_listen_port: Optional[int] = None
     # Not in the reference: libkvcr's copy threads (1..64).
     copy_threads: int = 2
+    # Not in the reference: libkvcr's resource limits (see KVCRLimits).
+    limits: "KVCRLimits" = field(default_factory=lambda: KVCRLimits())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KVCRLimits:
+    """Not in the reference: libkvcr's bounds (kvcr_limits), so that a
+    flooding peer or a caller that stops polling meets a clear refusal
+    instead of exhausting memory; defaults from libkvcr, ranges checked by
+    libkvcr (ValueError naming the limit).
+
+    `max_source_writes_per_peer` / `max_source_writes` — a peer's pull over
+    either is refused (its entries fail with reason "SOURCE_BUSY", nothing
+    is written); `max_pin_requests` — pending request_pin calls, beyond which
+    a peer's pull that needs a pin is refused the same way;
+    `max_control_message_bytes` — larger control messages are never
+    received; `max_hint_bytes` / `max_hinted_requests` — submit_hint refuses
+    a longer hint or one more kept request; `max_unpolled_operations` —
+    deposit/deliver/fetch are refused while that many operations are
+    pending or completed and not yet collected by poll_completed (no
+    completion is ever dropped). Refusals raise RuntimeError with libkvcr's
+    message and are counted in telemetry (kvcr_limit_refusals{limit})."""
+
+    max_source_writes_per_peer: int = _native.LIMIT_DEFAULTS["max_source_writes_per_peer"]
+    max_source_writes: int = _native.LIMIT_DEFAULTS["max_source_writes"]
+    max_pin_requests: int = _native.LIMIT_DEFAULTS["max_pin_requests"]
+    max_control_message_bytes: int = _native.LIMIT_DEFAULTS["max_control_message_bytes"]
+    max_hint_bytes: int = _native.LIMIT_DEFAULTS["max_hint_bytes"]
+    max_hinted_requests: int = _native.LIMIT_DEFAULTS["max_hinted_requests"]
+    max_unpolled_operations: int = _native.LIMIT_DEFAULTS["max_unpolled_operations"]
+
+    def as_tuple(self) -> tuple:
+        """The fields in kvcr_limits' order, as kvcr._native takes them."""
+        return (self.max_source_writes_per_peer, self.max_source_writes, self.max_pin_requests,
+                self.max_control_message_bytes, self.max_hint_bytes, self.max_hinted_requests,
+                self.max_unpolled_operations)
 
 
 @dataclass(frozen=True)
@@ -43,10 +79,21 @@ class LocalDramOptions:
 
 @dataclass(frozen=True)
 class RemoteFWDramOptions:
+    """Not in the reference: `curve_secret_key` turns CURVE on for the
+    control channel (libkvcr's kvcr_curve_options; keys are 40-character
+    Z85 strings, `kvcr keygen` prints a pair). `curve_public_key` may be left
+    None (derived); `curve_allowed_keys` lists the peers' public keys. The
+    control endpoint then ends in "#curve=<public key>", and only listed
+    peers are talked to. libkvcr checks the keys (ValueError with its
+    reason)."""
+
     eager_ctrl_connect: bool = True
     opportunistic_query: bool = False
     metadata_retry_interval_ms: int = 100
     backend: str = "UCX"
+    curve_secret_key: Optional[str] = None
+    curve_public_key: Optional[str] = None
+    curve_allowed_keys: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +236,12 @@ def check_config(config: KVCRConfig) -> None:
         raise ValueError("nixl_listen_port must be between 1 and 65535")
     if not _is_int(config.copy_threads) or not 1 <= config.copy_threads <= 64:
         raise ValueError("copy_threads must be between 1 and 64")
+    limits = config.limits
+    if not isinstance(limits, KVCRLimits):
+        raise TypeError("limits must be a KVCRLimits")
+    for name, value in zip(KVCRLimits.__slots__, limits.as_tuple()):
+        if not _is_int(value) or not 0 <= value <= _U32_MAX:  # ranges: libkvcr's message
+            raise ValueError(f"limits.{name} must be an int of 0..{_U32_MAX}")
 
 
 def check_local_dram(local: LocalDramOptions, layouts: list) -> list:
@@ -272,6 +325,14 @@ def check_remote(remote: RemoteFWDramOptions) -> None:
         raise ValueError(f"metadata_retry_interval_ms must be at most {_U32_MAX}")
     if not isinstance(remote.backend, str) or not remote.backend:
         raise ValueError("remote framework DRAM NIXL backend must be non-empty")
+    for name in ("curve_secret_key", "curve_public_key"):
+        if not isinstance(getattr(remote, name), (str, type(None))):
+            raise TypeError(f"{name} must be a str (Z85) or None")
+    allowed = remote.curve_allowed_keys
+    if isinstance(allowed, (str, bytes)) or not all(isinstance(k, str) for k in allowed):
+        raise TypeError("curve_allowed_keys must be a sequence of str (Z85 public keys)")
+    if remote.curve_secret_key is None and (remote.curve_public_key is not None or allowed):
+        raise ValueError("curve_public_key or curve_allowed_keys given without curve_secret_key")
 
 
 def control_endpoint(control: Any) -> Tuple[str, int, str]:

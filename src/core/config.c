@@ -1,10 +1,17 @@
 #include "core/config.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
+#include "net/json.h"
+#include "net/wire.h"
 #include "util/api.h"
+
+_Static_assert(KVCR_MAX_CONTROL_MESSAGE == WIRE_MAX_MESSAGE, "the public bound is the decoder's");
+_Static_assert(KVCR_MAX_HINT_TEXT == JSON_MAX_TEXT, "the public bound is the JSON reader's");
 
 KVCR_API void kvcr_config_init(kvcr_config *cfg)
 {
@@ -20,6 +27,15 @@ KVCR_API void kvcr_config_init(kvcr_config *cfg)
     cfg->operation_timeout_ms = 1000;
     cfg->abandon_timeout_ms = 5000;
     cfg->copy_threads = 2;
+    cfg->limits = (kvcr_limits){
+        .max_source_writes_per_peer = 64,
+        .max_source_writes = 1024,
+        .max_pin_requests = 1024,
+        .max_control_message_bytes = KVCR_MAX_CONTROL_MESSAGE,
+        .max_hint_bytes = 1u << 20,
+        .max_hinted_requests = 65536,
+        .max_unpolled_operations = 65536,
+    };
 }
 
 static bool name_ok(const char *s)
@@ -70,6 +86,38 @@ static int check_scalars(const kvcr_config *cfg)
     return 0;
 }
 
+/* Each limit within its range; the ranges keep every product of a limit
+ * and a per-item size far from overflow. */
+static int check_limits(const kvcr_limits *l)
+{
+    static const struct {
+        size_t off;
+        const char *name;
+        uint32_t lo, hi;
+    } rules[] = {
+        {offsetof(kvcr_limits, max_source_writes), "max_source_writes", 1, 1u << 20},
+        {offsetof(kvcr_limits, max_pin_requests), "max_pin_requests", 1, 1u << 20},
+        {offsetof(kvcr_limits, max_control_message_bytes), "max_control_message_bytes", 4096,
+         KVCR_MAX_CONTROL_MESSAGE},
+        {offsetof(kvcr_limits, max_hint_bytes), "max_hint_bytes", 64, KVCR_MAX_HINT_TEXT},
+        {offsetof(kvcr_limits, max_hinted_requests), "max_hinted_requests", 1, 1u << 24},
+        {offsetof(kvcr_limits, max_unpolled_operations), "max_unpolled_operations", 1, 1u << 24},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        uint32_t v;
+        memcpy(&v, (const char *)l + rules[i].off, sizeof v);
+        if (v < rules[i].lo || v > rules[i].hi)
+            return kvcr_fail(KVCR_EINVAL, "limits.%s must be between %u and %u (got %u)",
+                             rules[i].name, rules[i].lo, rules[i].hi, v);
+    }
+    if (l->max_source_writes_per_peer < 1 || l->max_source_writes_per_peer > l->max_source_writes)
+        return kvcr_fail(KVCR_EINVAL,
+                         "limits.max_source_writes_per_peer must be between 1 and "
+                         "limits.max_source_writes (%u) (got %u)",
+                         l->max_source_writes, l->max_source_writes_per_peer);
+    return 0;
+}
+
 /* The tier values a policy needs but the configuration lacks, sorted by
  * value as the reference's message does ("DRAM, G3"). */
 static int check_policy(const kvcr_config *cfg, const kvcr_policy_ops *p)
@@ -113,9 +161,77 @@ static int check_g3(const kvcr_config *cfg)
     return 0;
 }
 
+/* A Z85 key: 40 characters that decode to 32 bytes. */
+static bool z85_key_ok(const char *k)
+{
+    uint8_t raw[32];
+    return k != NULL && strnlen(k, KVCR_CURVE_KEY_LEN + 1) == KVCR_CURVE_KEY_LEN &&
+           zmq_z85_decode(raw, k) != NULL;
+}
+
+/* The secret key is never quoted in a message; public keys may be. */
+static int check_curve(const kvcr_curve_options *k)
+{
+    if (k->secret_key == NULL) {
+        if (k->public_key != NULL || k->n_allowed_keys != 0 || k->allowed_keys != NULL)
+            return kvcr_fail(KVCR_EINVAL, "remote curve: public_key or allowed_keys given without "
+                                          "secret_key (CURVE is on only with a secret key)");
+        return 0;
+    }
+    if (!zmq_has("curve"))
+        return kvcr_fail(KVCR_ENOTSUP, "remote curve requested, but this libzmq was built "
+                                       "without CURVE support (libsodium)");
+    if (!z85_key_ok(k->secret_key))
+        return kvcr_fail(KVCR_EINVAL, "remote curve secret_key is not a Z85 key (%d characters)",
+                         KVCR_CURVE_KEY_LEN);
+    char derived[KVCR_CURVE_KEY_LEN + 1];
+    if (zmq_curve_public(derived, k->secret_key) != 0)
+        return kvcr_fail(KVCR_EINVAL, "remote curve secret_key: zmq_curve_public failed");
+    if (k->public_key != NULL && !z85_key_ok(k->public_key))
+        return kvcr_fail(KVCR_EINVAL, "remote curve public_key '%.48s' is not a Z85 key (%d "
+                         "characters)", k->public_key, KVCR_CURVE_KEY_LEN);
+    if (k->public_key != NULL && strcmp(k->public_key, derived) != 0)
+        return kvcr_fail(KVCR_EINVAL, "remote curve public_key %s does not belong to secret_key "
+                         "(its public key is %s)", k->public_key, derived);
+    if (k->n_allowed_keys == 0 || k->allowed_keys == NULL)
+        return kvcr_fail(KVCR_EINVAL, "remote curve allowed_keys must list at least one peer "
+                                      "public key when CURVE is on");
+    if (k->n_allowed_keys > KVCR_CURVE_MAX_KEYS)
+        return kvcr_fail(KVCR_EINVAL, "remote curve allowed_keys has %zu keys, at most %d",
+                         k->n_allowed_keys, KVCR_CURVE_MAX_KEYS);
+    for (size_t i = 0; i < k->n_allowed_keys; i++)
+        if (!z85_key_ok(k->allowed_keys[i]))
+            return kvcr_fail(KVCR_EINVAL, "remote curve allowed_keys[%zu] '%.48s' is not a Z85 "
+                             "key (%d characters)", i, k->allowed_keys[i] ? k->allowed_keys[i] : "(null)",
+                             KVCR_CURVE_KEY_LEN);
+    return 0;
+}
+
+/* Owned copies of the keys (checked), pointed to by out->remote.curve. */
+static int copy_curve(const kvcr_curve_options *k, kvcr_conf *out)
+{
+    if (k->secret_key == NULL) return 0;
+    size_t n = k->n_allowed_keys, w = KVCR_CURVE_KEY_LEN + 1;
+    out->curve_keys = malloc(n * w);
+    out->curve_allowed = calloc(n, sizeof *out->curve_allowed);
+    if (out->curve_keys == NULL || out->curve_allowed == NULL)
+        return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        memcpy(out->curve_keys + i * w, k->allowed_keys[i], w);
+        out->curve_allowed[i] = out->curve_keys + i * w;
+    }
+    memcpy(out->curve_secret, k->secret_key, w);
+    zmq_curve_public(out->curve_public, k->secret_key);
+    out->remote.curve = (kvcr_curve_options){out->curve_secret, out->curve_public,
+                                             out->curve_allowed, n};
+    return 0;
+}
+
 static int check_remote(const kvcr_remote_options *r)
 {
     if (!r->enabled) return 0;
+    int rc = check_curve(&r->curve);
+    if (rc != 0) return rc;
     if (r->metadata_retry_interval_ms == 0)
         return kvcr_fail(KVCR_EINVAL, "metadata_retry_interval_ms must be positive");
     if (r->backend == NULL || r->backend[0] == '\0')
@@ -333,6 +449,7 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
                          KVCR_NAME_MAX);
     int rc = check_pool_layouts(cfg);
     if (rc == 0) rc = check_scalars(cfg);
+    if (rc == 0) rc = check_limits(&cfg->limits);
     /* The default policy spills to G3 when there is one. */
     const kvcr_policy_ops *policy =
         cfg->policy ? cfg->policy : kvcr_policy_builtin(cfg->g3.n_paths ? "g3_lru" : "lru");
@@ -371,12 +488,19 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
         out->remote.control_host = out->control_host;
         out->remote.advertise_host = out->advertise_host;
         out->remote.backend = "UCX";
+        if ((rc = copy_curve(&cfg->remote.curve, out)) != 0) {
+            conf_destroy(out);
+            return rc;
+        }
+    } else {
+        out->remote.curve = (kvcr_curve_options){0};
     }
     out->operation_timeout_ms = cfg->operation_timeout_ms;
     out->abandon_timeout_ms = cfg->abandon_timeout_ms;
     out->watermark_percent = cfg->capacity_low_watermark_percent;
     out->enable_telemetry = cfg->enable_telemetry;
     out->copy_threads = cfg->copy_threads;
+    out->limits = cfg->limits;
     out->policy = policy;
     out->policy_ud = cfg->policy ? cfg->policy_ud : NULL;
     out->cb = cfg->callbacks;
@@ -391,4 +515,8 @@ void conf_destroy(kvcr_conf *c)
     free(c->regions);
     c->regions = NULL;
     c->n_regions = 0;
+    free(c->curve_keys);
+    free(c->curve_allowed);
+    c->curve_keys = NULL;
+    c->curve_allowed = NULL;
 }

@@ -32,12 +32,18 @@ typedef struct kvcr_conf {
     size_t n_regions;
     kvcr_remote_options remote; /* strings point into the buffers below */
     char control_host[KVCR_NAME_MAX], advertise_host[KVCR_NAME_MAX];
+    /* remote.curve's keys, copied (curve_keys: the allowed ones, each
+     * KVCR_CURVE_KEY_LEN + 1 bytes, pointed to by curve_allowed) */
+    char curve_secret[KVCR_CURVE_KEY_LEN + 1], curve_public[KVCR_CURVE_KEY_LEN + 1];
+    char *curve_keys;
+    const char **curve_allowed;
     kvcr_g3_options g3;      /* paths copied into g3_paths; n_paths 0: no G3 */
     char **g3_paths;
     uint32_t operation_timeout_ms, abandon_timeout_ms;
     double watermark_percent;
     bool enable_telemetry;
     uint32_t copy_threads;
+    kvcr_limits limits;
     const kvcr_policy_ops *policy;
     void *policy_ud;
     kvcr_callbacks cb;

@@ -173,6 +173,9 @@ static int precheck_claimed(const kvcr_config *cfg)
 {
     int rc = svc_check_guard(cfg);
     if (rc != 0) return rc;
+    if (cfg->remote.enabled && cfg->remote.curve.secret_key != NULL)
+        return kvcr_fail(KVCR_ENOTSUP, "remote curve with guard mode is not built: the Guard "
+                                       "would serve this endpoint without the engine's keys");
     kvcr_dram_pool pools[KVCR_MAX_POOLS];
     uintptr_t at = UINTPTR_MAX / 2;
     for (size_t i = 0; i < cfg->n_pool_layouts; i++) {
@@ -394,6 +397,14 @@ KVCR_API int kvcr_submit_hint(kvcr_t *kv, const char *request_id, const char *js
 {
     GUARD(kv);
     if (json == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_submit_hint: json must not be NULL");
+    const kvcr_limits *lim = &kv->conf.limits;
+    if (len > lim->max_hint_bytes) { /* refused before the text is read at all */
+        instance_lock(kv);
+        if (kv->telemetry) telemetry_refusal(kv->telemetry, "hint_bytes");
+        instance_unlock(kv);
+        return kvcr_fail(KVCR_ELIMIT, "kvcr_submit_hint: the hint has %zu bytes, over "
+                         "limits.max_hint_bytes (%u)", len, lim->max_hint_bytes);
+    }
     hint h;
     int rc = hint_parse(json, len, &kv->log, &h); /* no lock: parsing touches no state */
     if (rc != 0) {
@@ -402,6 +413,15 @@ KVCR_API int kvcr_submit_hint(kvcr_t *kv, const char *request_id, const char *js
     }
     instance_lock(kv);
     rc = kv->closed ? kvcr_fail(KVCR_ECLOSED, "the instance is closed") : 0;
+    /* A kept request may always be replaced; a new one needs room. */
+    if (rc == 0 && request_id != NULL && kv->hints.count >= lim->max_hinted_requests &&
+        hint_table_find(&kv->hints, request_id) == NULL) {
+        if (kv->telemetry) telemetry_refusal(kv->telemetry, "hinted_requests");
+        rc = kvcr_fail(KVCR_ELIMIT, "kvcr_submit_hint: limits.max_hinted_requests (%u) "
+                       "requests are kept; discard finished ones (kvcr_discard_hint)",
+                       lim->max_hinted_requests);
+    }
+    if (rc == 0) rc = remote_check_source(kv, h.source); /* CURVE: a source we may talk to */
     if (rc == 0) remote_hint_source(kv, h.source); /* eager metadata, if on */
     if (rc == 0 && request_id != NULL)
         rc = hint_table_submit(&kv->hints, request_id, &h, kvcr_now_ns());
@@ -543,7 +563,7 @@ KVCR_API int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out)
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_stats_take: out must not be NULL");
     *out = NULL;
     if (kv->telemetry == NULL) return 0;
-    size_t cap = 11 + 8 * (1 + (size_t)kv->conf.n_pools);
+    size_t cap = 19 + 8 * (1 + (size_t)kv->conf.n_pools);
     gauge_set s = {calloc(cap, sizeof *s.g), calloc(cap, sizeof *s.names), 0};
     int rc = s.g && s.names ? 0 : kvcr_fail(KVCR_ENOMEM, "out of memory");
     instance_lock(kv);
@@ -557,6 +577,18 @@ KVCR_API int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out)
         gauge_add(&s, "", "pinned_keys", pinned);
         gauge_add(&s, "", "connected_remotes", peers);
         gauge_add(&s, "", "completed", (double)kv->n_done);
+        double serving, serving_max, held, fences, pin_reqs;
+        remote_limit_gauges(kv, &serving, &serving_max, &held, &fences, &pin_reqs);
+        gauge_add(&s, "", "source_writes_in_flight", serving);
+        gauge_add(&s, "", "source_writes_in_flight_max", serving_max);
+        gauge_add(&s, "", "source_writes_held", held);
+        gauge_add(&s, "", "source_write_fences", fences);
+        gauge_add(&s, "", "pin_requests_pending", pin_reqs);
+        gauge_add(&s, "", "hinted_requests", (double)kv->hints.count);
+        double refused_conns = 0, refused_msgs = 0;
+        remote_refused(kv, &refused_conns, &refused_msgs);
+        gauge_add(&s, "", "control_auth_refused_connections", refused_conns);
+        gauge_add(&s, "", "control_auth_refused_messages", refused_msgs);
         if (kv->g3) {
             double total, free_, evictable, pending;
             g3_gauges(kv, &total, &free_, &evictable, &pending);

@@ -50,6 +50,7 @@ KVCR_API const char *kvcr_reason_name(kvcr_reason reason)
     case KVCR_REASON_CLOSED: return "CLOSED";
     case KVCR_REASON_POLICY: return "POLICY";
     case KVCR_REASON_CORRUPT: return "CORRUPT";
+    case KVCR_REASON_SOURCE_BUSY: return "SOURCE_BUSY";
     default: return "";
     }
 }

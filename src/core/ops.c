@@ -508,6 +508,18 @@ static int op_admit(kvcr_t *kv, op_rec *o, size_t claims)
         instance_unlock(kv);
         return kvcr_fail(KVCR_ECLOSED, "the instance is closed");
     }
+    /* Every admitted operation completes exactly once and waits in the
+     * queue until polled: bounding pending + uncollected bounds the queue
+     * without ever dropping a completion. */
+    uint32_t max_ops = kv->conf.limits.max_unpolled_operations;
+    if (kv->n_live + kv->n_done >= max_ops) {
+        if (kv->telemetry) telemetry_refusal(kv->telemetry, "unpolled_operations");
+        instance_unlock(kv);
+        return kvcr_fail(KVCR_ELIMIT,
+                         "limits.max_unpolled_operations (%u) reached: %llu operations are "
+                         "pending or completed and not yet collected; call kvcr_poll",
+                         max_ops, (unsigned long long)(kv->n_live + kv->n_done));
+    }
     if (index_reserve(&kv->index, o->n) != 0 || res_reserve_claims(kv, claims) != 0) {
         instance_unlock(kv);
         return kvcr_fail(KVCR_ENOMEM, "out of memory");

@@ -33,6 +33,11 @@ typedef struct transfer {
     uint64_t blocks, bytes;
 } transfer;
 
+typedef struct refusal {
+    const char *limit;
+    uint64_t count;
+} refusal;
+
 /* A raw observation names its histogram by index, so a snapshot can point
  * the observation's strings at that histogram's copies. */
 typedef struct raw_obs {
@@ -45,6 +50,8 @@ struct kvcr_telemetry {
     size_t n_hists, cap_hists;
     transfer *transfers;
     size_t n_transfers, cap_transfers;
+    refusal *refusals;
+    size_t n_refusals, cap_refusals;
     raw_obs *obs;
     size_t n_obs, cap_obs;
     uint64_t dropped;
@@ -60,6 +67,7 @@ void telemetry_free(kvcr_telemetry *t)
     if (t == NULL) return;
     free(t->hists);
     free(t->transfers);
+    free(t->refusals);
     free(t->obs);
     free(t);
 }
@@ -137,14 +145,29 @@ void telemetry_count(kvcr_telemetry *t, const char *operation, uint64_t blocks, 
     p[t->n_transfers++] = (transfer){operation, blocks, bytes};
 }
 
+void telemetry_refusal(kvcr_telemetry *t, const char *limit)
+{
+    for (size_t i = 0; i < t->n_refusals; i++)
+        if (same(t->refusals[i].limit, limit)) {
+            t->refusals[i].count++;
+            return;
+        }
+    refusal *p = grow(t->refusals, &t->cap_refusals, t->n_refusals, sizeof *p);
+    if (p == NULL) return; /* out of memory: this count is lost, nothing else */
+    t->refusals = p;
+    p[t->n_refusals++] = (refusal){limit, 1};
+}
+
 /* ---- snapshots ----------------------------------------------------------- */
 
 /* Bytes of string copies a snapshot needs: each distinct string once. */
 static size_t strings_size(const kvcr_telemetry *t, const kvcr_gauge *gauges, size_t n_gauges)
 {
-    size_t n = sizeof KVCR_TRANSFER_BLOCKS_METRIC + sizeof KVCR_TRANSFER_BYTES_METRIC;
+    size_t n = sizeof KVCR_TRANSFER_BLOCKS_METRIC + sizeof KVCR_TRANSFER_BYTES_METRIC +
+               sizeof KVCR_LIMIT_REFUSALS_METRIC;
     for (size_t i = 0; i < n_gauges; i++) n += strlen(gauges[i].resource) + 1;
     for (size_t i = 0; i < t->n_transfers; i++) n += strlen(t->transfers[i].operation) + 1;
+    for (size_t i = 0; i < t->n_refusals; i++) n += strlen(t->refusals[i].limit) + 1;
     for (size_t i = 0; i < t->n_hists; i++)
         n += strlen(t->hists[i].scope) + strlen(t->hists[i].result) + 2;
     return n;
@@ -174,6 +197,11 @@ static void copy_counters(const kvcr_telemetry *t, kvcr_counter *c, char **next)
         c[2 * i] = (kvcr_counter){blocks, op, (double)x->blocks};
         c[2 * i + 1] = (kvcr_counter){bytes, op, (double)x->bytes};
     }
+    const char *refused = keep_string(next, KVCR_LIMIT_REFUSALS_METRIC);
+    c += 2 * t->n_transfers;
+    for (size_t i = 0; i < t->n_refusals; i++)
+        c[i] = (kvcr_counter){refused, keep_string(next, t->refusals[i].limit),
+                              (double)t->refusals[i].count};
 }
 
 static void copy_histograms(const kvcr_telemetry *t, kvcr_histogram *h, char **next)
@@ -191,7 +219,7 @@ static void copy_histograms(const kvcr_telemetry *t, kvcr_histogram *h, char **n
 
 int telemetry_take(kvcr_telemetry *t, const kvcr_gauge *gauges, size_t n_gauges, kvcr_stats **out)
 {
-    size_t n_counters = 2 * t->n_transfers;
+    size_t n_counters = 2 * t->n_transfers + t->n_refusals;
     size_t off_g = align_up(sizeof(kvcr_stats), _Alignof(kvcr_gauge));
     size_t off_c = align_up(off_g + n_gauges * sizeof(kvcr_gauge), _Alignof(kvcr_counter));
     size_t off_h = align_up(off_c + n_counters * sizeof(kvcr_counter), _Alignof(kvcr_histogram));
@@ -218,7 +246,7 @@ int telemetry_take(kvcr_telemetry *t, const kvcr_gauge *gauges, size_t n_gauges,
     *s = (kvcr_stats){n_gauges, g, n_counters, c, t->n_hists, h, t->n_obs, o, t->dropped};
 
     /* A new interval; the arrays keep their capacity for it. */
-    t->n_hists = t->n_transfers = t->n_obs = 0;
+    t->n_hists = t->n_transfers = t->n_refusals = t->n_obs = 0;
     t->dropped = 0;
     *out = s;
     return 0;
@@ -305,8 +333,10 @@ static void render_gauges(FILE *f, const kvcr_stats *s)
     }
 }
 
-/* One counter family: the counters named name, under one header. */
-static void render_counters(FILE *f, const kvcr_stats *s, const char *name, const char *help)
+/* One counter family: the counters named name, under one header; the
+ * counter's operation is the value of the label `label`. */
+static void render_counters(FILE *f, const kvcr_stats *s, const char *name, const char *label,
+                            const char *help)
 {
     bool header = false;
     for (size_t i = 0; i < s->n_counters; i++) {
@@ -314,7 +344,7 @@ static void render_counters(FILE *f, const kvcr_stats *s, const char *name, cons
         if (!header) put_header(f, name, help, "counter");
         header = true;
         fprintf(f, "%s{", name);
-        put_label(f, "operation", s->counters[i].operation, true);
+        put_label(f, label, s->counters[i].operation, true);
         put_value(f, s->counters[i].value);
     }
 }
@@ -364,10 +394,12 @@ static int check_stats(const kvcr_stats *s)
         const kvcr_counter *c = &s->counters[i];
         if (c->name == NULL || c->operation == NULL ||
             (strcmp(c->name, KVCR_TRANSFER_BYTES_METRIC) != 0 &&
-             strcmp(c->name, KVCR_TRANSFER_BLOCKS_METRIC) != 0))
+             strcmp(c->name, KVCR_TRANSFER_BLOCKS_METRIC) != 0 &&
+             strcmp(c->name, KVCR_LIMIT_REFUSALS_METRIC) != 0))
             return kvcr_fail(KVCR_EINVAL,
                              RENDER "counters[%zu] needs an operation and the name "
-                             KVCR_TRANSFER_BYTES_METRIC " or " KVCR_TRANSFER_BLOCKS_METRIC, i);
+                             KVCR_TRANSFER_BYTES_METRIC ", " KVCR_TRANSFER_BLOCKS_METRIC
+                             " or " KVCR_LIMIT_REFUSALS_METRIC, i);
     }
     for (size_t i = 0; i < s->n_histograms; i++)
         if (s->histograms[i].scope == NULL || s->histograms[i].result == NULL)
@@ -386,8 +418,12 @@ KVCR_API int kvcr_stats_render_prometheus(const kvcr_stats *stats, char **text, 
     FILE *f = open_memstream(&buf, &size);
     if (f == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory rendering stats");
     render_gauges(f, stats);
-    render_counters(f, stats, KVCR_TRANSFER_BYTES_METRIC, "Bytes moved by KVCR transfers.");
-    render_counters(f, stats, KVCR_TRANSFER_BLOCKS_METRIC, "Blocks moved by KVCR transfers.");
+    render_counters(f, stats, KVCR_TRANSFER_BYTES_METRIC, "operation",
+                    "Bytes moved by KVCR transfers.");
+    render_counters(f, stats, KVCR_TRANSFER_BLOCKS_METRIC, "operation",
+                    "Blocks moved by KVCR transfers.");
+    render_counters(f, stats, KVCR_LIMIT_REFUSALS_METRIC, "limit",
+                    "Requests KVCR refused at a configured limit.");
     render_histograms(f, stats);
     /* A failed write (the stream could not grow) only sets the error flag. */
     bool failed = ferror(f) != 0;

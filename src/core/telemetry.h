@@ -22,6 +22,9 @@ void telemetry_observe(kvcr_telemetry *t, const char *scope, const char *result,
 /* Adds to kvcr_transfer_blocks{operation} and kvcr_transfer_bytes{operation}. */
 void telemetry_count(kvcr_telemetry *t, const char *operation, uint64_t blocks, uint64_t bytes);
 
+/* Adds one to kvcr_limit_refusals{limit}: a request refused at a limit. */
+void telemetry_refusal(kvcr_telemetry *t, const char *limit);
+
 /* Builds a snapshot of the interval plus the given gauges (copied), as one
  * allocation released by kvcr_stats_free(), then starts a new interval.
  * Returns 0 or KVCR_ENOMEM (the interval is then kept). */

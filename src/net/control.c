@@ -9,7 +9,19 @@
  * lost messages itself (write_probe), so dropping is always safe.
  *
  * Frames of a multipart message arrive as separate messages; each must then
- * decode on its own, which is no more than a sender could do anyway. */
+ * decode on its own, which is no more than a sender could do anyway.
+ *
+ * CURVE: libzmq consults the ZAP handler bound at inproc://zeromq.zap.01
+ * in the socket's own context, and admits every client when none is bound
+ * (libzmq 4.3 has ZMQ_ZAP_ENFORCE_DOMAIN only as a draft). So the handler
+ * is bound before the PULL socket and closed after it: no connection is
+ * ever admitted without it. Its requests wait in the REP socket until the
+ * progress thread answers them (ctl_serve_auth); libzmq holds the
+ * handshake meanwhile, so a slow answer delays a peer, never admits one.
+ * Refused connections are counted from the PULL socket's monitor, which
+ * reports every handshake that failed, also those that fail before ZAP is
+ * asked (a plaintext peer, one that dialled with another server key) and
+ * so are seen nowhere else; it is read in the same call. */
 #include "net/control.h"
 
 #include <errno.h>
@@ -27,6 +39,14 @@
 #define TCP "tcp://"
 /* The longest host that leaves room for "tcp://" and ":65535". */
 #define CTL_MAX_HOST (CTL_MAX_ENDPOINT - (sizeof TCP - 1) - 6)
+/* "#curve=" and the key, at the end of a keyed endpoint. */
+#define CTL_KEY_SUFFIX (sizeof CTL_CURVE_TAG - 1 + CTL_KEY_LEN)
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01" /* fixed by RFC 27 */
+#define ZAP_FRAMES 7                          /* a CURVE request: 6 + the client key */
+#define ZAP_WARN_MS 10000                     /* refusals are logged at most this often */
+#define MONITOR_ENDPOINT "inproc://kvcr-control-monitor" /* per context, as all inproc */
+
+typedef char z85_key[CTL_KEY_LEN + 1];
 
 #define CTL_DEBUG(c, ...)                                                  \
     do {                                                                   \
@@ -47,17 +67,52 @@ struct ctl_channel {
     size_t n_peers, cap_peers;
     uint64_t tick;
     char endpoint[CTL_MAX_ENDPOINT + 1];
+    /* CURVE (curve false: plaintext, the rest unused) */
+    bool curve;
+    z85_key secret, public;
+    z85_key *allowed;
+    size_t n_allowed;
+    void *zap;     /* the ZAP handler's REP socket */
+    int zap_fd;
+    void *monitor; /* PAIR: the PULL socket's failed handshakes */
+    uint64_t refused; /* handshakes that failed (monitor) */
+    kvcr_log_limit refuse_log;
 };
 
 /* ---- endpoint strings -------------------------------------------------------- */
 
-/* A host as ZeroMQ takes it: non-empty printable ASCII without spaces. */
+/* A host as ZeroMQ takes it: non-empty printable ASCII without spaces,
+ * and without '#', which would make a keyed endpoint ambiguous. */
 static bool host_ok(const char *h, size_t n)
 {
     if (n == 0) return false;
     for (size_t i = 0; i < n; i++)
-        if ((unsigned char)h[i] <= 0x20 || (unsigned char)h[i] >= 0x7f) return false;
+        if ((unsigned char)h[i] <= 0x20 || (unsigned char)h[i] >= 0x7f || h[i] == '#') return false;
     return true;
+}
+
+/* 40 characters that decode as Z85 (32 bytes). */
+static bool key_ok(const char *key)
+{
+    uint8_t raw[32];
+    return strlen(key) == CTL_KEY_LEN && zmq_z85_decode(raw, key) != NULL;
+}
+
+const char *ctl_endpoint_key(const char *endpoint)
+{
+    size_t n = endpoint ? strlen(endpoint) : 0;
+    if (n <= CTL_KEY_SUFFIX) return NULL;
+    const char *tag = endpoint + n - CTL_KEY_SUFFIX;
+    return strncmp(tag, CTL_CURVE_TAG, sizeof CTL_CURVE_TAG - 1) == 0 ? endpoint + n - CTL_KEY_LEN
+                                                                        : NULL;
+}
+
+/* The endpoint without its key: what ZeroMQ connects to. */
+static void endpoint_address(const char *endpoint, char *out, size_t cap)
+{
+    const char *key = ctl_endpoint_key(endpoint);
+    size_t n = key ? (size_t)(key - endpoint) - (sizeof CTL_CURVE_TAG - 1) : strlen(endpoint);
+    snprintf(out, cap, "%.*s", (int)n, endpoint);
 }
 
 /* 1..65535 in digits, no sign and no leading zero (so that one endpoint
@@ -79,17 +134,56 @@ int ctl_check_endpoint(const char *endpoint)
     if (endpoint == NULL) return kvcr_fail(KVCR_EINVAL, "control endpoint is NULL");
     if (strnlen(endpoint, CTL_MAX_ENDPOINT + 1) > CTL_MAX_ENDPOINT)
         return kvcr_fail(KVCR_EINVAL, "control endpoint longer than %d bytes", CTL_MAX_ENDPOINT);
-    bool ok = strncmp(endpoint, TCP, sizeof TCP - 1) == 0;
+    const char *key = ctl_endpoint_key(endpoint);
+    if (key != NULL && !key_ok(key))
+        return kvcr_fail(KVCR_EINVAL, "control endpoint '%s': the key after " CTL_CURVE_TAG
+                         " is not %d characters of Z85", endpoint, CTL_KEY_LEN);
+    char addr[CTL_MAX_ENDPOINT + 1];
+    endpoint_address(endpoint, addr, sizeof addr);
+    bool ok = strncmp(addr, TCP, sizeof TCP - 1) == 0;
     if (ok) {
-        const char *host = endpoint + sizeof TCP - 1, *colon = strrchr(host, ':');
+        const char *host = addr + sizeof TCP - 1, *colon = strrchr(host, ':');
         size_t n = colon ? (size_t)(colon - host) : 0;
         /* "*" is ZeroMQ's bind wildcard: nothing to connect to. */
         ok = colon && host_ok(host, n) && !(n == 1 && host[0] == '*') && port_ok(colon + 1);
     }
     if (!ok)
         return kvcr_fail(KVCR_EINVAL,
-                         "control endpoint '%s' is not tcp://host:port (port 1..65535)", endpoint);
+                         "control endpoint '%s' is not tcp://host:port (port 1..65535), "
+                         "optionally followed by " CTL_CURVE_TAG "<key>", endpoint);
     return 0;
+}
+
+static bool key_allowed(const ctl_channel *c, const char *key)
+{
+    for (size_t i = 0; i < c->n_allowed; i++)
+        if (strcmp(c->allowed[i], key) == 0) return true;
+    return false;
+}
+
+/* The mode and allow-list half of ctl_check_peer (endpoint well formed). */
+static int peer_allowed(const ctl_channel *c, const char *endpoint)
+{
+    const char *key = ctl_endpoint_key(endpoint);
+    if (!c->curve && key != NULL)
+        return kvcr_fail(KVCR_EINVAL,
+                         "control endpoint %s carries a CURVE key but CURVE is off here "
+                         "(refused rather than sent in plaintext)", endpoint);
+    if (c->curve && key == NULL)
+        return kvcr_fail(KVCR_EINVAL,
+                         "control endpoint %s has no CURVE key (" CTL_CURVE_TAG "<key>) and "
+                         "CURVE is on here: plaintext peers are refused", endpoint);
+    if (c->curve && !key_allowed(c, key))
+        return kvcr_fail(KVCR_EINVAL,
+                         "control endpoint %s: its CURVE key is not in this instance's "
+                         "allow-list (curve allowed_keys)", endpoint);
+    return 0;
+}
+
+int ctl_check_peer(const ctl_channel *c, const char *endpoint)
+{
+    int rc = ctl_check_endpoint(endpoint);
+    return rc != 0 ? rc : peer_allowed(c, endpoint);
 }
 
 /* ---- the peer table ------------------------------------------------------------ */
@@ -134,21 +228,40 @@ static int set_int(void *sock, int option, int value)
     return zmq_setsockopt(sock, option, &value, sizeof value);
 }
 
-/* A new PUSH socket connected to endpoint (already checked). ZMQ_IMMEDIATE
- * off: messages queue while the connection is being made, up to SNDHWM.
+/* A CURVE client socket: our key pair, and the server key the endpoint
+ * names (the handshake fails unless the server holds its secret key). */
+static int set_client_keys(const ctl_channel *c, void *s, const char *endpoint)
+{
+    if (!c->curve) return 0;
+    const char *server = ctl_endpoint_key(endpoint);
+    return zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server, CTL_KEY_LEN + 1) != 0 ||
+                   zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, c->public, CTL_KEY_LEN + 1) != 0 ||
+                   zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, c->secret, CTL_KEY_LEN + 1) != 0
+               ? -1
+               : 0;
+}
+
+/* A new PUSH socket connected to endpoint (its syntax checked; its mode
+ * and key are checked against the allow-list here, once: a socket in the
+ * table was admitted when it was made). ZMQ_IMMEDIATE off: messages queue
+ * while the connection is being made, up to SNDHWM.
  * Reconnects start after 10 ms, backing off to 1 s: with ZeroMQ's default
  * (100 ms, plus as much again at random) a peer whose process was replaced
  * at the same endpoint (a restart, a Guard taking over) heard nothing for
  * 100-200 ms, which was nearly all of the failover time. */
 static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
 {
-    int rc = room_for_peer(c);
+    int rc = peer_allowed(c, endpoint);
+    if (rc == 0) rc = room_for_peer(c);
     if (rc != 0) return rc;
     void *s = zmq_socket(c->ctx, ZMQ_PUSH);
     if (s == NULL) return kvcr_fail(KVCR_ESYS, "control socket: %s", zmq_strerror(errno));
+    char addr[CTL_MAX_ENDPOINT + 1];
+    endpoint_address(endpoint, addr, sizeof addr);
     if (set_int(s, ZMQ_LINGER, 0) != 0 || set_int(s, ZMQ_SNDHWM, CTL_SNDHWM) != 0 ||
         set_int(s, ZMQ_IMMEDIATE, 0) != 0 || set_int(s, ZMQ_RECONNECT_IVL, 10) != 0 ||
-        set_int(s, ZMQ_RECONNECT_IVL_MAX, 1000) != 0 || zmq_connect(s, endpoint) != 0) {
+        set_int(s, ZMQ_RECONNECT_IVL_MAX, 1000) != 0 || set_client_keys(c, s, endpoint) != 0 ||
+        zmq_connect(s, addr) != 0) {
         rc = kvcr_fail(KVCR_ESYS, "cannot connect to control endpoint %s: %s", endpoint,
                        zmq_strerror(errno));
         zmq_close(s);
@@ -224,7 +337,10 @@ static int bind_pull(ctl_channel *c, const char *host, uint16_t port, int *liste
     if (c->pull == NULL) return kvcr_fail(KVCR_ESYS, "control socket: %s", zmq_strerror(errno));
     if (set_int(c->pull, ZMQ_LINGER, 0) != 0 ||
         zmq_setsockopt(c->pull, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0 ||
-        (*listener >= 0 && set_int(c->pull, ZMQ_USE_FD, *listener) != 0))
+        (*listener >= 0 && set_int(c->pull, ZMQ_USE_FD, *listener) != 0) ||
+        (c->curve && (set_int(c->pull, ZMQ_CURVE_SERVER, 1) != 0 ||
+                      zmq_setsockopt(c->pull, ZMQ_CURVE_SECRETKEY, c->secret, CTL_KEY_LEN + 1) != 0 ||
+                      zmq_setsockopt(c->pull, ZMQ_ZAP_DOMAIN, "kvcr", 4) != 0)))
         return kvcr_fail(KVCR_ESYS, "control socket options: %s", zmq_strerror(errno));
     int adopted = *listener;
     *listener = -1; /* from here on ZeroMQ closes it */
@@ -241,16 +357,65 @@ static int bind_pull(ctl_channel *c, const char *host, uint16_t port, int *liste
     return 0;
 }
 
+/* Copies the keys and binds the ZAP handler (before the PULL socket: see
+ * the top of this file). */
+static int curve_setup(ctl_channel *c, const ctl_curve *k)
+{
+    if (k->secret_key == NULL || k->public_key == NULL || !key_ok(k->secret_key) ||
+        !key_ok(k->public_key) || k->n_allowed == 0 || k->allowed == NULL)
+        return kvcr_fail(KVCR_EINVAL, "control CURVE keys must be Z85 and the allow-list non-empty");
+    c->allowed = calloc(k->n_allowed, sizeof *c->allowed);
+    if (c->allowed == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < k->n_allowed; i++) {
+        if (k->allowed[i] == NULL || !key_ok(k->allowed[i]))
+            return kvcr_fail(KVCR_EINVAL, "control CURVE allowed key %zu is not Z85", i);
+        memcpy(c->allowed[i], k->allowed[i], sizeof c->allowed[i]);
+    }
+    c->n_allowed = k->n_allowed;
+    memcpy(c->secret, k->secret_key, sizeof c->secret);
+    memcpy(c->public, k->public_key, sizeof c->public);
+    c->curve = true;
+    c->zap = zmq_socket(c->ctx, ZMQ_REP);
+    size_t sz = sizeof c->zap_fd;
+    if (c->zap == NULL || set_int(c->zap, ZMQ_LINGER, 0) != 0 ||
+        zmq_bind(c->zap, ZAP_ENDPOINT) != 0 || zmq_getsockopt(c->zap, ZMQ_FD, &c->zap_fd, &sz) != 0)
+        return kvcr_fail(KVCR_ESYS, "control CURVE: cannot bind the ZAP handler: %s",
+                         zmq_strerror(errno));
+    return 0;
+}
+
+/* Failed handshakes of the PULL socket, on a PAIR socket read without
+ * blocking (no fd to poll: the progress thread reads it every turn).
+ * libzmq reports each failed connection once: refused by ZAP (AUTH), a
+ * greeting or HELLO that breaks the protocol (a plaintext peer, a HELLO
+ * not encrypted to our key: PROTOCOL), or closed before the handshake
+ * ended (NO_DETAIL: which of the two sides saw a plaintext peer's mismatch
+ * first is a race, and the loser sees only the close). */
+#define MONITOR_EVENTS                                                                   \
+    (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |             \
+     ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+static int monitor_setup(ctl_channel *c)
+{
+    if (zmq_socket_monitor(c->pull, MONITOR_ENDPOINT, MONITOR_EVENTS) != 0 ||
+        (c->monitor = zmq_socket(c->ctx, ZMQ_PAIR)) == NULL ||
+        set_int(c->monitor, ZMQ_LINGER, 0) != 0 || zmq_connect(c->monitor, MONITOR_ENDPOINT) != 0)
+        return kvcr_fail(KVCR_ESYS, "control CURVE: cannot monitor handshakes: %s",
+                         zmq_strerror(errno));
+    return 0;
+}
+
 static int open_channel(const char *bind_host, uint16_t port, int *listener,
-                        const char *advertise_host, size_t max_message, const kvcr_logger *log,
-                        ctl_channel **out)
+                        const char *advertise_host, size_t max_message, const ctl_curve *curve,
+                        const kvcr_logger *log, ctl_channel **out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "ctl_open: out is NULL");
     *out = NULL;
     if (bind_host == NULL || strnlen(bind_host, CTL_MAX_HOST + 1) > CTL_MAX_HOST ||
         !host_ok(bind_host, strlen(bind_host)))
         return kvcr_fail(KVCR_EINVAL, "bad control bind host");
-    if (advertise_host == NULL || strnlen(advertise_host, CTL_MAX_HOST + 1) > CTL_MAX_HOST ||
+    size_t max_adv = curve ? CTL_MAX_HOST - CTL_KEY_SUFFIX : CTL_MAX_HOST;
+    if (advertise_host == NULL || strnlen(advertise_host, max_adv + 1) > max_adv ||
         !host_ok(advertise_host, strlen(advertise_host)) || strcmp(advertise_host, "*") == 0)
         return kvcr_fail(KVCR_EINVAL, "bad control advertise host");
     if (max_message == 0 || max_message > INT64_MAX)
@@ -258,27 +423,33 @@ static int open_channel(const char *bind_host, uint16_t port, int *listener,
     ctl_channel *c = calloc(1, sizeof *c);
     if (c == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
     c->log = log;
+    c->zap_fd = -1;
     c->ctx = zmq_ctx_new();
     if (c->ctx == NULL) {
         free(c);
         return kvcr_fail(KVCR_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
     }
     unsigned bound;
-    int rc = bind_pull(c, bind_host, port, listener, max_message, &bound);
+    int rc = curve ? curve_setup(c, curve) : 0;
+    if (rc == 0) rc = bind_pull(c, bind_host, port, listener, max_message, &bound);
+    if (rc == 0 && curve) rc = monitor_setup(c);
     if (rc != 0) {
         ctl_close(c);
         return rc;
     }
-    snprintf(c->endpoint, sizeof c->endpoint, TCP "%s:%u", advertise_host, bound);
+    snprintf(c->endpoint, sizeof c->endpoint, TCP "%s:%u%s%s", advertise_host, bound,
+             curve ? CTL_CURVE_TAG : "", curve ? c->public : "");
     CTL_DEBUG(c, "control: advertising %s", c->endpoint);
     *out = c;
     return 0;
 }
 
 int ctl_open(const char *bind_host, uint16_t port, int listener, const char *advertise_host,
-             size_t max_message, const kvcr_logger *log, ctl_channel **out)
+             size_t max_message, const ctl_curve *curve, const kvcr_logger *log,
+             ctl_channel **out)
 {
-    int rc = open_channel(bind_host, port, &listener, advertise_host, max_message, log, out);
+    int rc =
+        open_channel(bind_host, port, &listener, advertise_host, max_message, curve, log, out);
     if (listener >= 0) close(listener); /* never handed to ZeroMQ */
     return rc;
 }
@@ -287,12 +458,15 @@ void ctl_close(ctl_channel *c)
 {
     if (c == NULL) return;
     while (c->n_peers > 0) drop_peer(c, &c->peers[c->n_peers - 1]);
+    if (c->monitor) zmq_close(c->monitor);
     if (c->pull) zmq_close(c->pull);
+    if (c->zap) zmq_close(c->zap); /* after the PULL socket: see the top */
     /* Every socket has linger 0, so this does not wait for the network;
      * EINTR is the only reason to call it again. */
     for (int i = 0; i < 100 && zmq_ctx_term(c->ctx) != 0 && errno == EINTR; i++) {
     }
     free(c->peers);
+    free(c->allowed);
     free(c);
 }
 
@@ -306,8 +480,7 @@ int ctl_fd(const ctl_channel *c)
     return c->fd;
 }
 
-size_t ctl_recv(ctl_channel *c, size_t max, void (*cb)(void *ud, const void *data, size_t len),
-                void *ud)
+size_t ctl_recv(ctl_channel *c, size_t max, ctl_recv_cb *cb, void *ud)
 {
     size_t n = 0;
     zmq_msg_t msg;
@@ -320,9 +493,127 @@ size_t ctl_recv(ctl_channel *c, size_t max, void (*cb)(void *ud, const void *dat
             eintr++;
             continue;
         }
-        cb(ud, zmq_msg_data(&msg), zmq_msg_size(&msg));
+        /* "User-Id" is what the ZAP reply named: the client's key. */
+        const char *key = c->curve ? zmq_msg_gets(&msg, "User-Id") : NULL;
+        cb(ud, zmq_msg_data(&msg), zmq_msg_size(&msg), key);
         n++;
     }
     zmq_msg_close(&msg);
+    return n;
+}
+
+/* ---- the ZAP handler (RFC 27) ------------------------------------------------ */
+
+int ctl_auth_fd(const ctl_channel *c)
+{
+    return c->zap_fd;
+}
+
+uint64_t ctl_auth_refused(const ctl_channel *c)
+{
+    return c->refused;
+}
+
+bool ctl_curve_on(const ctl_channel *c)
+{
+    return c->curve;
+}
+
+static bool frame_is(zmq_msg_t *f, const char *s)
+{
+    return zmq_msg_size(f) == strlen(s) && memcmp(zmq_msg_data(f), s, strlen(s)) == 0;
+}
+
+/* The verdict on one request: 200 with the client key (Z85) as User-Id,
+ * 400 for a key outside the allow-list, 500 for a request that is not a
+ * CURVE one (libzmq sends only CURVE requests here: the PULL socket is the
+ * only one with a ZAP domain). */
+static const char *zap_verdict(ctl_channel *c, zmq_msg_t *f, size_t n, z85_key user)
+{
+    user[0] = '\0';
+    if (n != ZAP_FRAMES || !frame_is(&f[0], "1.0") || !frame_is(&f[5], "CURVE") ||
+        zmq_msg_size(&f[6]) != 32)
+        return "500";
+    zmq_z85_encode(user, zmq_msg_data(&f[6]), 32);
+    if (key_allowed(c, user)) return "200";
+    if (c->log) /* counted when the monitor reports the failed handshake */
+        kvcr_log_limited(c->log, &c->refuse_log, ZAP_WARN_MS,
+                         "control: refused a CURVE connection from %.*s: key %s is not in the "
+                         "allow-list",
+                         (int)zmq_msg_size(&f[3]), (const char *)zmq_msg_data(&f[3]), user);
+    user[0] = '\0';
+    return "400";
+}
+
+/* Reads and drops the frames after last, if any: whether there were. */
+static bool discard_rest(void *sock, zmq_msg_t *last)
+{
+    bool more = zmq_msg_more(last), any = more;
+    zmq_msg_t extra;
+    zmq_msg_init(&extra);
+    while (more && zmq_msg_recv(&extra, sock, 0) >= 0) more = zmq_msg_more(&extra);
+    zmq_msg_close(&extra);
+    return any;
+}
+
+/* Reads one whole request, then answers it: a REP socket takes no new
+ * request before it replied. */
+static bool zap_one(ctl_channel *c)
+{
+    zmq_msg_t f[ZAP_FRAMES];
+    zmq_msg_init(&f[0]);
+    if (zmq_msg_recv(&f[0], c->zap, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&f[0]);
+        return false;
+    }
+    size_t n = 1;
+    while (n < ZAP_FRAMES && zmq_msg_more(&f[n - 1])) {
+        zmq_msg_init(&f[n]);
+        zmq_msg_recv(&f[n++], c->zap, 0); /* the rest of a multipart message is there */
+    }
+    bool excess = discard_rest(c->zap, &f[n - 1]);
+    z85_key user;
+    const char *status = zap_verdict(c, f, excess ? n + 1 : n, user);
+    bool ok = status[0] == '2';
+    zmq_send(c->zap, "1.0", 3, ZMQ_SNDMORE);
+    zmq_send(c->zap, n > 1 ? zmq_msg_data(&f[1]) : "", n > 1 ? zmq_msg_size(&f[1]) : 0,
+             ZMQ_SNDMORE);
+    zmq_send(c->zap, status, 3, ZMQ_SNDMORE);
+    zmq_send(c->zap, ok ? "OK" : "refused", ok ? 2 : 7, ZMQ_SNDMORE);
+    zmq_send(c->zap, user, strlen(user), ZMQ_SNDMORE);
+    zmq_send(c->zap, "", 0, 0);
+    for (size_t i = 0; i < n; i++) zmq_msg_close(&f[i]);
+    return true;
+}
+
+/* One monitor event (two frames: event id and value, then an address),
+ * if one is queued. */
+static bool monitor_one(ctl_channel *c)
+{
+    zmq_msg_t ev;
+    zmq_msg_init(&ev);
+    if (zmq_msg_recv(&ev, c->monitor, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&ev);
+        return false;
+    }
+    uint16_t id = 0;
+    if (zmq_msg_size(&ev) == 6) memcpy(&id, zmq_msg_data(&ev), sizeof id);
+    discard_rest(c->monitor, &ev);
+    zmq_msg_close(&ev);
+    if ((id & MONITOR_EVENTS) == 0) return true;
+    c->refused++;
+    if (id != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && c->log) /* ZAP logged those, with the key */
+        kvcr_log_limited(c->log, &c->refuse_log, ZAP_WARN_MS,
+                         "control: a connection failed the CURVE handshake (a plaintext peer, "
+                         "one that dialled another server key, or one that closed early); "
+                         "%llu refused so far", (unsigned long long)c->refused);
+    return true;
+}
+
+size_t ctl_serve_auth(ctl_channel *c, size_t max)
+{
+    size_t n = 0;
+    while (c->curve && n < max && zap_one(c)) n++;
+    while (c->curve && n < max && monitor_one(c)) n++;
     return n;
 }

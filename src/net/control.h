@@ -5,49 +5,103 @@
  * that peer's socket, and the next send makes a new one. The channel knows
  * nothing of message contents (see net/wire.h).
  *
+ * With CURVE (ctl_curve), every connection is encrypted and authenticated
+ * both ways: the channel is a CURVE server to its peers' PUSH sockets and a
+ * CURVE client on its own, with one key pair. An endpoint then carries the
+ * server's public key: "tcp://host:port#curve=<40 characters of Z85>", so
+ * that whoever learns an endpoint (a router hint, a message's reply
+ * address) also learns which key must answer there. Incoming connections
+ * are admitted by a ZAP handler served in ctl_serve_auth, which takes only
+ * keys of the allow-list; outgoing ones are made only to endpoints whose
+ * key is in it. Plaintext and CURVE never mix: a keyed endpoint is refused
+ * by a plaintext channel and an unkeyed one by a CURVE channel.
+ *
  * A channel is used by one thread at a time (the progress thread). */
 #ifndef KVCR_NET_CONTROL_H
 #define KVCR_NET_CONTROL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "util/log.h"
 
 #define CTL_MAX_ENDPOINT 256
+#define CTL_KEY_LEN 40          /* a CURVE key in Z85 */
+#define CTL_CURVE_TAG "#curve=" /* between an endpoint's address and its key */
 
 typedef struct ctl_channel ctl_channel;
 
+/* CURVE keys of a channel, all Z85 (checked by the caller: config.c). */
+typedef struct ctl_curve {
+    const char *secret_key, *public_key; /* this instance's key pair */
+    const char *const *allowed;          /* the peers' public keys, >= 1 */
+    size_t n_allowed;
+} ctl_curve;
+
 /* Binds tcp://bind_host:port (port 0: a free port chosen by the system)
- * and advertises tcp://advertise_host:<port>. KVCR_EINVAL for a bad host,
+ * and advertises tcp://advertise_host:<port> (with "#curve=<public key>"
+ * when curve is not NULL: see above). KVCR_EINVAL for a bad host,
  * KVCR_ESYS (message with the reason) when the port cannot be bound.
  * listener >= 0: a TCP socket already bound and listening (the KVCR
  * service's, so that the endpoint outlives this process) that ZeroMQ
  * adopts (ZMQ_USE_FD) and closes; port is then the one it is bound to.
  * It is closed on failure too. */
 int ctl_open(const char *bind_host, uint16_t port, int listener, const char *advertise_host,
-             size_t max_message, const kvcr_logger *log, ctl_channel **out);
+             size_t max_message, const ctl_curve *curve, const kvcr_logger *log,
+             ctl_channel **out);
 void ctl_close(ctl_channel *c);
 
-/* "tcp://<advertise_host>:<port>". */
+/* "tcp://<advertise_host>:<port>", plus "#curve=<public key>" with CURVE. */
 const char *ctl_endpoint(const ctl_channel *c);
 
 /* A file descriptor to poll() for POLLIN; after it fires (or at any time)
  * call ctl_recv until it returns 0 (ZeroMQ's edge-triggered ZMQ_FD). */
 int ctl_fd(const ctl_channel *c);
 
+/* With CURVE, the ZAP handler's file descriptor (-1 without): when it
+ * fires (or at any time) call ctl_serve_auth until it returns 0. Nothing
+ * arrives from a new connection before its ZAP request is answered. */
+int ctl_auth_fd(const ctl_channel *c);
+
+/* Answers at most max pending ZAP requests without blocking: a client
+ * key in the allow-list is admitted (its Z85 becomes the connection's
+ * User-Id), any other refused and logged (rate-limited). Then counts the
+ * handshakes that failed (refused by ZAP, a plaintext peer, a wrong server
+ * key, a close mid-handshake), logged the same way. Returns the number of
+ * requests and events handled (0 without CURVE, and when drained). */
+size_t ctl_serve_auth(ctl_channel *c, size_t max);
+
+/* Incoming connections whose CURVE handshake failed so far (see above). */
+uint64_t ctl_auth_refused(const ctl_channel *c);
+
+/* Whether the channel runs CURVE. */
+bool ctl_curve_on(const ctl_channel *c);
+
 /* Receives at most max messages without blocking, handing each to
- * cb(ud, data, len) (data valid during the call). Messages larger than
- * max_message never arrive (the connection that sent one is dropped).
- * Returns the number received. */
-size_t ctl_recv(ctl_channel *c, size_t max, void (*cb)(void *ud, const void *data, size_t len),
-                void *ud);
+ * cb(ud, data, len, peer_key) (data valid during the call); peer_key is
+ * the Z85 public key ZAP admitted for the connection the message came on,
+ * NULL without CURVE. Messages larger than max_message never arrive (the
+ * connection that sent one is dropped). Returns the number received. */
+typedef void ctl_recv_cb(void *ud, const void *data, size_t len, const char *peer_key);
+size_t ctl_recv(ctl_channel *c, size_t max, ctl_recv_cb *cb, void *ud);
 
 /* Checks an endpoint string: "tcp://host:port" with a port 1..65535 and
- * at most CTL_MAX_ENDPOINT bytes. 0 or KVCR_EINVAL. */
+ * no '#' in the host, optionally followed by "#curve=" and a 40-character
+ * Z85 key, at most CTL_MAX_ENDPOINT bytes in all. 0 or KVCR_EINVAL. */
 int ctl_check_endpoint(const char *endpoint);
 
-/* Connects the PUSH socket for endpoint now (no-op if it exists). */
+/* ctl_check_endpoint, and whether this channel may talk to it: a key
+ * exactly when CURVE is on, and then one of the allow-list. 0, or
+ * KVCR_EINVAL with the reason. */
+int ctl_check_peer(const ctl_channel *c, const char *endpoint);
+
+/* The key of a NUL-terminated endpoint (CTL_KEY_LEN characters at its
+ * end, after CTL_CURVE_TAG), or NULL when it has none. Syntax only. */
+const char *ctl_endpoint_key(const char *endpoint);
+
+/* Connects the PUSH socket for endpoint now (no-op if it exists). This
+ * and ctl_send refuse (KVCR_EINVAL) what ctl_check_peer refuses. */
 int ctl_connect(ctl_channel *c, const char *endpoint);
 
 /* Queues one message to endpoint without blocking. 0, or a negative code

@@ -18,6 +18,7 @@
  *   terminal      bool        write_done, write_probe_ack
  *   completed     [uint]      write_done, exactly when success; distinct, < WIRE_MAX_KEYS
  *   dead_inc      bin         write_probe_ack (optional); WIRE_INCARNATION_LEN bytes
+ *   busy          bool        write_refused (optional); only true: refused at a limit
  *
  *   md      {"worker": bin 1..WIRE_MAX_BLOB, "regions": [region] 0..WIRE_MAX_REGIONS}
  *   region  {"label": str, "fw": bool, "addr": uint, "size": uint, "stride": uint,
@@ -52,7 +53,7 @@
     X(V, "v") X(TYPE, "type") X(AGENT, "agent") X(INC, "inc") X(FROM, "from") X(TO, "to")    \
     X(MD, "md") X(OP, "op") X(REMAINING, "remaining_ms") X(KEYS, "keys") X(DST, "dst")       \
     X(EXPECTED, "expected_inc") X(SUCCESS, "success") X(TERMINAL, "terminal")                \
-    X(COMPLETED, "completed") X(DEAD, "dead_inc")
+    X(COMPLETED, "completed") X(DEAD, "dead_inc") X(BUSY, "busy")
 
 enum {
 #define X(id, name) F_##id,
@@ -96,7 +97,7 @@ static const struct shape {
                           B(OP) | B(REMAINING) | B(KEYS) | B(DST) | B(EXPECTED) | B(MD)},
     [WIRE_WRITE_DONE] = {"write_done", B(OP) | B(SUCCESS) | B(TERMINAL),
                          B(OP) | B(SUCCESS) | B(TERMINAL) | B(COMPLETED)},
-    [WIRE_WRITE_REFUSED] = {"write_refused", B(OP), B(OP)},
+    [WIRE_WRITE_REFUSED] = {"write_refused", B(OP), B(OP) | B(BUSY)},
     [WIRE_WRITE_PROBE] = {"write_probe", B(OP), B(OP) | B(EXPECTED) | B(MD)},
     [WIRE_WRITE_PROBE_ACK] = {"write_probe_ack", B(OP) | B(TERMINAL),
                               B(OP) | B(TERMINAL) | B(DEAD)},
@@ -120,12 +121,13 @@ static const char *const region_names[N_REGION] = {"label", "fw",    "addr", "si
  * message's flags are set from what it had, so this is its key set. */
 static uint32_t carried(const wire_msg *m)
 {
-    uint32_t f = ~(B(MD) | B(OP) | B(EXPECTED) | B(DEAD) | B(COMPLETED));
+    uint32_t f = ~(B(MD) | B(OP) | B(EXPECTED) | B(DEAD) | B(COMPLETED) | B(BUSY));
     if (m->has_metadata) f |= B(MD);
     if (m->has_op) f |= B(OP);
     if (m->has_expected_inc) f |= B(EXPECTED);
     if (m->has_dead_inc) f |= B(DEAD);
     if (m->success) f |= B(COMPLETED);
+    if (m->busy) f |= B(BUSY);
     return COMMON | (f & shapes[m->type].allow);
 }
 
@@ -449,6 +451,9 @@ static const char *decode_body(arena *a, const msgpack_object **f, uint32_t pres
         if (!m->success && present & B(COMPLETED)) return "write_done: completed only with success";
     }
     if (present & B(COMPLETED) && (why = decode_completed(a, f[F_COMPLETED], m))) return why;
+    /* Absent means not busy: false is not a second spelling of it. */
+    if (present & B(BUSY) && !(get_bool(f[F_BUSY], &m->busy) && m->busy))
+        return "write_refused: busy must be true when present";
     return NULL;
 }
 
@@ -685,6 +690,7 @@ static int pack_field(msgpack_packer *pk, const wire_msg *m, int f)
     case F_TERMINAL: return pack_bool(pk, m->terminal);
     case F_COMPLETED: return pack_completed(pk, m);
     case F_DEAD: return pack_bin(pk, m->dead_inc);
+    case F_BUSY: return pack_bool(pk, m->busy);
     }
     return -1;
 }

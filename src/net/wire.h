@@ -11,7 +11,8 @@
  *                                      dst refs per key, [metadata]
  *   write_done       source -> target  op, success, terminal, completed indices
  *                                      (sent after the UCX flush completed)
- *   write_refused    source -> target  op (no route back; nothing was written)
+ *   write_refused    source -> target  op, [busy] (no route back, or busy: at one of
+ *                                      the source's limits; nothing was written)
  *   write_probe      target -> source  op, [expected_inc]
  *   write_probe_ack  source -> target  op, terminal, [dead_inc]
  *
@@ -112,6 +113,10 @@ typedef struct wire_msg {
     bool terminal;             /* write_done, write_probe_ack */
     uint32_t n_completed;      /* write_done: distinct indices, each < WIRE_MAX_KEYS; */
     uint32_t *completed;       /* only when success (empty otherwise) */
+
+    /* write_refused: refused at one of the source's limits (optional; only
+     * true is carried) */
+    bool busy;
 
     /* write_probe_ack: the incarnation known to be dead (optional) */
     bool has_dead_inc;

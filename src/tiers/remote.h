@@ -70,7 +70,21 @@ void remote_run_callbacks(kvcr_t *kv);
 /* Locked. Control messages dropped as malformed or unexpected. */
 uint64_t remote_dropped_messages(const kvcr_t *kv);
 
+/* Locked. What CURVE refused so far: connections (ZAP) and messages whose
+ * reply endpoint named another key than their connection's. */
+void remote_refused(const kvcr_t *kv, double *connections, double *messages);
+
+/* 0 when this instance may talk to source (its CURVE key present exactly
+ * when CURVE is on, and allowed), else KVCR_EINVAL with the reason. */
+int remote_check_source(const kvcr_t *kv, const char *source);
+
 /* Gauges: connected peers, framework pins, pinned keys. Locked. */
 void remote_gauges(const kvcr_t *kv, double *peers, double *pins, double *pinned_keys);
+/* Gauges of the limits: source writes being served now and at most so far
+ * (since the instance started), source writes held (also ended ones not yet
+ * settled by a poll), fences of write ids (kept twice the abandon timeout
+ * after their write ended), pin requests pending. Locked. */
+void remote_limit_gauges(const kvcr_t *kv, double *serving, double *serving_max, double *held,
+                         double *fences, double *pin_reqs);
 
 #endif

@@ -41,6 +41,7 @@ typedef struct rregion {
 typedef struct route {
     struct route *next;
     char agent[WIRE_MAX_NAME + 1]; /* the target's logical name */
+    char key[CTL_KEY_LEN + 1];      /* the CURVE key it was announced with ("": none) */
     uint32_t users;                 /* source writes created on it */
     bool replaced;                  /* the target restarted or changed: nothing more is
                                      * written through it (kept until its users end) */
@@ -149,6 +150,7 @@ typedef struct swrite {
     int64_t op;
     uint8_t state;                /* enum sw_state */
     bool forced_fail, cancel_pending, abandoned, pins_dropped, success;
+    const char *busy;             /* refused at this limit before anything was written */
     uint64_t start_ns, deadline_ns, cancel_deadline_ns;
     uint32_t n_keys;
     sw_key *keys;
@@ -257,6 +259,9 @@ struct remote {
     uint64_t n_pulls;
 
     swrite *swrites;              /* every live source write */
+    uint32_t n_swrites;           /* ... counted (limits.max_source_writes) */
+    uint32_t n_serving;           /* ... not ended yet (limits.max_source_writes_per_peer) */
+    uint32_t max_serving_seen;    /* the most ever served at once (a gauge) */
     swrite *sw_main, *sw_main_tail; /* pin work or settling, for main */
     swrite *sw_post, *sw_post_tail; /* ready for the progress thread */
     uint64_t next_source_no;
@@ -270,11 +275,14 @@ struct remote {
     pin *pins;
     fwres *fwres;
     pin_req *pin_reqs;
+    uint32_t n_pin_reqs;          /* limits.max_pin_requests */
     uint64_t next_pin_req;
 
     rcb *cbs, *cbs_tail;          /* callbacks for the polling thread */
 
     uint64_t dropped_messages;    /* malformed or unexpected */
+    uint64_t refused_messages;    /* CURVE: reply endpoint key not the connection's */
+    kvcr_log_limit refuse_log;    /* progress only */
 };
 
 /* remote_progress.c */

@@ -28,6 +28,7 @@
 #define EAGER_TRIES 50
 #define ACTIVE_WAIT_NS 20000 /* between polls while transfers are in flight */
 #define MS 1000000ull
+#define REFUSE_WARN_MS 10000 /* refused messages are logged at most this often */
 
 /* ---- peers ---------------------------------------------------------------- */
 
@@ -113,10 +114,21 @@ static void route_free(route *rt)
     free(rt);
 }
 
-static route *route_find(remote *r, const wire_bytes *agent)
+/* The CURVE key a message speaks for: the one in its reply endpoint, which
+ * on_message checked against its connection's ("" without CURVE). */
+static const char *sender_key(const wire_msg *m)
+{
+    const char *key = ctl_endpoint_key((const char *)m->from.data);
+    return key ? key : "";
+}
+
+/* A route belongs to an agent name and the key that announced it, so that
+ * a peer holding another key cannot replace (hijack) it by using the name. */
+static route *route_find(remote *r, const wire_bytes *agent, const char *key)
 {
     for (route *rt = r->routes; rt; rt = rt->next)
-        if (strlen(rt->agent) == agent->len && memcmp(rt->agent, agent->data, agent->len) == 0)
+        if (strlen(rt->agent) == agent->len && memcmp(rt->agent, agent->data, agent->len) == 0 &&
+            strcmp(rt->key, key) == 0)
             return rt;
     return NULL;
 }
@@ -143,11 +155,14 @@ static bool route_same(const route *rt, const wire_metadata *md)
     return true;
 }
 
-static int route_load(remote *r, const wire_bytes *agent, const wire_metadata *md, route **out)
+static int route_load(remote *r, const wire_msg *m, route **out)
 {
+    const wire_bytes *agent = &m->agent;
+    const wire_metadata *md = &m->md;
     route *rt = calloc(1, sizeof *rt);
     if (rt == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
     memcpy(rt->agent, agent->data, agent->len);
+    snprintf(rt->key, sizeof rt->key, "%s", sender_key(m));
     rt->worker_addr = malloc(md->worker_addr.len);
     rt->regions = calloc(md->n_regions ? md->n_regions : 1, sizeof *rt->regions);
     if (rt->worker_addr == NULL || rt->regions == NULL) {
@@ -190,7 +205,7 @@ static int route_load(remote *r, const wire_bytes *agent, const wire_metadata *m
  * queued on the old route fail instead of writing through the new one. */
 int route_resolve(remote *r, const wire_msg *m, route **out)
 {
-    route *rt = route_find(r, &m->agent);
+    route *rt = route_find(r, &m->agent, sender_key(m));
     if (!m->has_metadata || (rt != NULL && route_same(rt, &m->md))) {
         *out = rt;
         return rt ? 0 : kvcr_fail(KVCR_ENOENT, "no metadata from this target yet");
@@ -211,7 +226,7 @@ int route_resolve(remote *r, const wire_msg *m, route **out)
         kvcr_log(&r->kv->log, KVCR_LOG_INFO, "target %.*s changed its metadata: route replaced",
                  (int)m->agent.len, (const char *)m->agent.data);
     }
-    int rc = route_load(r, &m->agent, &m->md, &rt);
+    int rc = route_load(r, m, &rt);
     if (rc != 0) return rc;
     rt->next = r->routes;
     r->routes = rt;
@@ -291,7 +306,27 @@ void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint6
 
 /* ---- dispatch ------------------------------------------------------------- */
 
-static void on_message(void *ud, const void *data, size_t len)
+/* With CURVE a message speaks only for the key its connection was
+ * admitted with: the endpoint it gives for replies ("from") must carry that
+ * key. Otherwise a key holder could make us answer, and write with UCX,
+ * for a third party. */
+static bool sender_authentic(remote *r, const wire_msg *m, const char *peer_key)
+{
+    if (!ctl_curve_on(r->ctl)) return true; /* a keyed "from" fails at the reply */
+    const char *claimed = ctl_endpoint_key((const char *)m->from.data);
+    if (peer_key != NULL && claimed != NULL && strcmp(claimed, peer_key) == 0) return true;
+    r->dropped_messages++;
+    r->refused_messages++;
+    kvcr_log_limited(&r->kv->log, &r->refuse_log, REFUSE_WARN_MS,
+                     "dropped a %s message from %.*s: its connection was admitted for key %s, "
+                     "not the key of its reply endpoint %.*s",
+                     wire_type_name(m->type), (int)m->agent.len, (const char *)m->agent.data,
+                     peer_key ? peer_key : "(none)", (int)m->from.len,
+                     (const char *)m->from.data);
+    return false;
+}
+
+static void on_message(void *ud, const void *data, size_t len, const char *peer_key)
 {
     remote *r = ud;
     wire_msg m;
@@ -300,6 +335,10 @@ static void on_message(void *ud, const void *data, size_t len)
         r->dropped_messages++;
         kvcr_log(&r->kv->log, KVCR_LOG_WARN, "dropped a malformed control message (%zu bytes): %s",
                  len, why);
+        return;
+    }
+    if (!sender_authentic(r, &m, peer_key)) {
+        wire_msg_free(&m);
         return;
     }
     switch (m.type) {
@@ -362,7 +401,7 @@ static bool turn_locked(remote *r, uint64_t *next_ns)
     uint64_t now = kvcr_now_ns();
     check_stall(r, now);
     source_ucx_settle(r);
-    size_t got = ctl_recv(r->ctl, MSG_BATCH, on_message, r);
+    size_t got = ctl_serve_auth(r->ctl, MSG_BATCH) + ctl_recv(r->ctl, MSG_BATCH, on_message, r);
     target_adopt(r, now);
     publish_eager(r, now, next_ns);
     if (r->stop) {
@@ -416,9 +455,9 @@ static void *progress_main(void *arg)
             timeout = next_ns > now ? (int)((next_ns - now + MS - 1) / MS) : 0;
             if (timeout > IDLE_WAIT_MS) timeout = IDLE_WAIT_MS;
         }
-        struct pollfd fds[3] = {{r->wake_fd, POLLIN, 0}, {ctl_fd(r->ctl), POLLIN, 0},
-                                {ucx_fd(r->ucx), POLLIN, 0}};
-        int ready = poll(fds, 3, timeout);
+        struct pollfd fds[4] = {{r->wake_fd, POLLIN, 0}, {ctl_fd(r->ctl), POLLIN, 0},
+                                {ucx_fd(r->ucx), POLLIN, 0}, {ctl_auth_fd(r->ctl), POLLIN, 0}};
+        int ready = poll(fds, 4, timeout); /* no ZAP handler: fd -1, ignored */
         if (ready > 0 && (fds[0].revents & POLLIN)) {
             uint64_t ticks;
             ssize_t rd = read(r->wake_fd, &ticks, sizeof ticks);
@@ -488,13 +527,19 @@ int remote_start(kvcr_t *kv)
         rc = kvcr_fail(KVCR_ESYS, "eventfd failed: %s", strerror(errno));
     if (rc == 0) rc = ucx_ctx_create(&kv->log, &r->ucx);
     if (rc == 0) rc = register_memory(r);
+    const kvcr_curve_options *k = &kv->conf.remote.curve;
+    ctl_curve curve = {k->secret_key, k->public_key, k->allowed_keys, k->n_allowed_keys};
     if (rc == 0)
         rc = ctl_open(kv->conf.remote.control_host, kv->conf.remote.control_port,
-                      kv->control_listener, kv->conf.remote.advertise_host, WIRE_MAX_MESSAGE,
-                      &kv->log, &r->ctl);
+                      kv->control_listener, kv->conf.remote.advertise_host,
+                      kv->conf.limits.max_control_message_bytes,
+                      k->secret_key ? &curve : NULL, &kv->log, &r->ctl);
     kv->control_listener = -1; /* consumed either way */
     if (rc == 0) {
         snprintf(r->endpoint, sizeof r->endpoint, "%s", ctl_endpoint(r->ctl));
+        if (ctl_curve_on(r->ctl))
+            kvcr_log(&kv->log, KVCR_LOG_INFO, "control channel: CURVE on, %zu peer key(s) allowed",
+                     k->n_allowed_keys);
         if (pthread_create(&r->thread, NULL, progress_main, r) != 0)
             rc = kvcr_fail(KVCR_ESYS, "cannot start the progress thread");
         else
@@ -590,6 +635,20 @@ uint64_t remote_dropped_messages(const kvcr_t *kv)
     return kv->remote->dropped_messages;
 }
 
+void remote_refused(const kvcr_t *kv, double *connections, double *messages)
+{
+    const remote *r = kv->remote;
+    *connections = r && r->ctl ? (double)ctl_auth_refused(r->ctl) : 0;
+    *messages = r ? (double)r->refused_messages : 0;
+}
+
+/* Reads only what ctl_open fixed (the keys), so any thread may ask. */
+int remote_check_source(const kvcr_t *kv, const char *source)
+{
+    const remote *r = kv->remote;
+    return r && r->ctl ? ctl_check_peer(r->ctl, source) : 0;
+}
+
 void remote_gauges(const kvcr_t *kv, double *peers, double *pins, double *pinned_keys)
 {
     const remote *r = kv->remote;
@@ -597,6 +656,17 @@ void remote_gauges(const kvcr_t *kv, double *peers, double *pins, double *pinned
     if (r == NULL) return;
     for (uint32_t i = 0; i < r->n_peers; i++) *peers += r->peers[i].acked;
     for (const pin *p = r->pins; p; p = p->next) *pins += 1, *pinned_keys += p->n_keys;
+}
+
+void remote_limit_gauges(const kvcr_t *kv, double *serving, double *serving_max, double *held,
+                         double *fences, double *pin_reqs)
+{
+    const remote *r = kv->remote;
+    *fences = r ? (double)r->n_wstats : 0;
+    *serving = r ? (double)r->n_serving : 0;
+    *serving_max = r ? (double)r->max_serving_seen : 0;
+    *held = r ? (double)r->n_swrites : 0;
+    *pin_reqs = r ? (double)r->n_pin_reqs : 0;
 }
 
 /* ---- main side ---------------------------------------------------------- */

@@ -96,6 +96,35 @@ static void refuse(remote *r, const wire_msg *req, const char *why)
     reply(r, req, &m);
 }
 
+/* A start_write refused at one of the limits (kvcr_limits): the target
+ * fails its entries SOURCE_BUSY and keeps this source (it is not dead). */
+static void refuse_busy(remote *r, const char *limit, int64_t op, const char *agent,
+                        const char *to, wire_bytes reflected)
+{
+    kvcr_t *kv = r->kv;
+    if (kv->telemetry) telemetry_refusal(kv->telemetry, limit);
+    kvcr_log(&kv->log, KVCR_LOG_DEBUG, "start_write %lld from %s refused: limit %s reached",
+             (long long)op, agent, limit);
+    wire_msg m = {.type = WIRE_WRITE_REFUSED, .has_op = true, .op = op, .busy = true,
+                  .from = reflected};
+    send_msg(r, to, &m, MD_NEVER);
+}
+
+/* The limit a new write from agent would break, or NULL. Per peer counts
+ * the writes still being served (the target's view: it has not been
+ * answered); the total counts every write held, also those ended and
+ * waiting for the next poll to release their claims (the memory). The walk
+ * is over at most max_source_writes writes. */
+static const char *write_limit(const remote *r, const char *agent)
+{
+    const kvcr_limits *l = &r->kv->conf.limits;
+    uint32_t mine = 0;
+    for (const swrite *sw = r->swrites; sw && mine < l->max_source_writes_per_peer; sw = sw->next)
+        mine += sw->state != SW_DONE && strcmp(sw->agent, agent) == 0;
+    if (mine >= l->max_source_writes_per_peer) return "source_writes_per_peer";
+    return r->n_swrites >= l->max_source_writes ? "source_writes" : NULL;
+}
+
 static void send_done(remote *r, swrite *sw, bool success, bool terminal)
 {
     uint32_t *completed = NULL, n = 0;
@@ -144,6 +173,7 @@ static void to_post(remote *r, swrite *sw)
 /* The write is over on the progress side: main releases what it holds. */
 static void sw_end(remote *r, swrite *sw)
 {
+    r->n_serving--;
     route_release(r, sw->route);
     sw->route = NULL;
     sw->state = SW_DONE;
@@ -354,6 +384,12 @@ static void on_start_write(remote *r, const wire_msg *m)
                           : m->has_expected_inc && !inc_ours(r, &m->expected_inc)
                               ? "incarnation_mismatch"
                               : NULL;
+    const char *limit = refusal == NULL ? write_limit(r, sw->agent) : NULL;
+    if (limit != NULL) { /* no fence: nothing was accepted */
+        refuse_busy(r, limit, m->op, sw->agent, sw->reply_to, m->to);
+        sw_free(sw);
+        return;
+    }
     if (refusal == NULL && (st = wstat_add(r, sw->agent, m->op)) == NULL) refusal = "out of memory";
     if (refusal != NULL) { /* nothing was accepted: a refusal, honoured by any incarnation */
         refuse(r, m, refusal);
@@ -372,6 +408,8 @@ static void on_start_write(remote *r, const wire_msg *m)
     sw->next = r->swrites;
     if (r->swrites) r->swrites->prev = sw;
     r->swrites = sw;
+    r->n_swrites++;
+    if (++r->n_serving > r->max_serving_seen) r->max_serving_seen = r->n_serving;
     if (claim_local(r, sw) || kv->conf.cb.request_pin == NULL) {
         assemble(r, sw);
     } else {
@@ -432,7 +470,11 @@ swrite *source_take_posts(remote *r)
         bool fenced = sw->status && sw->status->cancel_requested;
         bool late = kvcr_now_ns() >= sw->deadline_ns;
         bool unreachable = sw->route->replaced || ucx_peer_failed(sw->route->peer);
-        if (sw->forced_fail || fenced || late || r->stalled || unreachable) {
+        if (sw->busy != NULL) { /* nothing was posted: refused like a new write */
+            wire_bytes us = {(const uint8_t *)sw->reflected, strlen(sw->reflected)};
+            refuse_busy(r, sw->busy, sw->op, sw->agent, sw->reply_to, us);
+            sw_end(r, sw);
+        } else if (sw->forced_fail || fenced || late || r->stalled || unreachable) {
             send_done(r, sw, false, true);
             sw_end(r, sw);
         } else if (sw->n_segs == 0) {
@@ -665,6 +707,13 @@ static void pin_req_free(pin_req *q)
     free(q);
 }
 
+/* A pending request leaves r->pin_reqs (already unlinked by the caller). */
+static void pin_req_drop(remote *r, pin_req *q)
+{
+    r->n_pin_reqs--;
+    pin_req_free(q);
+}
+
 /* One request_pin for the keys no pin or pending request covers. */
 static bool request_pins(remote *r, swrite *sw, const uint32_t *idx, uint32_t n)
 {
@@ -684,6 +733,7 @@ static bool request_pins(remote *r, swrite *sw, const uint32_t *idx, uint32_t n)
     q->n_keys = n;
     q->next = r->pin_reqs;
     r->pin_reqs = q;
+    r->n_pin_reqs++;
     cb->kind = RCB_REQUEST_PIN;
     cb->id = q->id;
     cb->n_keys = n;
@@ -734,6 +784,15 @@ static void resume(remote *r, swrite *sw)
             need[n_need++] = i;
         }
     }
+    if (n_need > 0 && r->n_pin_reqs >= r->kv->conf.limits.max_pin_requests) {
+        /* Not asked: the write is refused whole, before anything is written. */
+        free(need);
+        sw->busy = "pin_requests";
+        sw->forced_fail = true;
+        sw->n_wait = 0;
+        to_post(r, sw);
+        return;
+    }
     if (n_need > 0 && !request_pins(r, sw, need, n_need))
         kvcr_log(&r->kv->log, KVCR_LOG_ERROR, "out of memory: no pin request for a peer's write");
     free(need);
@@ -773,6 +832,7 @@ static void settle_done(remote *r, swrite *sw)
     else
         r->swrites = sw->next;
     if (sw->next) sw->next->prev = sw->prev;
+    r->n_swrites--;
     sw_free(sw);
 }
 
@@ -791,7 +851,7 @@ static void cancel_orphan_requests(remote *r)
         *link = q->next;
         rcb *cb = calloc(1, sizeof *cb);
         if (cb) cb->kind = RCB_CANCEL_PIN, cb->id = q->id, rcb_push(r, cb);
-        pin_req_free(q);
+        pin_req_drop(r, q);
     }
 }
 
@@ -889,7 +949,7 @@ int source_pin_complete(remote *r, uint64_t req, uint64_t handle, const kvcr_blo
                                (unsigned long long)handle);
     if (rc != 0 && handle != 0) queue_release(r, handle);
     *link = q->next;
-    pin_req_free(q);
+    pin_req_drop(r, q);
     if (p != NULL) {
         p->handle = handle;
         p->next = r->pins;
@@ -989,7 +1049,7 @@ void source_close(remote *r)
         r->pin_reqs = q->next;
         rcb *cb = calloc(1, sizeof *cb);
         if (cb) cb->kind = RCB_CANCEL_PIN, cb->id = q->id, rcb_push(r, cb);
-        pin_req_free(q);
+        pin_req_drop(r, q);
     }
     for (pin *p = r->pins; p; p = p->next)
         if (p->releasing && !p->release_queued) {
@@ -1019,7 +1079,7 @@ void source_destroy(remote *r)
     while (r->pin_reqs) {
         pin_req *q = r->pin_reqs;
         r->pin_reqs = q->next;
-        pin_req_free(q);
+        pin_req_drop(r, q);
     }
     while (r->swrites) {
         swrite *sw = r->swrites;

@@ -285,8 +285,15 @@ static void on_write_done(remote *r, pull *p, const wire_msg *m)
     on_terminal(r, p, m->success, m->completed, m->n_completed);
 }
 
-static void on_refused(remote *r, pull *p)
+static void on_refused(remote *r, pull *p, bool busy)
 {
+    if (busy) { /* at one of the source's limits: alive, and nothing was written */
+        if (p->state == PULL_WAIT_DONE && !p->uncertain)
+            finish(r, p, false, KVCR_REASON_SOURCE_BUSY);
+        else
+            on_terminal(r, p, false, NULL, 0);
+        return;
+    }
     peer_invalidate(r, p->source);
     rpeer *peer = peer_get(r, p->source, false);
     /* A delayed refusal never evicts an incarnation learned later. */
@@ -337,7 +344,7 @@ void target_on_message(remote *r, const wire_msg *m)
     }
     switch (m->type) {
     case WIRE_WRITE_DONE: on_write_done(r, p, m); break;
-    case WIRE_WRITE_REFUSED: on_refused(r, p); break;
+    case WIRE_WRITE_REFUSED: on_refused(r, p, m->busy); break;
     case WIRE_WRITE_PROBE_ACK: on_probe_ack(r, p, m); break;
     default: r->dropped_messages++; break;
     }

@@ -9,6 +9,7 @@
 #include "kvcr/error.h"
 
 #include "util/api.h"
+#include "util/clock.h"
 
 static _Thread_local char last_error[512];
 
@@ -53,6 +54,28 @@ void kvcr_log(const kvcr_logger *lg, kvcr_log_level level, const char *fmt, ...)
     fprintf(stderr, "%s %s: %s\n", lg->name, level_name(level), msg);
 }
 
+void kvcr_log_limited(const kvcr_logger *lg, kvcr_log_limit *lim, uint32_t interval_ms,
+                      const char *fmt, ...)
+{
+    uint64_t now = kvcr_now_ns();
+    if (now < lim->next_ns) {
+        lim->held++;
+        return;
+    }
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (lim->held > 0)
+        kvcr_log(lg, KVCR_LOG_WARN, "%s (%llu more like it not logged)", msg,
+                 (unsigned long long)lim->held);
+    else
+        kvcr_log(lg, KVCR_LOG_WARN, "%s", msg);
+    lim->held = 0;
+    lim->next_ns = now + (uint64_t)interval_ms * 1000000u;
+}
+
 int kvcr_fail(int err, const char *fmt, ...)
 {
     va_list ap;
@@ -80,6 +103,7 @@ KVCR_API const char *kvcr_strerror(int err)
     case KVCR_ESYS: return "system call failed";
     case KVCR_EPROTO: return "protocol error";
     case KVCR_EREFUSED: return "refused by the KVCR service";
+    case KVCR_ELIMIT: return "a configured limit is reached";
     default: return "unknown error";
     }
 }

@@ -18,6 +18,17 @@ void kvcr_logger_init(kvcr_logger *lg, const char *agent,
 void kvcr_log(const kvcr_logger *lg, kvcr_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A warning that a peer can make repeat without bound (a refused
+ * connection): logged the first time, then at most once per interval_ms
+ * with the number held back meanwhile, so that no peer can flood the log. */
+typedef struct kvcr_log_limit {
+    uint64_t next_ns; /* nothing is logged before then */
+    uint64_t held;    /* warnings not logged since the last one */
+} kvcr_log_limit;
+
+void kvcr_log_limited(const kvcr_logger *lg, kvcr_log_limit *lim, uint32_t interval_ms,
+                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
 /* Records a message for kvcr_last_error() and returns err, so that a
  * validation reads: return kvcr_fail(KVCR_EINVAL, "x must be positive"); */
 int kvcr_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,10 +1,12 @@
 /* kvcr-test-peer: the peer process of the peer-to-peer tests (see peer.h).
  * argv: block_size deposit_n fw_n slots pins hold_pins port op_ms abandon_ms
  *       service guard_index digest g3_path (service, g3_path "-": none).
+ * KVCR_TEST_PEER_AGENT in the environment: its agent name (default "peer").
  * Commands arrive on stdin, answers leave on stdout. No cmocka assertion
  * may fail here: every failure is an exit code the parent sees. */
 #include <poll.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -30,6 +32,17 @@ typedef struct child {
     uint32_t dep_next, dep_left;
     kvcr_op_handle dep_ops[8];
     size_t n_dep_ops;
+    /* PEER_CMD_PULL: the job, its operations in flight (slot s delivers into
+     * framework blocks s * keys_per_op ..), and what they came to. */
+    peer_pull pull;
+    uint32_t pull_left;
+    uint64_t pull_until_ns;
+    struct pull_slot {
+        kvcr_op_handle op; /* 0: free */
+        uint32_t first;
+        char req[24];
+    } pull_slots[PEER_PULL_MAX_DEPTH];
+    peer_pull_stats pulled;
 } child;
 
 enum { DEPOSIT_BATCH = 16, CHILD_FW_BLOCKS = 1024 };
@@ -91,11 +104,58 @@ static void on_resilience(void *ud, const kvcr_resilience_event *ev)
     c->counts.resilience_events++;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One finished pull operation: entries counted, bytes checked, its
+ * request's hint forgotten. */
+static void pull_settle(child *c, struct pull_slot *s, const kvcr_op_result *res)
+{
+    size_t slot = (size_t)(s - c->pull_slots);
+    bool ok = true, busy = false;
+    for (size_t e = 0; e < res->n_entries; e++) {
+        const kvcr_entry_result *x = &res->entries[e];
+        uint32_t key = c->pull.first + (s->first + (uint32_t)e) % c->pull.span;
+        const uint8_t *dst = c->r.fw + (slot * c->pull.keys_per_op + e) * c->r.block_size;
+        if (x->status == KVCR_ENTRY_SUCCESS) {
+            bool good = rig_has_pattern(&c->r, dst, key);
+            c->pulled.ok_entries += good;
+            c->pulled.bad_bytes += !good;
+            ok &= good;
+        } else if (x->reason == KVCR_REASON_SOURCE_BUSY) {
+            c->pulled.busy_entries++;
+            busy = true;
+            ok = false;
+        } else {
+            c->pulled.other_entries++;
+            c->pulled.other_reason = x->reason;
+            ok = false;
+        }
+    }
+    c->pulled.done++;
+    c->pulled.ok_ops += ok;
+    c->pulled.busy_ops += busy;
+    kvcr_discard_hint(c->r.kv, s->req);
+    s->op = 0;
+}
+
+static void pull_absorb(child *c, const kvcr_op_result *res, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < c->pull.depth; k++)
+            if (c->pull_slots[k].op == res[i].op) pull_settle(c, &c->pull_slots[k], &res[i]);
+}
+
 /* Counts what finished among the asynchronous deposits; true when op (0:
  * none) is among results and all its entries succeeded. */
 static bool absorb(child *c, const kvcr_op_result *res, size_t n, kvcr_op_handle op)
 {
     bool ok = false;
+    pull_absorb(c, res, n);
     for (size_t i = 0; i < n; i++) {
         bool all = true;
         for (size_t e = 0; e < res[i].n_entries; e++)
@@ -171,6 +231,80 @@ static void deposit_more(child *c)
     }
 }
 
+/* Starts operation number c->pulled.started in slot s: its own request,
+ * hinted at the source, delivering into the slot's zeroed blocks. A refused
+ * call is an exit code (the parent sees the peer die). */
+static void pull_one(child *c, struct pull_slot *s)
+{
+    const peer_pull *p = &c->pull;
+    size_t slot = (size_t)(s - c->pull_slots);
+    s->first = (uint32_t)((c->pulled.started * p->keys_per_op) % p->span);
+    snprintf(s->req, sizeof s->req, "pull-%llu", (unsigned long long)c->pulled.started);
+    uint64_t hashes[PEER_PULL_MAX_KEYS];
+    char names[PEER_PULL_MAX_KEYS][24];
+    kvcr_mem_ref refs[PEER_PULL_MAX_KEYS];
+    kvcr_block b[PEER_PULL_MAX_KEYS];
+    for (uint32_t i = 0; i < p->keys_per_op; i++) {
+        uint32_t key = p->first + (s->first + i) % p->span;
+        size_t dst = slot * p->keys_per_op + i;
+        hashes[i] = key;
+        memset(c->r.fw + dst * c->r.block_size, 0, c->r.block_size);
+        refs[i] = (kvcr_mem_ref){NULL, "", dst};
+        b[i] = (kvcr_block){key_of(peer_key(names[i], sizeof names[i], key)), &refs[i], 1};
+    }
+    char json[2048];
+    peer_hint_json(json, sizeof json, p->source, hashes, p->keys_per_op);
+    if (kvcr_submit_hint(c->r.kv, s->req, json, strlen(json)) != 0 ||
+        kvcr_deliver(c->r.kv, b, p->keys_per_op, s->req, &s->op) != 0) {
+        fprintf(stderr, "peer: pull: %s\n", kvcr_last_error());
+        _exit(8);
+    }
+    c->pulled.started++;
+}
+
+/* Keeps the pull job's operations in flight, while it has any left. */
+static void pull_more(child *c)
+{
+    if (c->pull_left > 0 && now_ns() >= c->pull_until_ns) c->pull_left = 0;
+    bool busy = false;
+    for (uint32_t k = 0; k < c->pull.depth; k++) {
+        if (c->pull_slots[k].op == 0 && c->pull_left > 0) {
+            pull_one(c, &c->pull_slots[k]);
+            c->pull_left--;
+        }
+        busy |= c->pull_slots[k].op != 0;
+    }
+    c->pulled.idle = !busy && c->pull_left == 0;
+}
+
+/* PEER_CMD_PULL: a new job (parameters checked: a bad one is an exit). */
+static void pull_command(child *c, int cmd)
+{
+    peer_pull p;
+    size_t got = 0;
+    while (got < sizeof p) {
+        ssize_t n = read(cmd, (char *)&p + got, sizeof p - got);
+        if (n <= 0) _exit(3);
+        got += (size_t)n;
+    }
+    p.source[sizeof p.source - 1] = '\0';
+    if (p.keys_per_op < 1 || p.keys_per_op > PEER_PULL_MAX_KEYS || p.depth < 1 ||
+        p.depth > PEER_PULL_MAX_DEPTH || p.span < p.keys_per_op ||
+        (size_t)p.depth * p.keys_per_op > c->r.fw_count)
+        _exit(9);
+    for (uint32_t k = 0; k < c->pull.depth; k++) /* slots in flight keep their old layout */
+        if (c->pull_slots[k].op != 0 && (p.keys_per_op != c->pull.keys_per_op ||
+                                         p.first != c->pull.first || p.span != c->pull.span))
+            _exit(9);
+    if (p.depth < c->pull.depth)
+        for (uint32_t k = p.depth; k < c->pull.depth; k++)
+            if (c->pull_slots[k].op != 0) _exit(9);
+    c->pull = p;
+    c->pull_left += p.n_ops;
+    c->pull_until_ns = now_ns() + (uint64_t)p.max_ms * 1000000u;
+    c->pulled.idle = 0;
+}
+
 /* PEER_CMD_VERIFY: which of k0..k<n-1> this instance holds in KVCR DRAM
  * or in G3, and whether each comes back with its bytes. */
 static peer_verdict child_verify(child *c, uint32_t n)
@@ -232,7 +366,8 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
         c.r.cfg.g3.n_paths = 1;
         c.r.cfg.g3.capacity_bytes_per_file = (uint64_t)PEER_G3_SLOTS * o->block_size;
     }
-    c.r.cfg.agent_name = "peer";
+    const char *agent = getenv("KVCR_TEST_PEER_AGENT");
+    c.r.cfg.agent_name = agent ? agent : "peer";
     c.r.cfg.remote.control_port = o->port;
     c.r.cfg.operation_timeout_ms = o->op_timeout_ms;
     c.r.cfg.abandon_timeout_ms = o->abandon_timeout_ms;
@@ -261,6 +396,7 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
         poll(fds, 2, 5);
         child_poll(&c);
         deposit_more(&c);
+        pull_more(&c);
         if (!(fds[0].revents & (POLLIN | POLLHUP))) continue;
         char op;
         if (read(cmd, &op, 1) != 1) op = PEER_CMD_STOP; /* the parent is gone */
@@ -275,6 +411,11 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
             for (uint32_t i = first; i < first + n; i++) rig_pattern(&c.r, i, i);
             c.dep_next = first;
             c.dep_left = n;
+        } else if (op == PEER_CMD_PULL) {
+            pull_command(&c, cmd);
+            pull_more(&c);
+        } else if (op == PEER_CMD_PULL_STATS) {
+            if (write(out, &c.pulled, sizeof c.pulled) != (ssize_t)sizeof c.pulled) _exit(3);
         } else if (op == PEER_CMD_COUNTERS) {
             c.counts.dropped_messages = kvcr__test_dropped_messages(c.r.kv);
             c.counts.inventory_added = (uint64_t)c.r.inventory_added;

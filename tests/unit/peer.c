@@ -152,6 +152,25 @@ static bool read_full(int fd, void *buf, size_t len, int timeout_ms)
     return true;
 }
 
+/* The environment of a peer: ours, plus its agent name when it has one
+ * (KVCR_TEST_PEER_AGENT); the array is the caller's to free. */
+static char **peer_env(char **base, const char *agent)
+{
+    static char var[300];
+    size_t n = 0;
+    while (base[n]) n++;
+    char **env = calloc(n + 2, sizeof *env);
+    assert_non_null(env);
+    size_t k = 0;
+    if (agent != NULL) {
+        snprintf(var, sizeof var, "KVCR_TEST_PEER_AGENT=%s", agent);
+        env[k++] = var;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(base[i], "KVCR_TEST_PEER_AGENT=", 21) != 0) env[k++] = base[i];
+    return env;
+}
+
 /* The peer runs in its own program (kvcr-test-peer), started with
  * posix_spawn: no fork handlers run in this multi-threaded process (UCX's
  * would touch locks its threads hold) and nothing of this process's UCX
@@ -182,7 +201,9 @@ void peer_spawn(peer *p, const peer_opts *o)
     posix_spawn_file_actions_adddup2(&fa, down[0], 0); /* dup2 clears close-on-exec */
     posix_spawn_file_actions_adddup2(&fa, up[1], 1);
     extern char **environ;
-    int rc = posix_spawn(&p->pid, KVCR_TEST_PEER, &fa, NULL, argv, environ);
+    char **env = peer_env(environ, o->agent);
+    int rc = posix_spawn(&p->pid, KVCR_TEST_PEER, &fa, NULL, argv, env);
+    free(env);
     posix_spawn_file_actions_destroy(&fa);
     close(down[0]);
     close(up[1]);
@@ -218,6 +239,22 @@ void peer_deposit_async(peer *p, uint32_t first, uint32_t n)
     memcpy(op + 1, &first, 4);
     memcpy(op + 5, &n, 4);
     assert_int_equal(write(p->to_child, op, 9), 9);
+}
+
+void peer_pull_start(peer *p, const peer_pull *job)
+{
+    char op = PEER_CMD_PULL;
+    assert_int_equal(write(p->to_child, &op, 1), 1);
+    assert_int_equal(write(p->to_child, job, sizeof *job), (ssize_t)sizeof *job);
+}
+
+peer_pull_stats peer_pull_stats_get(peer *p)
+{
+    char op = PEER_CMD_PULL_STATS;
+    assert_int_equal(write(p->to_child, &op, 1), 1);
+    peer_pull_stats st;
+    assert_true(read_full(p->from_child, &st, sizeof st, 10000));
+    return st;
 }
 
 static void reap(peer *p)

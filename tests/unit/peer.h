@@ -16,6 +16,7 @@
 #include "harness.h"
 
 enum { PEER_CMD_COUNTERS = 'c', PEER_CMD_STOP = 's', PEER_CMD_VERIFY = 'v', PEER_CMD_DEPOSIT = 'd' };
+enum { PEER_CMD_PULL = 'p', PEER_CMD_PULL_STATS = 'P' };
 
 typedef struct peer_opts {
     size_t block_size;
@@ -32,6 +33,8 @@ typedef struct peer_opts {
     const char *digest;
     /* G3 on this slot file (capacity PEER_G3_SLOTS blocks), or NULL. */
     const char *g3_path;
+    /* Its agent name (NULL: "peer"); targets of one source need their own. */
+    const char *agent;
 } peer_opts;
 
 enum { PEER_G3_SLOTS = 1024 };
@@ -70,6 +73,31 @@ void peer_deposit_async(peer *p, uint32_t first, uint32_t n);
 void peer_kill(peer *p);
 /* Closes its instance cleanly, reaps, and checks it exited 0. */
 void peer_stop(peer *p);
+
+/* PEER_CMD_PULL: the peer, as a target, delivers keys of source into its
+ * framework blocks, one operation (its own request and hint) per
+ * keys_per_op keys, at most depth at a time: operation n pulls
+ * k<first + (n * keys_per_op) % span> and the next keys_per_op - 1. A
+ * command adds n_ops operations to those left; none starts after max_ms. */
+enum { PEER_PULL_MAX_KEYS = 16, PEER_PULL_MAX_DEPTH = 64 };
+
+typedef struct peer_pull {
+    char source[256];
+    uint32_t first, span, keys_per_op, depth, n_ops, max_ms;
+} peer_pull;
+
+/* What the pulls came to so far. Every SUCCESS entry's bytes are checked
+ * (bad_bytes counts those that differ); a FAILED entry counts as busy when
+ * its reason is SOURCE_BUSY, else as other (other_reason: the last one). */
+typedef struct peer_pull_stats {
+    uint64_t started, done, ok_ops, busy_ops;
+    uint64_t ok_entries, busy_entries, other_entries, bad_bytes;
+    uint32_t other_reason;
+    uint32_t idle; /* nothing in flight and nothing left to start */
+} peer_pull_stats;
+
+void peer_pull_start(peer *p, const peer_pull *job);
+peer_pull_stats peer_pull_stats_get(peer *p);
 
 /* A free TCP port on 127.0.0.1 (for a restart at the same address). */
 uint16_t peer_free_port(void);

@@ -32,9 +32,10 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static void collect(void *ud, const void *data, size_t len)
+static void collect(void *ud, const void *data, size_t len, const char *peer_key)
 {
     inbox *in = ud;
+    assert_null(peer_key); /* plaintext channels */
     if (len > in->max_len) in->max_len = len;
     if (in->n < 256 && len <= MAX_MESSAGE) {
         memcpy(in->data[in->n], data, len);
@@ -86,7 +87,7 @@ static void expect_quiet(ctl_channel *c, inbox *in, int ms)
 static ctl_channel *open_channel(void)
 {
     ctl_channel *c = NULL;
-    if (ctl_open(HOST, 0, -1, HOST, MAX_MESSAGE, NULL, &c) != 0) fail_msg("ctl_open: %s", kvcr_last_error());
+    if (ctl_open(HOST, 0, -1, HOST, MAX_MESSAGE, NULL, NULL, &c) != 0) fail_msg("ctl_open: %s", kvcr_last_error());
     assert_non_null(c);
     return c;
 }
@@ -188,7 +189,7 @@ static void test_a_message_over_max_never_arrives(void **state)
     (void)state;
     ctl_channel *a = NULL, *b = open_channel();
     /* a may send more than b accepts: max_message only bounds receiving. */
-    assert_int_equal(ctl_open(HOST, 0, -1, HOST, 4 * MAX_MESSAGE, NULL, &a), 0);
+    assert_int_equal(ctl_open(HOST, 0, -1, HOST, 4 * MAX_MESSAGE, NULL, NULL, &a), 0);
     static uint8_t big[MAX_MESSAGE + 1];
     memset(big, 'x', sizeof big);
     inbox *in = inbox_new();
@@ -306,26 +307,26 @@ static void test_open_refuses_bad_arguments_and_a_bound_port(void **state)
     ctl_channel *a = open_channel(), *b = (ctl_channel *)1;
     char where[64];
     snprintf(where, sizeof where, "tcp://" HOST ":%u", port_of(a));
-    assert_int_equal(ctl_open(HOST, (uint16_t)port_of(a), -1, HOST, MAX_MESSAGE, NULL, &b), KVCR_ESYS);
+    assert_int_equal(ctl_open(HOST, (uint16_t)port_of(a), -1, HOST, MAX_MESSAGE, NULL, NULL, &b), KVCR_ESYS);
     assert_null(b);
     const char *msg = kvcr_last_error();
     if (strstr(msg, where) == NULL || strstr(msg, "Address already in use") == NULL)
         fail_msg("message: %s", msg);
 
     b = (ctl_channel *)1;
-    assert_int_equal(ctl_open("", 0, -1, HOST, MAX_MESSAGE, NULL, &b), KVCR_EINVAL);
+    assert_int_equal(ctl_open("", 0, -1, HOST, MAX_MESSAGE, NULL, NULL, &b), KVCR_EINVAL);
     assert_null(b);
-    assert_int_equal(ctl_open("127.0.0.1 ", 0, -1, HOST, MAX_MESSAGE, NULL, &b), KVCR_EINVAL);
-    assert_int_equal(ctl_open(NULL, 0, -1, HOST, MAX_MESSAGE, NULL, &b), KVCR_EINVAL);
-    assert_int_equal(ctl_open(HOST, 0, -1, "*", MAX_MESSAGE, NULL, &b), KVCR_EINVAL);
-    assert_int_equal(ctl_open(HOST, 0, -1, "", MAX_MESSAGE, NULL, &b), KVCR_EINVAL);
-    assert_int_equal(ctl_open(HOST, 0, -1, NULL, MAX_MESSAGE, NULL, &b), KVCR_EINVAL);
-    assert_int_equal(ctl_open(HOST, 0, -1, HOST, 0, NULL, &b), KVCR_EINVAL);
-    assert_int_equal(ctl_open(HOST, 0, -1, HOST, MAX_MESSAGE, NULL, NULL), KVCR_EINVAL);
+    assert_int_equal(ctl_open("127.0.0.1 ", 0, -1, HOST, MAX_MESSAGE, NULL, NULL, &b), KVCR_EINVAL);
+    assert_int_equal(ctl_open(NULL, 0, -1, HOST, MAX_MESSAGE, NULL, NULL, &b), KVCR_EINVAL);
+    assert_int_equal(ctl_open(HOST, 0, -1, "*", MAX_MESSAGE, NULL, NULL, &b), KVCR_EINVAL);
+    assert_int_equal(ctl_open(HOST, 0, -1, "", MAX_MESSAGE, NULL, NULL, &b), KVCR_EINVAL);
+    assert_int_equal(ctl_open(HOST, 0, -1, NULL, MAX_MESSAGE, NULL, NULL, &b), KVCR_EINVAL);
+    assert_int_equal(ctl_open(HOST, 0, -1, HOST, 0, NULL, NULL, &b), KVCR_EINVAL);
+    assert_int_equal(ctl_open(HOST, 0, -1, HOST, MAX_MESSAGE, NULL, NULL, NULL), KVCR_EINVAL);
     assert_null(b);
 
     /* The advertised host is used as given, with the bound port. */
-    assert_int_equal(ctl_open(HOST, 0, -1, "kvcr-node-7", MAX_MESSAGE, NULL, &b), 0);
+    assert_int_equal(ctl_open(HOST, 0, -1, "kvcr-node-7", MAX_MESSAGE, NULL, NULL, &b), 0);
     snprintf(where, sizeof where, "tcp://kvcr-node-7:%u", port_of(b));
     assert_string_equal(ctl_endpoint(b), where);
     ctl_close(b);

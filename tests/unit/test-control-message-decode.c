@@ -163,6 +163,7 @@ static void same_fields(const wire_msg *m, const wire_msg *d)
     bool wd = m->type == WIRE_WRITE_DONE;
     assert_int_equal(d->success, wd && m->success);
     assert_int_equal(d->terminal, carries(m->type, 't') && m->terminal);
+    assert_int_equal(d->busy, m->type == WIRE_WRITE_REFUSED && m->busy);
     assert_int_equal(d->n_completed, wd && m->success ? m->n_completed : 0);
     for (uint32_t i = 0; i < d->n_completed; i++) assert_int_equal(d->completed[i], m->completed[i]);
 }
@@ -683,6 +684,30 @@ static void test_fields_each_type_requires_and_allows(void **state)
     REFUSED(t, "terminal: not a bool");
 }
 
+/* write_refused's busy flag (a refusal at one of the source's limits):
+ * carried only as true, only by write_refused. */
+static void test_write_refused_busy(void **state)
+{
+    (void)state;
+    wire_msg busy = base(WIRE_WRITE_REFUSED), plain = base(WIRE_WRITE_REFUSED);
+    busy.has_op = plain.has_op = true;
+    busy.op = plain.op = 7;
+    busy.busy = true;
+    roundtrip(&busy);
+    roundtrip(&plain);
+    assert_false(wire_msg_equal(&busy, &plain));
+    wire_msg done = write_done(false, 0);
+    done.busy = true; /* not carried by write_done: encodes as without it */
+    roundtrip(&done);
+    tree *t;
+    t = tree_of(&busy), *get(root(t), "busy") = bool_obj(false);
+    REFUSED(t, "write_refused: busy must be true when present");
+    t = tree_of(&busy), *get(root(t), "busy") = u64_obj(1);
+    REFUSED(t, "write_refused: busy must be true when present");
+    t = tree_of(&done), *add(t, root(t), STR("busy")) = bool_obj(true);
+    REFUSED(t, "field not allowed for this type: busy");
+}
+
 static void test_integer_and_number_rules(void **state)
 {
     (void)state;
@@ -1111,6 +1136,7 @@ int main(void)
         cmocka_unit_test(test_equal_notices_every_field),
         cmocka_unit_test(test_envelope_rules),
         cmocka_unit_test(test_fields_each_type_requires_and_allows),
+        cmocka_unit_test(test_write_refused_busy),
         cmocka_unit_test(test_integer_and_number_rules),
         cmocka_unit_test(test_start_write_bounds),
         cmocka_unit_test(test_key_count_bound),
