@@ -56,7 +56,7 @@ static void *worker_main(void *arg)
         job->state = COPY_RUNNING;
         e->running++;
         while (e->gate == COPY_GATE_HOLD_RUNNING && !e->stopping)
-            pthread_cond_wait(&e->wake, &e->lock);
+            pthread_cond_wait(&e->gate_open, &e->lock);
         bool fail = e->fail_next > 0;
         if (fail) e->fail_next--;
         pthread_mutex_unlock(&e->lock);
@@ -83,6 +83,7 @@ int copy_engine_start(copy_engine *e, uint32_t n_threads, int event_fd)
     if (e->threads == NULL) return KVCR_ENOMEM;
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->gate_open, NULL);
     pthread_cond_init(&e->idle, NULL);
     for (uint32_t i = 0; i < n_threads; i++) {
         if (pthread_create(&e->threads[i], NULL, worker_main, e) != 0) {
@@ -101,6 +102,7 @@ void copy_engine_stop(copy_engine *e)
     /* A held job must finish so that no copy outlives the engine. */
     e->gate = COPY_GATE_OPEN;
     pthread_cond_broadcast(&e->wake);
+    pthread_cond_broadcast(&e->gate_open);
     while (e->running > 0) pthread_cond_wait(&e->idle, &e->lock);
     e->stopping = true;
     pthread_cond_broadcast(&e->wake);
@@ -114,6 +116,7 @@ void copy_engine_stop(copy_engine *e)
 void copy_engine_destroy(copy_engine *e)
 {
     pthread_cond_destroy(&e->idle);
+    pthread_cond_destroy(&e->gate_open);
     pthread_cond_destroy(&e->wake);
     pthread_mutex_destroy(&e->lock);
 }
@@ -153,6 +156,7 @@ void copy_set_gate(copy_engine *e, int gate)
     pthread_mutex_lock(&e->lock);
     e->gate = gate;
     pthread_cond_broadcast(&e->wake);
+    pthread_cond_broadcast(&e->gate_open);
     pthread_mutex_unlock(&e->lock);
 }
 

@@ -44,6 +44,11 @@ enum copy_gate {
 typedef struct copy_engine {
     pthread_mutex_t lock;
     pthread_cond_t wake;   /* jobs queued, gate opened or stopping */
+    /* The test gate opened: where a worker holding a RUNNING job waits.
+     * Apart from wake because copy_submit signals one waiter on wake: had
+     * the held worker been that one, the idle worker slept on and the new
+     * job stayed queued (test-deadline-abort-close saw 1 of 2 running). */
+    pthread_cond_t gate_open;
     pthread_cond_t idle;   /* a job left RUNNING */
     copy_job *q_head, *q_tail;
     copy_job *done_head, *done_tail;
