@@ -6,12 +6,14 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "net/control.h"
 #include "net/json.h"
 #include "net/wire.h"
 #include "util/api.h"
 
 _Static_assert(KVCR_MAX_CONTROL_MESSAGE == WIRE_MAX_MESSAGE, "the public bound is the decoder's");
 _Static_assert(KVCR_MAX_HINT_TEXT == JSON_MAX_TEXT, "the public bound is the JSON reader's");
+_Static_assert(KVCR_CURVE_KEY_LEN == CTL_KEY_LEN, "the public key length is the channel's");
 
 KVCR_API void kvcr_config_init(kvcr_config *cfg)
 {
@@ -161,14 +163,6 @@ static int check_g3(const kvcr_config *cfg)
     return 0;
 }
 
-/* A Z85 key: 40 characters that decode to 32 bytes. */
-static bool z85_key_ok(const char *k)
-{
-    uint8_t raw[32];
-    return k != NULL && strnlen(k, KVCR_CURVE_KEY_LEN + 1) == KVCR_CURVE_KEY_LEN &&
-           zmq_z85_decode(raw, k) != NULL;
-}
-
 /* The secret key is never quoted in a message; public keys may be. */
 static int check_curve(const kvcr_curve_options *k)
 {
@@ -181,13 +175,13 @@ static int check_curve(const kvcr_curve_options *k)
     if (!zmq_has("curve"))
         return kvcr_fail(KVCR_ENOTSUP, "remote curve requested, but this libzmq was built "
                                        "without CURVE support (libsodium)");
-    if (!z85_key_ok(k->secret_key))
+    if (!ctl_key_ok(k->secret_key))
         return kvcr_fail(KVCR_EINVAL, "remote curve secret_key is not a Z85 key (%d characters)",
                          KVCR_CURVE_KEY_LEN);
     char derived[KVCR_CURVE_KEY_LEN + 1];
     if (zmq_curve_public(derived, k->secret_key) != 0)
         return kvcr_fail(KVCR_EINVAL, "remote curve secret_key: zmq_curve_public failed");
-    if (k->public_key != NULL && !z85_key_ok(k->public_key))
+    if (k->public_key != NULL && !ctl_key_ok(k->public_key))
         return kvcr_fail(KVCR_EINVAL, "remote curve public_key '%.48s' is not a Z85 key (%d "
                          "characters)", k->public_key, KVCR_CURVE_KEY_LEN);
     if (k->public_key != NULL && strcmp(k->public_key, derived) != 0)
@@ -200,7 +194,7 @@ static int check_curve(const kvcr_curve_options *k)
         return kvcr_fail(KVCR_EINVAL, "remote curve allowed_keys has %zu keys, at most %d",
                          k->n_allowed_keys, KVCR_CURVE_MAX_KEYS);
     for (size_t i = 0; i < k->n_allowed_keys; i++)
-        if (!z85_key_ok(k->allowed_keys[i]))
+        if (!ctl_key_ok(k->allowed_keys[i]))
             return kvcr_fail(KVCR_EINVAL, "remote curve allowed_keys[%zu] '%.48s' is not a Z85 "
                              "key (%d characters)", i, k->allowed_keys[i] ? k->allowed_keys[i] : "(null)",
                              KVCR_CURVE_KEY_LEN);

@@ -91,11 +91,11 @@ static bool host_ok(const char *h, size_t n)
     return true;
 }
 
-/* 40 characters that decode as Z85 (32 bytes). */
-static bool key_ok(const char *key)
+bool ctl_key_ok(const char *key)
 {
     uint8_t raw[32];
-    return strlen(key) == CTL_KEY_LEN && zmq_z85_decode(raw, key) != NULL;
+    return key != NULL && strnlen(key, CTL_KEY_LEN + 1) == CTL_KEY_LEN &&
+           zmq_z85_decode(raw, key) != NULL;
 }
 
 const char *ctl_endpoint_key(const char *endpoint)
@@ -135,7 +135,7 @@ int ctl_check_endpoint(const char *endpoint)
     if (strnlen(endpoint, CTL_MAX_ENDPOINT + 1) > CTL_MAX_ENDPOINT)
         return kvcr_fail(KVCR_EINVAL, "control endpoint longer than %d bytes", CTL_MAX_ENDPOINT);
     const char *key = ctl_endpoint_key(endpoint);
-    if (key != NULL && !key_ok(key))
+    if (key != NULL && !ctl_key_ok(key))
         return kvcr_fail(KVCR_EINVAL, "control endpoint '%s': the key after " CTL_CURVE_TAG
                          " is not %d characters of Z85", endpoint, CTL_KEY_LEN);
     char addr[CTL_MAX_ENDPOINT + 1];
@@ -361,13 +361,13 @@ static int bind_pull(ctl_channel *c, const char *host, uint16_t port, int *liste
  * the top of this file). */
 static int curve_setup(ctl_channel *c, const ctl_curve *k)
 {
-    if (k->secret_key == NULL || k->public_key == NULL || !key_ok(k->secret_key) ||
-        !key_ok(k->public_key) || k->n_allowed == 0 || k->allowed == NULL)
+    if (k->secret_key == NULL || k->public_key == NULL || !ctl_key_ok(k->secret_key) ||
+        !ctl_key_ok(k->public_key) || k->n_allowed == 0 || k->allowed == NULL)
         return kvcr_fail(KVCR_EINVAL, "control CURVE keys must be Z85 and the allow-list non-empty");
     c->allowed = calloc(k->n_allowed, sizeof *c->allowed);
     if (c->allowed == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
     for (size_t i = 0; i < k->n_allowed; i++) {
-        if (k->allowed[i] == NULL || !key_ok(k->allowed[i]))
+        if (k->allowed[i] == NULL || !ctl_key_ok(k->allowed[i]))
             return kvcr_fail(KVCR_EINVAL, "control CURVE allowed key %zu is not Z85", i);
         memcpy(c->allowed[i], k->allowed[i], sizeof c->allowed[i]);
     }

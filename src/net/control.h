@@ -28,6 +28,10 @@
 
 #define CTL_MAX_ENDPOINT 256
 #define CTL_KEY_LEN 40          /* a CURVE key in Z85 */
+
+/* A CURVE key: CTL_KEY_LEN characters that decode as Z85 (32 bytes);
+ * false for NULL. */
+bool ctl_key_ok(const char *key);
 #define CTL_CURVE_TAG "#curve=" /* between an endpoint's address and its key */
 
 typedef struct ctl_channel ctl_channel;
