@@ -114,6 +114,12 @@ void rig_init_remote(rig *r, size_t block_size, size_t fw_count, size_t slots)
     r->cfg.remote.enabled = true;
     r->cfg.remote.control_host = "127.0.0.1";
     r->cfg.callbacks.key_hash = peer_key_hash;
+    /* These tests pin what a transfer moves, not when it gives up: the
+     * library's 1 s default is too short for a first transfer under valgrind
+     * on a loaded 2-core runner (UCX endpoint set-up alone can take it). Tests
+     * of deadlines set their own. */
+    r->cfg.operation_timeout_ms = 5000;
+    r->cfg.abandon_timeout_ms = 10000;
 }
 
 uint16_t peer_free_port(void)

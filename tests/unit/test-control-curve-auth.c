@@ -50,9 +50,6 @@ static void curve_rig(rig *r, const char *name, const keypair *k, const char *co
     rig_init_remote(r, BS, 8, 8);
     r->cfg.agent_name = name;
     r->cfg.enable_telemetry = true;
-    /* generous: sanitizers and a loaded machine must not fail a transfer */
-    r->cfg.operation_timeout_ms = 5000;
-    r->cfg.abandon_timeout_ms = 10000;
     r->cfg.remote.curve = (kvcr_curve_options){k->sec, k->pub, allowed, n};
 }
 
