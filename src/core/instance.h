@@ -7,6 +7,7 @@
 #include "core/copy.h"
 #include "core/evictq.h"
 #include "core/index.h"
+#include "core/recovery.h"
 #include "core/telemetry.h"
 #include "kvcr/kvcr.h"
 #include "net/hint.h"
@@ -159,6 +160,13 @@ struct kvcr {
     struct journal *journal;  /* guard mode: where residencies are published (NULL: off) */
     struct svc_hold *hold;    /* guard mode: the claim, released at close */
     int control_listener;     /* guard mode: adopted by the control channel; -1 */
+    /* Who this instance is to peers, and the incarnations that answered on
+     * its endpoint before and are gone for good (guard mode: the dead
+     * owner, a stopped Guard backup): a peer probing a transfer of one of
+     * them is told it is over. */
+    uint8_t incarnation[KVCR_INC_LEN];
+    uint8_t retired[KVCR_RETIRED_MAX][KVCR_INC_LEN];
+    size_t n_retired;
 
     pending_event *events_head, *events_tail;
     kvcr_capacity_need pressure[KVCR_MAX_POOLS];

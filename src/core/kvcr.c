@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "core/config.h"
@@ -145,10 +146,11 @@ int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out)
         release_parts(kv);
         return rc; /* g3_start named the cause */
     }
-    if (boot) { /* after the G3 scan, which may know some of the keys */
-        kv->journal = boot->journal;
-        recovery_install(kv, boot->blocks, boot->n_blocks);
+    if (getrandom(kv->incarnation, sizeof kv->incarnation, 0) != (ssize_t)sizeof kv->incarnation) {
+        release_parts(kv);
+        return kvcr_fail(KVCR_ESYS, "getrandom failed: %m");
     }
+    if (boot) recovery_boot(kv, boot); /* after the G3 scan, which may know some of the keys */
     rc = copy_engine_start(&kv->copier, kv->conf.copy_threads, kv->event_fd);
     if (rc != 0) {
         release_parts(kv);
@@ -210,6 +212,7 @@ static int create_claimed(const kvcr_config *cfg, kvcr_t **out)
     if (c.remote.enabled) c.remote.control_port = svc_hold_control_port(h);
     kvcr_boot boot = {.journal = svc_hold_journal(h), .hold = h, .role = "claimant"};
     boot.blocks = svc_hold_recovered(h, &boot.n_blocks);
+    boot.retired = svc_hold_retired(h, &boot.n_retired);
     boot.control_listener = svc_hold_take_listener(h);
     rc = kvcr__create(&c, &boot, out);
     if (rc != 0) {

@@ -106,6 +106,26 @@ static size_t install_all(kvcr_t *kv, const recovered_block *blocks, size_t n)
     return installed;
 }
 
+_Static_assert(KVCR_INC_LEN == JOURNAL_INC_LEN, "one incarnation size");
+_Static_assert(KVCR_RETIRED_MAX == JOURNAL_RETIRED_MAX, "one retired list size");
+
+void recovery_boot(kvcr_t *kv, const kvcr_boot *boot)
+{
+    kv->journal = boot->journal;
+    /* Before the control channel opens: a peer can only learn an
+     * incarnation the service will find when this process is gone. */
+    if (kv->journal) journal_set_owner(kv->journal, kv->incarnation);
+    size_t n = boot->n_retired < KVCR_RETIRED_MAX ? boot->n_retired : KVCR_RETIRED_MAX;
+    if (n > 0) memcpy(kv->retired, boot->retired, n * KVCR_INC_LEN);
+    kv->n_retired = n;
+    recovery_install(kv, boot->blocks, boot->n_blocks);
+}
+
+void kvcr__incarnation(const kvcr_t *kv, uint8_t out[KVCR_INC_LEN])
+{
+    memcpy(out, kv->incarnation, KVCR_INC_LEN);
+}
+
 size_t recovery_install(kvcr_t *kv, const recovered_block *blocks, size_t n)
 {
     if (n == 0) return 0;

@@ -612,22 +612,16 @@ uint32_t ucx_peer_busy(const ucx_peer *p)
     return p->busy;
 }
 
-void ucx_peer_close(ucx_peer *p)
+/* Closes the endpoint, waiting at most 2 s; a forced close does not flush. */
+static void close_ep(ucx_peer *p, bool force)
 {
-    if (p == NULL) return;
     ucx_ctx *c = p->c;
-    if (p->busy != 0) {
-        /* Its writes still point at it: leaking beats a use after free. */
-        kvcr_log(c->log, KVCR_LOG_ERROR,
-                 "ucx_peer_close with %u writes running; endpoint left open", p->busy);
-        return;
-    }
-    /* A failed endpoint cannot flush; a live one finishes what it has. */
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = p->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+        .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
     };
     void *req = ucp_ep_close_nbx(p->ep, &rp);
+    p->ep = NULL;
     if (UCS_PTR_IS_PTR(req)) {
         uint64_t deadline = kvcr_now_ns() + CLOSE_TIMEOUT_NS;
         ucs_status_t st;
@@ -644,7 +638,29 @@ void ucx_peer_close(ucx_peer *p)
         kvcr_log(c->log, KVCR_LOG_INFO, "ucx endpoint close: %s",
                  ucs_status_string(UCS_PTR_STATUS(req)));
     }
+}
+
+void ucx_peer_close(ucx_peer *p)
+{
+    if (p == NULL) return;
+    if (p->busy != 0) {
+        /* Its writes still point at it: leaking beats a use after free. */
+        kvcr_log(p->c->log, KVCR_LOG_ERROR,
+                 "ucx_peer_close with %u writes running; endpoint left open", p->busy);
+        return;
+    }
+    /* A failed endpoint cannot flush; a live one finishes what it has. */
+    if (p->ep != NULL) close_ep(p, p->failed);
     free(p);
+}
+
+void ucx_peer_abort(ucx_peer *p)
+{
+    if (p->ep == NULL) return;
+    kvcr_log(p->c->log, KVCR_LOG_WARN,
+             "ucx peer unanswering: endpoint closed by force, %u write(s) on it fail", p->busy);
+    p->failed = true;
+    close_ep(p, true);
 }
 
 int ucx_rkey_unpack(ucx_peer *p, const void *buf, size_t len, ucx_rkey **out)
@@ -652,6 +668,7 @@ int ucx_rkey_unpack(ucx_peer *p, const void *buf, size_t len, ucx_rkey **out)
     /* A packed rkey is a memory domain map (8 bytes), a memory type byte and
      * one length-prefixed key per domain in the map: checked like the address. */
     const uint8_t *b = buf;
+    if (p->ep == NULL) return kvcr_fail(KVCR_ESYS, "ucx rkey: the peer's endpoint was aborted");
     if (b == NULL || len < 9 || len > 4096)
         return kvcr_fail(KVCR_EINVAL, "malformed UCX rkey: %zu bytes", len);
     uint64_t md_map;

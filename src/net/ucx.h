@@ -71,6 +71,11 @@ uint32_t ucx_peer_busy(const ucx_peer *p);
  * otherwise it logs an error and leaves the endpoint open); rkeys unpacked
  * on it must be destroyed first. Waits at most 2 s for a live peer. */
 void ucx_peer_close(ucx_peer *p);
+/* Gives up on a peer that stopped answering: its endpoint is closed by
+ * force, which completes every write still running on it as failed (they
+ * are reported by the next ucx_progress); UCX reads none of their sources
+ * after that. The peer is failed from then on; ucx_peer_close frees it. */
+void ucx_peer_abort(ucx_peer *p);
 
 /* buf is a packed rkey from ucx_mem_rkey on the peer; its layout is checked
  * before UCX reads it. */

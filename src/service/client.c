@@ -33,6 +33,8 @@ struct svc_hold {
     size_t keys_used, keys_cap;
     journal jr;
     bool journal_ok;
+    journal_inc retired[JOURNAL_RETIRED_MAX]; /* gone from this endpoint (the service says) */
+    size_t n_retired;
     kvcr_logger log;
 };
 
@@ -181,6 +183,7 @@ static int take_grant(svc_hold *h, const svc_msg *g)
     rc = journal_attach_producer(&h->jr, h->base, g->journal_bytes, g->generation);
     if (rc != 0) return rc;
     h->journal_ok = true;
+    h->n_retired = journal_retired(h->base, h->retired);
     return 0;
 }
 
@@ -263,6 +266,12 @@ const recovered_block *svc_hold_recovered(const svc_hold *h, size_t *n)
 {
     *n = h->n_recovered;
     return h->recovered;
+}
+
+const uint8_t (*svc_hold_retired(const svc_hold *h, size_t *n))[KVCR_INC_LEN]
+{
+    *n = h->n_retired;
+    return (const uint8_t (*)[KVCR_INC_LEN])h->retired;
 }
 
 struct journal *svc_hold_journal(svc_hold *h)

@@ -32,6 +32,8 @@ int svc_claim(const kvcr_config *cfg, svc_hold **out);
  * is bound to. */
 const kvcr_dram_pool *svc_hold_pools(const svc_hold *h, size_t *n);
 const recovered_block *svc_hold_recovered(const svc_hold *h, size_t *n);
+/* Incarnations that served this group's endpoint before and are gone. */
+const uint8_t (*svc_hold_retired(const svc_hold *h, size_t *n))[KVCR_INC_LEN];
 struct journal *svc_hold_journal(svc_hold *h);
 int svc_hold_take_listener(svc_hold *h);
 uint16_t svc_hold_control_port(const svc_hold *h);

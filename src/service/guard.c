@@ -58,6 +58,11 @@ struct guard {
     bool resumable;    /* a grant stood the backup down: an unactivated release resumes it */
     uint64_t died_ns;
 
+    /* Incarnations that answered on the endpoint and are gone (newest
+     * last): every instance on it after them says so to a probing peer. */
+    journal_inc retired[JOURNAL_RETIRED_MAX];
+    size_t n_retired;
+
     /* Metrics. */
     uint64_t claims, refusals, promotions, handbacks, recovery_lost, recovered;
     double last_promotion_s;
@@ -96,16 +101,33 @@ int guard_create(const guard_terms *t, uint32_t index, guard **out)
     return 0;
 }
 
+static void retire(guard *g, const journal_inc inc)
+{
+    for (size_t i = 0; i < g->n_retired; i++)
+        if (memcmp(g->retired[i], inc, JOURNAL_INC_LEN) == 0) return;
+    if (g->n_retired == JOURNAL_RETIRED_MAX) {
+        memmove(g->retired[0], g->retired[1], (JOURNAL_RETIRED_MAX - 1) * JOURNAL_INC_LEN);
+        g->n_retired--;
+    }
+    memcpy(g->retired[g->n_retired++], inc, JOURNAL_INC_LEN);
+}
+
 static void stop_backup(guard *g)
 {
     if (g->backup == NULL) return;
+    journal_inc inc;
+    kvcr__incarnation(g->backup, inc);
     kvcr_close(g->backup); /* waits out its transfers: nothing reads the pool afterwards */
     kvcr_free(g->backup);
     g->backup = NULL;
+    retire(g, inc); /* its transport is destroyed: it writes nothing more */
 }
 
+/* The owner is gone (dead, or closed: its transport destroyed either way). */
 static void end_lease(guard *g)
 {
+    journal_inc inc;
+    if (g->lease != 0 && journal_owner(g->base, inc)) retire(g, inc);
     if (g->reading) journal_detach(&g->jc);
     g->reading = false;
     if (g->pidfd >= 0) close(g->pidfd);
@@ -189,6 +211,7 @@ static void compact(guard *g)
         mirror_clear(&g->mir);
         n = 0;
     }
+    journal_set_retired(g->base, g->retired, g->n_retired); /* what the next owner answers for */
     g->recovered = n;
     g->mirror_ok = true;
     g->reading = journal_attach_consumer(&g->jc, g->base, g->t->journal_bytes, g->generation) == 0;
@@ -449,7 +472,9 @@ static int start_backup(guard *g, const recovered_block *list, size_t n)
     c.remote.control_port = g->port;
     c.callbacks.log = guard_log_sink;
     c.callbacks.ud = g;
-    kvcr_boot boot = {.blocks = list, .n_blocks = n, .role = "guard"};
+    kvcr_boot boot = {.blocks = list, .n_blocks = n, .role = "guard",
+                      .retired = (const uint8_t (*)[KVCR_INC_LEN])g->retired,
+                      .n_retired = g->n_retired};
     boot.control_listener = fcntl(g->listener, F_DUPFD_CLOEXEC, 0);
     if (boot.control_listener < 0) return kvcr_fail(KVCR_ESYS, "dup: %s", strerror(errno));
     return kvcr__create(&c, &boot, &g->backup);

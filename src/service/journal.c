@@ -45,6 +45,9 @@
 #define H_INVALID 64
 #define H_PUBLISHED 128
 #define H_CONSUMED 192
+#define H_OWNER 256
+#define H_N_RETIRED 320
+#define H_RETIRED 384
 
 /* Frame head offsets. */
 #define F_SIZE 0
@@ -114,6 +117,52 @@ int journal_format(void *base, uint64_t bytes, uint64_t generation)
     store_word(h, H_CONSUMED, 0);
     store_word(h, H_INVALID, 0);
     return 0;
+}
+
+/* ---- incarnations -------------------------------------------------------------- */
+
+/* An incarnation is two shared words: each is written and read atomically
+ * (the other process may read while this one writes; a torn pair is only
+ * a wrong incarnation, which no peer knows). */
+static void store_inc(uint8_t *h, size_t off, const journal_inc inc)
+{
+    uint64_t w[2];
+    memcpy(w, inc, sizeof w);
+    store_word(h, off, le64toh(w[0]));
+    store_word(h, off + 8, le64toh(w[1]));
+}
+
+static void load_inc(const uint8_t *h, size_t off, journal_inc out)
+{
+    uint64_t w[2] = {htole64(load_word(h, off)), htole64(load_word(h, off + 8))};
+    memcpy(out, w, sizeof w);
+}
+
+void journal_set_owner(journal *j, const journal_inc inc)
+{
+    store_inc(j->base, H_OWNER, inc);
+}
+
+bool journal_owner(const void *base, journal_inc out)
+{
+    load_inc(base, H_OWNER, out);
+    static const journal_inc none = {0};
+    return memcmp(out, none, JOURNAL_INC_LEN) != 0;
+}
+
+void journal_set_retired(void *base, const journal_inc *incs, size_t n)
+{
+    if (n > JOURNAL_RETIRED_MAX) n = JOURNAL_RETIRED_MAX;
+    for (size_t i = 0; i < n; i++) store_inc(base, H_RETIRED + i * JOURNAL_INC_LEN, incs[i]);
+    store_word(base, H_N_RETIRED, n);
+}
+
+size_t journal_retired(const void *base, journal_inc *out)
+{
+    uint64_t n = load_word(base, H_N_RETIRED);
+    if (n > JOURNAL_RETIRED_MAX) n = JOURNAL_RETIRED_MAX;
+    for (size_t i = 0; i < n; i++) load_inc(base, H_RETIRED + i * JOURNAL_INC_LEN, out[i]);
+    return (size_t)n;
 }
 
 /* Is this a journal of this size and generation? The shared words are not

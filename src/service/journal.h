@@ -23,6 +23,16 @@
  *                  128   u64 published cursor                    atomic
  *                  192   u64 consumed cursor                     atomic
  *                  (the cursors sit on their own cache lines)
+ *                  256   owner incarnation, 16 bytes (zero: none) atomic words
+ *                  320   u64 number of retired incarnations      atomic
+ *                  384   retired incarnations, 8 x 16 bytes      atomic words
+ *                  The incarnations are how peers know a process: the
+ *                  producer writes its own at start; when the owner is
+ *                  gone the service lists it as retired (dead, or closed
+ *                  with its transport destroyed), so that whoever answers
+ *                  on its endpoint next can tell a peer that a transfer
+ *                  from it is over. They are plain bytes: any value is
+ *                  harmless, a count above 8 reads as 8.
  *   [4096, journal_bytes)  the ring, capacity C = journal_bytes - 4096.
  * Cursors count bytes ever published / consumed (never wrapped); a frame
  * starts at ring offset cursor mod C and may wrap. Valid cursors are
@@ -122,6 +132,21 @@ int journal_replay(const void *base, uint64_t bytes, uint64_t generation,
 /* Marks the journal INVALID for both sides (logs nothing). */
 void journal_invalidate(journal *j);
 bool journal_is_invalid(const journal *j);
+
+/* Incarnations in the header (see the layout). base is a journal mapping
+ * (8-byte aligned, at least JOURNAL_HEADER_BYTES). */
+#define JOURNAL_INC_LEN 16
+#define JOURNAL_RETIRED_MAX 8
+typedef uint8_t journal_inc[JOURNAL_INC_LEN];
+
+/* Producer, at start: the incarnation peers will know this owner by. */
+void journal_set_owner(journal *j, const journal_inc inc);
+/* The owner's incarnation: false when none was written since the format. */
+bool journal_owner(const void *base, journal_inc out);
+/* Service, after journal_format: incarnations that will never write again. */
+void journal_set_retired(void *base, const journal_inc *incs, size_t n);
+/* Claimant: up to JOURNAL_RETIRED_MAX retired incarnations into out. */
+size_t journal_retired(const void *base, journal_inc *out);
 
 /* Bytes a frame with this key takes in the ring (head, key, padding). */
 uint64_t journal_frame_bytes(size_t key_len);

@@ -88,7 +88,7 @@ struct pull {
     uint8_t state;      /* enum pull_state */
     bool uncertain;
     bool success;
-    bool probe_due;
+    bool probe_due;      /* the last probe could not be sent: again at the next turn */
     bool discarded;
     uint8_t fail_reason; /* kvcr_reason when it failed */
     char source[CTL_MAX_ENDPOINT + 1];
@@ -96,6 +96,8 @@ struct pull {
     bool has_inc;        /* the source incarnation this pull quoted */
     uint8_t inc[WIRE_INCARNATION_LEN];
     uint64_t start_ns, deadline_ns, abandon_ns;
+    uint64_t reprobe_ns;  /* waiting for terminal evidence: the next probe */
+    uint32_t reprobe_ms;  /* and the interval after it (doubling, at most 30 s) */
     uint32_t n_keys, cap_keys;
     pull_key *keys;
     uint8_t *key_bytes;

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -206,7 +205,9 @@ static int route_load(remote *r, const wire_msg *m, route **out)
 int route_resolve(remote *r, const wire_msg *m, route **out)
 {
     route *rt = route_find(r, &m->agent, sender_key(m));
-    if (!m->has_metadata || (rt != NULL && route_same(rt, &m->md))) {
+    /* A route whose endpoint failed is made again from the next metadata. */
+    bool usable = rt != NULL && !ucx_peer_failed(rt->peer);
+    if (!m->has_metadata || (usable && route_same(rt, &m->md))) {
         *out = rt;
         return rt ? 0 : kvcr_fail(KVCR_ENOENT, "no metadata from this target yet");
     }
@@ -223,8 +224,9 @@ int route_resolve(remote *r, const wire_msg *m, route **out)
         } else {
             route_free(rt);
         }
-        kvcr_log(&r->kv->log, KVCR_LOG_INFO, "target %.*s changed its metadata: route replaced",
-                 (int)m->agent.len, (const char *)m->agent.data);
+        kvcr_log(&r->kv->log, KVCR_LOG_INFO, "target %.*s %s: route replaced",
+                 (int)m->agent.len, (const char *)m->agent.data,
+                 usable ? "changed its metadata" : "sent metadata after its endpoint failed");
     }
     int rc = route_load(r, m, &rt);
     if (rc != 0) return rc;
@@ -521,9 +523,9 @@ int remote_start(kvcr_t *kv)
     r->next_source_no = 1;
     r->next_pin_req = 1;
     int rc = 0;
-    if (getrandom(r->inc, sizeof r->inc, 0) != (ssize_t)sizeof r->inc)
-        rc = kvcr_fail(KVCR_ESYS, "getrandom failed: %s", strerror(errno));
-    if (rc == 0 && (r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+    _Static_assert(sizeof r->inc == sizeof kv->incarnation, "one incarnation size");
+    memcpy(r->inc, kv->incarnation, sizeof r->inc);
+    if ((r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
         rc = kvcr_fail(KVCR_ESYS, "eventfd failed: %s", strerror(errno));
     if (rc == 0) rc = ucx_ctx_create(&kv->log, &r->ucx);
     if (rc == 0) rc = register_memory(r);

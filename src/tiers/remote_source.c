@@ -430,7 +430,20 @@ static void on_metadata(remote *r, const wire_msg *m)
     reply(r, m, &ack);
 }
 
-/* p2p_spec §5.4: fence the write, say whether it can still happen. */
+/* An incarnation that answered on this endpoint before and is gone: the
+ * service told us (guard mode), and nothing of it can write any more. */
+static bool inc_retired(const remote *r, const wire_bytes *b)
+{
+    const kvcr_t *kv = r->kv;
+    for (size_t i = 0; i < kv->n_retired; i++)
+        if (b->len == WIRE_INCARNATION_LEN && memcmp(b->data, kv->retired[i], b->len) == 0)
+            return true;
+    return false;
+}
+
+/* p2p_spec §5.4: fence the write, say whether it can still happen. A probe
+ * for a retired incarnation is answered with its death, which frees the
+ * target's memory at once instead of never. */
 static void on_probe(remote *r, const wire_msg *m)
 {
     char agent[WIRE_MAX_NAME + 1];
@@ -446,6 +459,12 @@ static void on_probe(remote *r, const wire_msg *m)
     }
     wire_msg ack = {.type = WIRE_WRITE_PROBE_ACK, .has_op = true, .op = m->op,
                     .terminal = ours && (st == NULL || !st->submitted)};
+    if (!ours && inc_retired(r, &m->expected_inc)) {
+        ack.has_dead_inc = true;
+        ack.dead_inc = m->expected_inc;
+        kvcr_log(&r->kv->log, KVCR_LOG_DEBUG, "probe from %s for a retired incarnation: over",
+                 agent);
+    }
     reply(r, m, &ack);
 }
 
@@ -567,6 +586,11 @@ void source_timers(remote *r, uint64_t now, uint64_t *next_ns)
             sw->abandoned = true;
             report_abandoned(r, sw);
             to_main(r, sw); /* framework pins go back now; claims stay */
+            /* A target that has not taken a write for a whole abandon
+             * timeout is dead or stuck: the endpoint is closed by force,
+             * which ends every write on it (settled at the next turn, each
+             * then QUIESCED) instead of holding their claims for ever. */
+            ucx_peer_abort(sw->route->peer);
         }
         uint64_t t = sw->cancel_pending ? sw->cancel_deadline_ns : sw->deadline_ns;
         if (!sw->abandoned && t < *next_ns) *next_ns = t;

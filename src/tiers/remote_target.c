@@ -240,11 +240,22 @@ static bool inc_is(const uint8_t *inc, const wire_bytes *b)
     return b->len == WIRE_INCARNATION_LEN && memcmp(inc, b->data, WIRE_INCARNATION_LEN) == 0;
 }
 
+/* A pull waiting for terminal evidence probes again and again, backing off:
+ * the answer that frees it may come only later, from whoever answers on the
+ * source's endpoint next (a Guard or a restarted engine that knows the
+ * incarnation is retired), and a single probe may be lost with the dead. */
+#define REPROBE_FIRST_MS 500u
+#define REPROBE_MAX_MS 30000u
+
 static void send_probe(remote *r, pull *p)
 {
     wire_msg m = {.type = WIRE_WRITE_PROBE, .has_op = true, .op = p->handle,
                   .has_expected_inc = p->has_inc, .expected_inc = {p->inc, WIRE_INCARNATION_LEN}};
     p->probe_due = send_msg(r, p->source, &m, MD_RETRY) != 0;
+    p->reprobe_ms = p->reprobe_ms == 0 ? REPROBE_FIRST_MS
+                    : p->reprobe_ms < REPROBE_MAX_MS / 2 ? 2 * p->reprobe_ms
+                                                         : REPROBE_MAX_MS;
+    p->reprobe_ns = kvcr_now_ns() + (uint64_t)p->reprobe_ms * MS;
 }
 
 /* Past the deadline (or told the source cancelled): wait for terminal
@@ -282,6 +293,9 @@ static void on_write_done(remote *r, pull *p, const wire_msg *m)
         if (p->state == PULL_WAIT_DONE) enter_wait_terminal(r, p);
         return;
     }
+    /* A failed write may mean the source lost its endpoint to us: the next
+     * pull carries our metadata again, from which it makes a new one. */
+    if (!m->success) peer_invalidate(r, p->source);
     on_terminal(r, p, m->success, m->completed, m->n_completed);
 }
 
@@ -366,9 +380,11 @@ void target_timers(remote *r, uint64_t now, uint64_t *next_ns)
             peer_invalidate(r, p->source);
             send_probe(r, p);
         }
-        if (p->probe_due) send_probe(r, p);
+        bool waiting = p->state == PULL_WAIT_TERMINAL || p->state == PULL_QUARANTINED;
+        if (p->probe_due || (waiting && now >= p->reprobe_ns)) send_probe(r, p);
         if (p->state == PULL_WAIT_DONE) next_at(next_ns, p->deadline_ns);
         if (p->state == PULL_WAIT_TERMINAL) next_at(next_ns, p->abandon_ns);
+        if (waiting) next_at(next_ns, p->reprobe_ns);
     }
 }
 

@@ -841,6 +841,47 @@ static void test_format_makes_an_invalid_journal_valid_and_empty(void **state)
     free(m);
 }
 
+/* ---- incarnations -------------------------------------------------------------------------- */
+
+static void test_incarnations_sit_in_the_header_and_a_format_clears_them(void **state)
+{
+    (void)state;
+    uint8_t *m = new_journal(BYTES);
+    journal_inc got, list[JOURNAL_RETIRED_MAX + 1];
+    assert_false(journal_owner(m, got)); /* none written since the format */
+    assert_int_equal(journal_retired(m, list), 0);
+
+    journal prod;
+    assert_int_equal(journal_attach_producer(&prod, m, BYTES, GEN), 0);
+    journal_inc owner;
+    for (int i = 0; i < JOURNAL_INC_LEN; i++) owner[i] = (uint8_t)(0xa0 + i);
+    journal_set_owner(&prod, owner);
+    assert_memory_equal(m + 256, owner, JOURNAL_INC_LEN); /* raw bytes, at the documented offset */
+    assert_true(journal_owner(m, got));
+    assert_memory_equal(got, owner, JOURNAL_INC_LEN);
+    journal_detach(&prod);
+
+    journal_inc retired[3];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < JOURNAL_INC_LEN; i++) retired[k][i] = (uint8_t)(16 * k + i);
+    journal_set_retired(m, retired, 3);
+    assert_int_equal(rd64(m + 320), 3);
+    assert_memory_equal(m + 384, retired, sizeof retired);
+    assert_int_equal(journal_retired(m, list), 3);
+    assert_memory_equal(list, retired, sizeof retired);
+
+    /* a count beyond the list (from a damaged or hostile header) reads as
+     * the list's size, never past it */
+    uint64_t huge = UINT64_MAX;
+    memcpy(m + 320, &huge, 8);
+    assert_int_equal(journal_retired(m, list), JOURNAL_RETIRED_MAX);
+
+    assert_int_equal(journal_format(m, BYTES, GEN), 0);
+    assert_false(journal_owner(m, got));
+    assert_int_equal(journal_retired(m, list), 0);
+    free(m);
+}
+
 /* ---- replay -------------------------------------------------------------------------------- */
 
 typedef struct collected {
@@ -1069,6 +1110,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_header_and_frame_bytes_sit_at_their_documented_offsets),
         cmocka_unit_test(test_frame_bytes_are_head_key_and_padding_to_8),
+        cmocka_unit_test(test_incarnations_sit_in_the_header_and_a_format_clears_them),
         cmocka_unit_test(test_put_and_remove_frames_round_trip),
         cmocka_unit_test(test_a_consumer_thread_reads_a_million_frames_as_a_thread_publishes_them),
         cmocka_unit_test(test_a_frame_split_by_the_ring_end_reads_whole),

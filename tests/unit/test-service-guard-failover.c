@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "peer.h"
@@ -336,6 +337,97 @@ static void test_guard_serves_after_sigkill_and_hands_back_on_restart(void **sta
     svc_cleanup(&s);
 }
 
+/* ---- a pull from an engine that dies under it ------------------------------------ */
+
+static int g_uncertain; /* UNCERTAIN events the puller reported */
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void count_uncertain(void *ud, const kvcr_resilience_event *ev)
+{
+    (void)ud;
+    if (ev->state == KVCR_TRANSFER_UNCERTAIN) __atomic_fetch_add(&g_uncertain, 1, __ATOMIC_RELAXED);
+}
+
+/* The engine is stopped (SIGSTOP) so that our start_write sits unread in
+ * its socket, then SIGKILLed: the write never happened, and only the
+ * service knows that the incarnation we quoted is dead. Whoever answers on
+ * the endpoint next (the Guard's backup, or the restarted engine told by
+ * the service) must say so when we probe at our deadline: the pull then
+ * fails by TIMEOUT with its memory free, never quarantined as UNCERTAIN
+ * (which, for lack of an answer, used to last until the puller closed). */
+static void pull_through_a_death(bool restart)
+{
+    g_uncertain = 0;
+    svc s;
+    svc_start(&s);
+    rig r;
+    rig_init_remote(&r, BS, 64, 0);
+    r.cfg.operation_timeout_ms = restart ? 8000 : 3000; /* the restart fits before it */
+    r.cfg.abandon_timeout_ms = 20000;
+    r.cfg.callbacks.resilience = count_uncertain;
+    rig_start(&r);
+    peer a;
+    engine_spawn(&a, &s, 0, 16);
+    char endpoint[256];
+    snprintf(endpoint, sizeof endpoint, "%s", a.endpoint);
+    assert_true(pull_all(&r, endpoint, 16, "before")); /* we learn its incarnation */
+
+    kill(a.pid, SIGSTOP);
+    peer_hint_range(&r, "stuck", endpoint, 0, 8);
+    memset(r.fw, 0, 8 * BS);
+    uint64_t t0 = mono_ms();
+    kvcr_op_handle op = peer_deliver_range(&r, 0, 8, 0, "stuck");
+    usleep(200 * 1000);
+    peer_kill(&a);
+    assert_true(wait_serving(&s, 0) >= 1);
+    if (restart) {
+        engine_spawn(&a, &s, 0, 0); /* takes the group back: the backup is gone */
+        assert_string_equal(a.endpoint, endpoint);
+        if (mono_ms() - t0 >= r.cfg.operation_timeout_ms)
+            print_message("note: the engine restarted after the deadline; the Guard answered\n");
+    }
+    kvcr_entry_status st[8];
+    kvcr_reason why[8];
+    assert_int_equal(rig_wait(&r, op, st, why, NULL), 8);
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(st[i], KVCR_ENTRY_FAILED);
+        assert_int_equal(why[i], KVCR_REASON_TIMEOUT);
+    }
+    uint8_t zero[BS] = {0};
+    for (int i = 0; i < 8; i++) assert_memory_equal(r.fw + (size_t)i * BS, zero, BS);
+    kvcr_op_result *none = NULL;
+    size_t n_none = 0;
+    assert_int_equal(kvcr_poll(r.kv, &none, &n_none), 0); /* events still queued are delivered */
+    assert_int_equal(n_none, 0);
+    kvcr_results_free(none);
+    assert_int_equal(__atomic_load_n(&g_uncertain, __ATOMIC_RELAXED), 0);
+
+    /* and the endpoint serves again, bytes compared */
+    assert_true(pull_all(&r, endpoint, 16, "after"));
+    if (restart) peer_stop(&a);
+    rig_stop(&r);
+    svc_stop(&s);
+    svc_cleanup(&s);
+}
+
+static void test_pull_from_killed_engine_is_ended_by_the_guard(void **state)
+{
+    (void)state;
+    pull_through_a_death(false);
+}
+
+static void test_pull_from_killed_engine_is_ended_by_its_restart(void **state)
+{
+    (void)state;
+    pull_through_a_death(true);
+}
+
 static bool some_deposited(const peer_counts *c)
 {
     return c->deposits_done >= 64;
@@ -585,6 +677,8 @@ int main(void)
         cmocka_unit_test(test_claims_are_refused_with_their_reasons),
         cmocka_unit_test(test_guard_serves_after_sigkill_and_hands_back_on_restart),
         cmocka_unit_test(test_sigkill_during_deposits_keeps_every_committed_block),
+        cmocka_unit_test(test_pull_from_killed_engine_is_ended_by_the_guard),
+        cmocka_unit_test(test_pull_from_killed_engine_is_ended_by_its_restart),
         cmocka_unit_test(test_restart_recovers_dram_and_g3_blocks),
         cmocka_unit_test(test_corrupt_journal_frame_recovers_nothing),
         cmocka_unit_test(test_service_restart_and_sigkill_keep_a_live_engine_working),
