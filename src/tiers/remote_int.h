@@ -42,7 +42,7 @@ typedef struct route {
     struct route *next;
     char agent[WIRE_MAX_NAME + 1]; /* the target's logical name */
     char key[CTL_KEY_LEN + 1];      /* the CURVE key it was announced with ("": none) */
-    uint32_t users;                 /* source writes created on it */
+    uint32_t users;                 /* source writes on it not ended yet (the per-peer limit) */
     bool replaced;                  /* the target restarted or changed: nothing more is
                                      * written through it (kept until its users end) */
     ucx_peer *peer;

@@ -110,18 +110,14 @@ static void refuse_busy(remote *r, const char *limit, int64_t op, const char *ag
     send_msg(r, to, &m, MD_NEVER);
 }
 
-/* The limit a new write from agent would break, or NULL. Per peer counts
- * the writes still being served (the target's view: it has not been
- * answered); the total counts every write held, also those ended and
- * waiting for the next poll to release their claims (the memory). The walk
- * is over at most max_source_writes writes. */
-static const char *write_limit(const remote *r, const char *agent)
+/* The limit a new write on route rt would break, or NULL. Per peer counts
+ * the writes still being served on the peer's route (the target's view: it
+ * has not been answered); the total counts every write held, also those
+ * ended and waiting for the next poll to release their claims (the memory). */
+static const char *write_limit(const remote *r, const route *rt)
 {
     const kvcr_limits *l = &r->kv->conf.limits;
-    uint32_t mine = 0;
-    for (const swrite *sw = r->swrites; sw && mine < l->max_source_writes_per_peer; sw = sw->next)
-        mine += sw->state != SW_DONE && strcmp(sw->agent, agent) == 0;
-    if (mine >= l->max_source_writes_per_peer) return "source_writes_per_peer";
+    if (rt->users >= l->max_source_writes_per_peer) return "source_writes_per_peer";
     return r->n_swrites >= l->max_source_writes ? "source_writes" : NULL;
 }
 
@@ -384,7 +380,7 @@ static void on_start_write(remote *r, const wire_msg *m)
                           : m->has_expected_inc && !inc_ours(r, &m->expected_inc)
                               ? "incarnation_mismatch"
                               : NULL;
-    const char *limit = refusal == NULL ? write_limit(r, sw->agent) : NULL;
+    const char *limit = refusal == NULL ? write_limit(r, rt) : NULL;
     if (limit != NULL) { /* no fence: nothing was accepted */
         refuse_busy(r, limit, m->op, sw->agent, sw->reply_to, m->to);
         sw_free(sw);
