@@ -232,6 +232,20 @@ size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *w
     return 0;
 }
 
+void rig_wait_all_failed(rig *r, kvcr_op_handle op, size_t n, kvcr_reason why)
+{
+    kvcr_entry_status *st = calloc(n, sizeof *st);
+    kvcr_reason *reasons = calloc(n, sizeof *reasons);
+    assert_true(st != NULL && reasons != NULL);
+    assert_int_equal(rig_wait(r, op, st, reasons, NULL), n);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(st[i], KVCR_ENTRY_FAILED);
+        assert_int_equal(reasons[i], why);
+    }
+    free(st);
+    free(reasons);
+}
+
 kvcr_op_result *rig_poll_results(rig *r, size_t *n)
 {
     uint64_t until = now_ms() + 10000;

@@ -64,6 +64,9 @@ kvcr_op_handle rig_deliver(rig *r, const char *const *keys, const size_t *fw_idx
 size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *why,
                 kvcr_release_handle *rh);
 
+/* rig_wait, then every one of the op's n entries must have FAILED for why. */
+void rig_wait_all_failed(rig *r, kvcr_op_handle op, size_t n, kvcr_reason why);
+
 /* Polls (bounded: 10 s) until a poll returns results, for a test that
  * reads them whole (a fetch's slots); the caller checks and frees them. */
 kvcr_op_result *rig_poll_results(rig *r, size_t *n);

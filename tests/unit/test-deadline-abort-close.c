@@ -35,13 +35,7 @@ static void test_deposit_queued_past_its_deadline_fails_and_frees_slots(void **s
     kvcr_op_handle op = rig_deposit(&r, keys, src, 2, 0);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_FETCHING);
     usleep(40 * 1000);
-    kvcr_entry_status st[2];
-    kvcr_reason why[2];
-    rig_wait(&r, op, st, why, NULL);
-    for (int i = 0; i < 2; i++) {
-        assert_int_equal(st[i], KVCR_ENTRY_FAILED);
-        assert_int_equal(why[i], KVCR_REASON_TIMEOUT);
-    }
+    rig_wait_all_failed(&r, op, 2, KVCR_REASON_TIMEOUT);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_MISS);
     kvcr__test_copy_gate(r.kv, KVCR_TEST_GATE_OPEN);
     /* All four slots are free again. */

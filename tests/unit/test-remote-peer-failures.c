@@ -91,13 +91,7 @@ static void test_source_killed_mid_transfer_fails_by_abandon_deadline(void **sta
     peer_wait(&src, pin_requested);
     peer_kill(&src);
 
-    kvcr_entry_status st[4];
-    kvcr_reason why[4];
-    assert_int_equal(rig_wait(&r, op, st, why, NULL), 4);
-    for (int i = 0; i < 4; i++) {
-        assert_int_equal(st[i], KVCR_ENTRY_FAILED);
-        assert_int_equal(why[i], KVCR_REASON_TIMEOUT);
-    }
+    rig_wait_all_failed(&r, op, 4, KVCR_REASON_TIMEOUT);
     /* the destinations were reported uncertain, one region per block */
     pthread_mutex_lock(&g_events.lock);
     assert_int_equal(g_events.uncertain, 1);

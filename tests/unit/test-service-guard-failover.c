@@ -392,13 +392,7 @@ static void pull_through_a_death(bool restart)
         if (mono_ms() - t0 >= r.cfg.operation_timeout_ms)
             print_message("note: the engine restarted after the deadline; the Guard answered\n");
     }
-    kvcr_entry_status st[8];
-    kvcr_reason why[8];
-    assert_int_equal(rig_wait(&r, op, st, why, NULL), 8);
-    for (int i = 0; i < 8; i++) {
-        assert_int_equal(st[i], KVCR_ENTRY_FAILED);
-        assert_int_equal(why[i], KVCR_REASON_TIMEOUT);
-    }
+    rig_wait_all_failed(&r, op, 8, KVCR_REASON_TIMEOUT);
     uint8_t zero[BS] = {0};
     for (int i = 0; i < 8; i++) assert_memory_equal(r.fw + (size_t)i * BS, zero, BS);
     kvcr_op_result *none = NULL;
