@@ -232,6 +232,14 @@ size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *w
     return 0;
 }
 
+void rig_pump(rig *r)
+{
+    kvcr_op_result *res;
+    size_t n;
+    assert_int_equal(kvcr_poll(r->kv, &res, &n), 0);
+    kvcr_results_free(res);
+}
+
 void rig_wait_all_failed(rig *r, kvcr_op_handle op, size_t n, kvcr_reason why)
 {
     kvcr_entry_status *st = calloc(n, sizeof *st);

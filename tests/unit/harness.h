@@ -64,6 +64,11 @@ kvcr_op_handle rig_deliver(rig *r, const char *const *keys, const size_t *fw_idx
 size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *why,
                 kvcr_release_handle *rh);
 
+/* One poll: runs the instance's callbacks (pins, resilience events) and
+ * settles finished source writes; any results are discarded. For a test
+ * that serves peers rather than waiting for its own operations. */
+void rig_pump(rig *r);
+
 /* rig_wait, then every one of the op's n entries must have FAILED for why. */
 void rig_wait_all_failed(rig *r, kvcr_op_handle op, size_t n, kvcr_reason why);
 

@@ -94,15 +94,6 @@ static void source_start(rig *r, const kvcr_limits *lim, uint32_t fw_only, uint3
     }
 }
 
-/* Serves: runs the source's callbacks and settles its finished writes. */
-static void pump(rig *r)
-{
-    kvcr_op_result *res;
-    size_t n;
-    assert_int_equal(kvcr_poll(r->kv, &res, &n), 0);
-    kvcr_results_free(res);
-}
-
 /* Answers held pin request i with framework block k<key>. */
 static void answer_pin(rig *r, int i, uint32_t key)
 {
@@ -173,7 +164,7 @@ static peer_pull_stats serve_until(rig *r, peer *t, uint64_t done)
 {
     peer_pull_stats st = {0};
     for (int spin = 0; spin < 20000; spin++) {
-        pump(r);
+        rig_pump(r);
         st = peer_pull_stats_get(t);
         if (st.done >= done) return st;
         usleep(1000);
@@ -187,7 +178,7 @@ static peer_pull_stats serve_until(rig *r, peer *t, uint64_t done)
 static void serve_until_pins(rig *r, int n)
 {
     for (int spin = 0; spin < 20000 && held.n < n; spin++) {
-        pump(r);
+        rig_pump(r);
         usleep(1000);
     }
     assert_int_equal(held.n, n);
@@ -375,7 +366,7 @@ static void flood_round(rig *src, flood *f, uint32_t ms, bool flooders, uint64_t
     uint64_t give_up = t0 + ms + 180000, next_look = 0;
     bool idle = false, stopping = false;
     while (!idle && now_ms() < give_up) {
-        pump(src);
+        rig_pump(src);
         usleep(2000); /* finished writes wait for the next poll: pressure */
         if (now_ms() < next_look) continue;
         next_look = now_ms() + 100;
@@ -398,7 +389,7 @@ static void flood_round(rig *src, flood *f, uint32_t ms, bool flooders, uint64_t
                     f->st[i].idle);
         fail_msg("the round did not end within %u ms + 180 s", ms);
     }
-    pump(src);
+    rig_pump(src);
     take(src, &f->v);
 }
 

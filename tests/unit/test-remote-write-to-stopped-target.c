@@ -126,15 +126,6 @@ static void target_spawn(peer *t, const char *agent)
     peer_spawn(t, &o);
 }
 
-/* Runs the source's callbacks and settles its finished writes. */
-static void pump(rig *r)
-{
-    kvcr_op_result *res;
-    size_t n;
-    assert_int_equal(kvcr_poll(r->kv, &res, &n), 0);
-    kvcr_results_free(res);
-}
-
 static double in_flight(rig *r)
 {
     return rig_stat(r, "source_writes_in_flight", NULL);
@@ -160,7 +151,7 @@ static void stop_mid_write(rig *r, peer *t)
      * runner): a round that ended without asking for a pin starts again. */
     int rounds = 1;
     for (int spin = 0; spin < 60000 && n_held == 0; spin++) {
-        pump(r);
+        rig_pump(r);
         if (spin % 100 == 99 && rounds < 5) {
             peer_pull_stats st = peer_pull_stats_get(t);
             if (st.idle) {
@@ -190,17 +181,17 @@ static void test_writes_to_a_stopped_target_end_at_the_abandon_deadline(void **s
     peer t;
     target_spawn(&t, "stopped");
     stop_mid_write(&r, &t);
-    pump(&r);
+    rig_pump(&r);
     assert_true(in_flight(&r) >= 1);
 
     /* Bounded: the abandon deadline, then a few turns to settle. */
     for (int spin = 0; spin < (int)(ABANDON_MS + 10000) / 10 && in_flight(&r) > 0; spin++) {
-        pump(&r);
+        rig_pump(&r);
         answer_pins(&r); /* pins the target's later operations asked for */
         usleep(10 * 1000);
     }
     assert_int_equal(in_flight(&r), 0);
-    pump(&r); /* events queued by the last settle */
+    rig_pump(&r); /* events queued by the last settle */
     int uncertain = __atomic_load_n(&g_uncertain, __ATOMIC_RELAXED);
     int quiesced = __atomic_load_n(&g_quiesced, __ATOMIC_RELAXED);
     assert_true(uncertain >= 1);
@@ -217,7 +208,7 @@ static void test_writes_to_a_stopped_target_end_at_the_abandon_deadline(void **s
     peer_pull_start(&u, &p);
     peer_pull_stats st = {0};
     for (int spin = 0; spin < 30000; spin++) {
-        pump(&r);
+        rig_pump(&r);
         answer_pins(&r);
         st = peer_pull_stats_get(&u);
         if (st.done >= KEYS) break;
