@@ -1,3 +1,4 @@
+#include "api/boot.h"
 #include "core/recovery.h"
 
 #include <stdlib.h>

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/recovery.h"
+#include "api/boot.h"
 #include "kvcr/kvcr.h"
 
 typedef struct svc_hold svc_hold;

@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/recovery.h"
+#include "api/boot.h"
 #include "service/journal.h"
 #include "service/mirror.h"
 #include "service/pool.h"

@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "core/index.h"
-#include "core/recovery.h"
+#include "api/boot.h"
 #include "service/journal.h"
 
 typedef struct mirror {

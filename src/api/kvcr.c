@@ -8,10 +8,10 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "core/config.h"
+#include "api/config.h"
 #include "core/instance.h"
 #include "core/ops.h"
-#include "core/recovery.h"
+#include "api/boot.h"
 #include "core/residency.h"
 #include "core/testing.h"
 #include "service/client.h"

@@ -1,4 +1,4 @@
-#include "core/config.h"
+#include "api/config.h"
 
 #include <stddef.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "tiers/local_dram.h"
+#include "core/local_dram.h"
 
 #include <math.h>
 #include <stdlib.h>

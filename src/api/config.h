@@ -1,7 +1,7 @@
 /* Configuration validation: every rule, in the reference's order, before
  * anything starts. */
-#ifndef KVCR_CORE_CONFIG_H
-#define KVCR_CORE_CONFIG_H
+#ifndef KVCR_API_CONFIG_H
+#define KVCR_API_CONFIG_H
 
 #include "core/instance.h"
 

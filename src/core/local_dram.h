@@ -1,8 +1,8 @@
 /* KVCR-owned DRAM (tier LOCAL_G2): caller-provided memory per pool, cut into
  * slots of the pool's block size, with a FIFO free list (allocation takes the
  * front, freeing appends at the back, as the reference does). */
-#ifndef KVCR_TIERS_LOCAL_DRAM_H
-#define KVCR_TIERS_LOCAL_DRAM_H
+#ifndef KVCR_CORE_LOCAL_DRAM_H
+#define KVCR_CORE_LOCAL_DRAM_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,0 +1,41 @@
+/* The documented internal way in for the node daemon (src/service): an
+ * instance created with a boot record (a claim's pools, journal and
+ * recovered blocks, or the Guard's backup of a dead engine). Not part of
+ * the public API; libkvcr exports these names with the internal prefix
+ * kvcr__ so that the daemon library links them. */
+#ifndef KVCR_API_BOOT_H
+#define KVCR_API_BOOT_H
+
+#include "core/recovery.h"
+
+struct journal;
+struct svc_hold;
+
+/* What an instance starts from besides its configuration: given by the
+ * service client for a claimant, and by the Guard for its serving
+ * instance. Everything is optional (zero / -1 / NULL). */
+typedef struct kvcr_boot {
+    const recovered_block *blocks; /* installed at start */
+    size_t n_blocks;
+    struct journal *journal;       /* publish here (owned by hold, or by the caller) */
+    int control_listener;          /* a listening TCP socket the control channel adopts;
+                                    * -1: bind control_host:control_port. Consumed. */
+    struct svc_hold *hold;         /* the claim, released when the instance closes */
+    const char *role;              /* for the start log line ("claimant", "guard") */
+    const uint8_t (*retired)[KVCR_INC_LEN]; /* incarnations that served this endpoint */
+    size_t n_retired;                       /* before and are gone (at most KVCR_RETIRED_MAX) */
+} kvcr_boot;
+
+/* kvcr_create with a boot record. */
+int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out);
+
+/* Takes what boot gives before any thread runs: the journal (the
+ * instance's incarnation is written into its header), the retired
+ * incarnations, and the recovered blocks (recovery_install). */
+void recovery_boot(kvcr_t *kv, const kvcr_boot *boot);
+
+/* The incarnation peers know this instance by (the Guard retires its
+ * backup's when it stops it). */
+void kvcr__incarnation(const kvcr_t *kv, uint8_t out[KVCR_INC_LEN]);
+
+#endif
