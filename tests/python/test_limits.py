@@ -2,7 +2,7 @@
 message, a hint over its size or count refused, operations refused while
 too many completions wait for poll_completed (none lost), and the refusals
 counted in telemetry. The peer limits under load are tested in C
-(tests/unit/test-remote-source-load.c)."""
+(tests/integration/test-remote-source-load.c)."""
 import dataclasses
 
 import pytest
