@@ -1,19 +1,26 @@
-/* The peer-to-peer tier's internals, shared by its three sources:
+/* The peer-to-peer tier's internals, shared by its sources:
  *   remote_progress.c  the progress thread: UCX, the ZeroMQ channel, routes,
- *                      peers, message dispatch, timers
+ *                      message sending and dispatch, timers; the tier_ops
+ *   remote_peer.c      peers: what we know of a control endpoint
  *   remote_target.c    pulls: start_write, write_done, probes, deadlines
- *   remote_source.c    source writes: acceptance, claims, pins, the UCX write
- * Everything below is guarded by the instance lock unless it says
- * "progress only" (touched by the progress thread alone, no lock needed). */
+ *   remote_source.c    source writes: acceptance, claims, the UCX write
+ *   remote_pin.c       framework pins: requests, residencies, releases
+ * The tier reaches the core only through core/host.h. Everything below is
+ * guarded by the instance lock unless it says "progress only" (touched by
+ * the progress thread alone, no lock needed). */
 #ifndef KVCR_TIERS_REMOTE_INT_H
 #define KVCR_TIERS_REMOTE_INT_H
 
 #include <pthread.h>
 
+#include "core/host.h"
+#include "core/tier.h"
 #include "net/control.h"
 #include "net/ucx.h"
 #include "net/wire.h"
 #include "tiers/remote.h"
+
+typedef struct pull pull;
 
 /* ---- peers: what we know of a control endpoint ----------------------------- */
 
@@ -72,13 +79,20 @@ enum pull_main {
 typedef struct pull_key {
     uint32_t key_off, key_len;
     uint32_t ref_off, n_refs;
-    op_rec *op;         /* deliver: the waiting entry (NULL once settled) */
-    uint32_t idx;
-    struct fill *fill;  /* fetch: the fill of KVCR slots */
+    tier_token tok;     /* the deliver entry or the fetch's fill, to settle */
+    bool settled;       /* tok was settled (a deliver reported uncertain) */
     bool completed;
 } pull_key;
 
+/* A batch of the core's reads (core/tier.h): the request's hint, and the
+ * pull being built (NULL for a query). Valid until end(), under the lock. */
+struct tier_batch {
+    const hint_state *st;
+    pull *p;
+};
+
 struct pull {
+    tier_batch batch;   /* while the core adds keys: this pull's batch */
     pull *next, *prev;  /* remote.pulls */
     pull *todo_next;    /* remote.todo (main's work) */
     uint8_t main_flags; /* enum pull_main, pending for main */
@@ -120,7 +134,7 @@ struct pin;
 typedef struct sw_key {
     uint32_t key_off, key_len;
     uint32_t dst_off, n_dst;  /* into swrite.dst */
-    block_id local;           /* claimed KVCR DRAM source, or BLOCK_NONE */
+    tier_block local;         /* claimed KVCR DRAM source, or TIER_BLOCK_NONE */
     struct pin *pin;          /* framework source: the pin it reads through */
     const kvcr_mem_ref *fw_refs;
     uint32_t n_fw;            /* references the pin gave */
@@ -259,6 +273,7 @@ struct remote {
     pull *pulls;                  /* every live pull */
     pull *todo, *todo_tail;       /* pulls with work for main */
     uint64_t n_pulls;
+    tier_batch query;             /* the batch of a query (no pull) */
 
     swrite *swrites;              /* every live source write */
     uint32_t n_swrites;           /* ... counted (limits.max_source_writes) */
@@ -287,31 +302,45 @@ struct remote {
     kvcr_log_limit refuse_log;    /* progress only */
 };
 
-/* remote_progress.c */
+/* remote_progress.c (locked, progress thread unless noted) */
+/* Any thread: the progress thread has work. */
 void remote_wake(remote *r);
-rpeer *peer_get(remote *r, const char *endpoint, bool create);
-void peer_invalidate(remote *r, const char *endpoint);
-/* Sends m (common fields filled in here) to endpoint; with_md attaches our
- * metadata when the peer has not acknowledged it and may (force: always
- * unless acknowledged). 0 or negative; a failure invalidates the peer. */
+/* Sends m (common fields filled in here) to endpoint; md_rule says when our
+ * metadata rides along (MD_RETRY: the peer has not acknowledged it and its
+ * retry time came; MD_FORCE: whenever not acknowledged). 0 or negative; a
+ * failure invalidates the peer. */
 int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule);
 enum { MD_NEVER = 0, MD_RETRY, MD_FORCE };
 int route_resolve(remote *r, const wire_msg *m, route **out);
 /* A source write ended on the progress thread: its use of the route too. */
 void route_release(remote *r, route *rt);
+/* Any thread holding the lock: queues a callback for the polling thread. */
 void rcb_push(remote *r, rcb *cb);
 void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
                     const kvcr_mem_ref *regions, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 
+/* remote_peer.c (locked) */
+rpeer *peer_get(remote *r, const char *endpoint, bool create);
+/* A failed send, a timeout or a refusal: the peer may have lost our
+ * metadata (a restart), so the next message publishes it again. */
+void peer_invalidate(remote *r, const char *endpoint);
+
 /* remote_target.c (locked, progress thread unless noted) */
 void target_adopt(remote *r, uint64_t now);
 void target_timers(remote *r, uint64_t now, uint64_t *next_ns);
 void target_on_message(remote *r, const wire_msg *m);
-void target_main(remote *r);          /* main thread */
 bool target_idle(const remote *r);     /* nothing may still write our memory */
 void target_stop(remote *r, uint64_t now);
 void target_abandon_all(remote *r);
+/* The core's side (main thread, locked): tier_ops begin/holds/read/end,
+ * settle, and (unlocked, at destroy) dropping pulls never settled. */
+tier_batch *target_begin(remote *r, const tier_batch_info *info);
+bool target_holds(remote *r, const tier_batch *b, const uint8_t *key, uint32_t key_len);
+kvcr_reason target_read(remote *r, tier_batch *b, const tier_read *rd);
+void target_end(remote *r, tier_batch *b);
+void target_main(remote *r);
+void target_destroy(remote *r);
 
 /* remote_source.c (locked, progress thread unless noted) */
 void source_on_message(remote *r, const wire_msg *m);
@@ -321,13 +350,30 @@ swrite *source_take_posts(remote *r);
 void source_post(remote *r, swrite *sw);  /* unlocked, progress thread */
 void source_ucx_settle(remote *r);      /* UCX completions */
 void source_main(remote *r);            /* main thread */
+/* Main thread: a pinning write goes on (its pins came, or it gives up). */
+void source_resume(remote *r, swrite *sw);
 bool source_idle(const remote *r);
 void source_stop(remote *r);
-void source_close(remote *r);            /* main thread, at close */
 void source_destroy(remote *r);
-/* Runs one queued callback (pins, resilience) unlocked, then frees it. */
-void source_run_callback(remote *r, rcb *cb);
-int source_pin_complete(remote *r, uint64_t req, uint64_t pin, const kvcr_block *blocks,
-                        size_t n);
+
+/* remote_pin.c (main thread, locked unless noted) */
+fwres *pin_fwres_find(remote *r, const uint8_t *key, uint32_t len);
+/* k of sw reads through f's pin: the write holds the pin until it ends. */
+void pin_bind(swrite *sw, sw_key *k, const fwres *f);
+/* A pending pin request asking for the key: its id. */
+bool pin_req_covering(remote *r, const uint8_t *key, uint32_t len, uint64_t *req);
+bool pin_wait_add(swrite *sw, uint64_t req);
+/* One request_pin for keys idx[0..n) of sw; false: out of memory. */
+bool pin_request(remote *r, swrite *sw, const uint32_t *idx, uint32_t n);
+/* The write ended (or was abandoned): it holds its pins no more. */
+void pin_unhold(remote *r, swrite *sw);
+/* Pins whose release the framework refused are asked again. */
+void pin_retry_releases(remote *r);
+/* Pin requests no pinning write waits for any more are cancelled. */
+void pin_cancel_orphans(remote *r);
+/* Runs one queued pin callback unlocked (request, cancel, release). */
+void pin_run_callback(remote *r, const rcb *cb);
+void pin_close(remote *r);            /* at close */
+void pin_destroy(remote *r);          /* unlocked, at destroy */
 
 #endif

@@ -1,7 +1,7 @@
 /* The peer tier's progress thread and its plumbing: start and stop, the
- * loop, peers (what we know of a control endpoint), routes (how to write
- * into a target), message sending and dispatch, and the callbacks queued
- * for the polling thread.
+ * loop, routes (how to write into a target), message sending and dispatch,
+ * the callbacks queued for the polling thread, and the tier_ops the core
+ * calls.
  *
  * One turn of the loop: drive UCX (unlocked), then under the instance lock
  * settle UCX completions, receive and dispatch up to 64 control messages,
@@ -29,34 +29,6 @@
 #define MS 1000000ull
 #define REFUSE_WARN_MS 10000 /* refused messages are logged at most this often */
 
-/* ---- peers ---------------------------------------------------------------- */
-
-rpeer *peer_get(remote *r, const char *endpoint, bool create)
-{
-    for (uint32_t i = 0; i < r->n_peers; i++)
-        if (strcmp(r->peers[i].endpoint, endpoint) == 0) return &r->peers[i];
-    if (!create || strlen(endpoint) > CTL_MAX_ENDPOINT) return NULL;
-    if (r->n_peers == r->cap_peers) {
-        uint32_t cap = r->cap_peers ? 2 * r->cap_peers : 16;
-        rpeer *p = realloc(r->peers, cap * sizeof *p);
-        if (p == NULL) return NULL;
-        r->peers = p;
-        r->cap_peers = cap;
-    }
-    rpeer *p = &r->peers[r->n_peers++];
-    memset(p, 0, sizeof *p);
-    strcpy(p->endpoint, endpoint);
-    return p;
-}
-
-/* A failed send, a timeout or a refusal: the peer may have lost our
- * metadata (a restart), so the next message publishes it again. */
-void peer_invalidate(remote *r, const char *endpoint)
-{
-    rpeer *p = peer_get(r, endpoint, false);
-    if (p != NULL) p->acked = false, p->retry_ns = 0;
-}
-
 /* ---- sending -------------------------------------------------------------- */
 
 static wire_bytes str_bytes(const char *s)
@@ -67,9 +39,10 @@ static wire_bytes str_bytes(const char *s)
 int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
 {
     kvcr_t *kv = r->kv;
+    const kvcr_conf *conf = host_conf(kv);
     rpeer *p = peer_get(r, endpoint, true);
     uint64_t now = kvcr_now_ns();
-    m->agent = str_bytes(kv->conf.agent_name);
+    m->agent = str_bytes(conf->agent_name);
     m->incarnation = (wire_bytes){r->inc, WIRE_INCARNATION_LEN};
     if (m->from.len == 0) m->from = str_bytes(r->endpoint);
     m->to = str_bytes(endpoint);
@@ -81,7 +54,7 @@ int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
     size_t len = 0;
     int rc = wire_encode(m, &buf, &len);
     if (rc != 0) {
-        kvcr_log(&kv->log, KVCR_LOG_ERROR, "cannot encode a %s message for %s",
+        kvcr_log(host_logger(kv), KVCR_LOG_ERROR, "cannot encode a %s message for %s",
                  wire_type_name(m->type), endpoint);
         return KVCR_ENOMEM;
     }
@@ -90,12 +63,12 @@ int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
     if (rc != 0) {
         /* Debug only: a dead peer makes every probe fail until the abandon
          * deadline; what the failure means is logged by the caller. */
-        kvcr_log(&kv->log, KVCR_LOG_DEBUG, "cannot send %s to %s: %s", wire_type_name(m->type),
+        kvcr_log(host_logger(kv), KVCR_LOG_DEBUG, "cannot send %s to %s: %s", wire_type_name(m->type),
                  endpoint, kvcr_last_error());
         peer_invalidate(r, endpoint);
         return rc;
     }
-    if (attach) p->retry_ns = now + (uint64_t)kv->conf.remote.metadata_retry_interval_ms * MS;
+    if (attach) p->retry_ns = now + (uint64_t)conf->remote.metadata_retry_interval_ms * MS;
     return 0;
 }
 
@@ -224,7 +197,7 @@ int route_resolve(remote *r, const wire_msg *m, route **out)
         } else {
             route_free(rt);
         }
-        kvcr_log(&r->kv->log, KVCR_LOG_INFO, "target %.*s %s: route replaced",
+        kvcr_log(host_logger(r->kv), KVCR_LOG_INFO, "target %.*s %s: route replaced",
                  (int)m->agent.len, (const char *)m->agent.data,
                  usable ? "changed its metadata" : "sent metadata after its endpoint failed");
     }
@@ -272,7 +245,7 @@ void rcb_push(remote *r, rcb *cb)
     else
         r->cbs = cb;
     r->cbs_tail = cb;
-    event_signal(r->kv->event_fd);
+    host_wake(r->kv);
 }
 
 void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
@@ -285,7 +258,7 @@ void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint6
     for (size_t i = 0; i < n; i++) label_bytes += strlen(regions[i].label ? regions[i].label : "") + 1;
     if (n) labels = malloc(label_bytes);
     if (cb == NULL || (n && (copy == NULL || labels == NULL))) {
-        kvcr_log(&r->kv->log, KVCR_LOG_ERROR, "out of memory: a resilience event is lost");
+        kvcr_log(host_logger(r->kv), KVCR_LOG_ERROR, "out of memory: a resilience event is lost");
         free(cb), free(copy), free(labels);
         return;
     }
@@ -319,7 +292,7 @@ static bool sender_authentic(remote *r, const wire_msg *m, const char *peer_key)
     if (peer_key != NULL && claimed != NULL && strcmp(claimed, peer_key) == 0) return true;
     r->dropped_messages++;
     r->refused_messages++;
-    kvcr_log_limited(&r->kv->log, &r->refuse_log, REFUSE_WARN_MS,
+    kvcr_log_limited(host_logger(r->kv), &r->refuse_log, REFUSE_WARN_MS,
                      "dropped a %s message from %.*s: its connection was admitted for key %s, "
                      "not the key of its reply endpoint %.*s",
                      wire_type_name(m->type), (int)m->agent.len, (const char *)m->agent.data,
@@ -335,7 +308,7 @@ static void on_message(void *ud, const void *data, size_t len, const char *peer_
     const char *why = NULL;
     if (wire_decode(data, len, &m, &why) != 0) {
         r->dropped_messages++;
-        kvcr_log(&r->kv->log, KVCR_LOG_WARN, "dropped a malformed control message (%zu bytes): %s",
+        kvcr_log(host_logger(r->kv), KVCR_LOG_WARN, "dropped a malformed control message (%zu bytes): %s",
                  len, why);
         return;
     }
@@ -369,7 +342,7 @@ static void publish_eager(remote *r, uint64_t now, uint64_t *next_ns)
             wire_msg m = {.type = WIRE_METADATA};
             p->eager_tries++;
             if (send_msg(r, p->endpoint, &m, MD_FORCE) != 0)
-                p->retry_ns = now + (uint64_t)r->kv->conf.remote.metadata_retry_interval_ms * MS;
+                p->retry_ns = now + (uint64_t)host_conf(r->kv)->remote.metadata_retry_interval_ms * MS;
         }
         if (p->retry_ns < *next_ns) *next_ns = p->retry_ns;
     }
@@ -388,18 +361,18 @@ static void check_stall(remote *r, uint64_t now)
 {
     uint64_t gap = now - r->last_turn_ns;
     r->last_turn_ns = now;
-    uint64_t limit = (uint64_t)r->kv->conf.operation_timeout_ms * MS;
+    uint32_t timeout_ms = host_conf(r->kv)->operation_timeout_ms;
+    uint64_t limit = (uint64_t)timeout_ms * MS;
     if (r->stalled || gap < limit) return;
     r->stalled = true;
     rcb_resilience(r, KVCR_SOURCE_STALLED, true, 0, NULL, 0,
                    "source progress stalled for %llu ms (timeout: %u ms); new source writes "
                    "disabled until restart",
-                   (unsigned long long)(gap / MS), r->kv->conf.operation_timeout_ms);
+                   (unsigned long long)(gap / MS), timeout_ms);
 }
 
 static bool turn_locked(remote *r, uint64_t *next_ns)
 {
-    kvcr_t *kv = r->kv;
     uint64_t now = kvcr_now_ns();
     check_stall(r, now);
     source_ucx_settle(r);
@@ -412,7 +385,6 @@ static bool turn_locked(remote *r, uint64_t *next_ns)
     }
     target_timers(r, now, next_ns);
     source_timers(r, now, next_ns);
-    (void)kv;
     return got > 0;
 }
 
@@ -425,19 +397,19 @@ static void *progress_main(void *arg)
     for (;;) {
         bool busy = ucx_progress(r->ucx) > 0;
         uint64_t next_ns = kvcr_now_ns() + IDLE_WAIT_MS * MS;
-        instance_lock(kv);
+        host_lock(kv);
         busy |= turn_locked(r, &next_ns);
         swrite *posts = source_take_posts(r);
         bool transfers = posts != NULL || !source_idle(r) || !target_idle(r);
         bool done = r->stop && target_idle(r) && source_idle(r);
         if (r->stop && give_up == 0)
-            give_up = kvcr_now_ns() + (uint64_t)kv->conf.abandon_timeout_ms * MS + 1000 * MS;
+            give_up = kvcr_now_ns() + (uint64_t)host_conf(kv)->abandon_timeout_ms * MS + 1000 * MS;
         if (r->stop && !done && kvcr_now_ns() >= give_up) {
             target_abandon_all(r);
             done = true;
         }
         if (done) r->exited = true;
-        instance_unlock(kv);
+        host_unlock(kv);
         for (swrite *sw = posts, *next; sw; sw = next) {
             next = sw->list_next;
             source_post(r, sw);
@@ -476,22 +448,25 @@ static void *progress_main(void *arg)
 static int register_memory(remote *r)
 {
     kvcr_t *kv = r->kv;
-    uint32_t n = (uint32_t)kv->conf.n_regions + (kv->conf.has_local_dram ? kv->conf.n_pools : 0);
+    const kvcr_conf *conf = host_conf(kv);
+    uint32_t n = (uint32_t)conf->n_regions + (conf->has_local_dram ? conf->n_pools : 0);
     r->mems = calloc(n ? n : 1, sizeof *r->mems);
     r->md_regions = calloc(n ? n : 1, sizeof *r->md_regions);
     if (r->mems == NULL || r->md_regions == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
     for (uint32_t i = 0; i < n; i++) {
-        bool fw = i < kv->conf.n_regions;
+        bool fw = i < conf->n_regions;
         wire_region *w = &r->md_regions[i];
         if (fw) {
-            const fw_region *g = &kv->conf.regions[i];
+            const fw_region *g = &conf->regions[i];
             *w = (wire_region){str_bytes(g->label), true, (uint64_t)(uintptr_t)g->addr,
                                g->element_size, g->stride, g->count, {NULL, 0}};
         } else {
-            const dram_pool *p = &kv->pools[i - kv->conf.n_regions];
-            *w = (wire_region){str_bytes(p->name), false, (uint64_t)(uintptr_t)p->base,
-                               p->block_size, p->block_size, p->n_slots, {NULL, 0}};
-            if (p->n_slots == 0) continue; /* nothing to register */
+            host_pool p;
+            host_pool_info(kv, i - (uint32_t)conf->n_regions, &p);
+            size_t slots = p.block_size ? p.bytes / p.block_size : 0;
+            *w = (wire_region){str_bytes(p.name), false, (uint64_t)(uintptr_t)p.base,
+                               p.block_size, p.block_size, slots, {NULL, 0}};
+            if (slots == 0) continue; /* nothing to register */
         }
         size_t len = (size_t)((w->count - 1) * w->stride + w->element_size);
         int rc = ucx_mem_register(r->ucx, (void *)(uintptr_t)w->addr, len, &r->mems[i]);
@@ -513,66 +488,95 @@ static int register_memory(remote *r)
     return 0;
 }
 
-int remote_start(kvcr_t *kv)
+static void remote_destroy(tier *t);
+
+/* The control channel, bound on control_listener when one was handed over
+ * (ctl_open owns it from then on, failing or not). */
+static int open_control(remote *r, int control_listener)
+{
+    const kvcr_conf *conf = host_conf(r->kv);
+    const kvcr_curve_options *k = &conf->remote.curve;
+    ctl_curve curve = {k->secret_key, k->public_key, k->allowed_keys, k->n_allowed_keys};
+    int rc = ctl_open(conf->remote.control_host, conf->remote.control_port, control_listener,
+                      conf->remote.advertise_host, conf->limits.max_control_message_bytes,
+                      k->secret_key ? &curve : NULL, host_logger(r->kv), &r->ctl);
+    if (rc != 0) return rc;
+    snprintf(r->endpoint, sizeof r->endpoint, "%s", ctl_endpoint(r->ctl));
+    if (ctl_curve_on(r->ctl))
+        kvcr_log(host_logger(r->kv), KVCR_LOG_INFO,
+                 "control channel: CURVE on, %zu peer key(s) allowed", k->n_allowed_keys);
+    return 0;
+}
+
+int remote_start(kvcr_t *kv, int control_listener, remote **out)
 {
     remote *r = calloc(1, sizeof *r);
-    if (r == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    if (r == NULL) {
+        if (control_listener >= 0) close(control_listener);
+        return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    }
     r->kv = kv;
     r->wake_fd = -1;
-    kv->remote = r;
     r->next_source_no = 1;
     r->next_pin_req = 1;
+    host_incarnation(kv, r->inc);
     int rc = 0;
-    _Static_assert(sizeof r->inc == sizeof kv->incarnation, "one incarnation size");
-    memcpy(r->inc, kv->incarnation, sizeof r->inc);
     if ((r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
         rc = kvcr_fail(KVCR_ESYS, "eventfd failed: %s", strerror(errno));
-    if (rc == 0) rc = ucx_ctx_create(&kv->log, &r->ucx);
+    if (rc == 0) rc = ucx_ctx_create(host_logger(kv), &r->ucx);
     if (rc == 0) rc = register_memory(r);
-    const kvcr_curve_options *k = &kv->conf.remote.curve;
-    ctl_curve curve = {k->secret_key, k->public_key, k->allowed_keys, k->n_allowed_keys};
     if (rc == 0)
-        rc = ctl_open(kv->conf.remote.control_host, kv->conf.remote.control_port,
-                      kv->control_listener, kv->conf.remote.advertise_host,
-                      kv->conf.limits.max_control_message_bytes,
-                      k->secret_key ? &curve : NULL, &kv->log, &r->ctl);
-    kv->control_listener = -1; /* consumed either way */
+        rc = open_control(r, control_listener);
+    else if (control_listener >= 0)
+        close(control_listener); /* taken over either way */
     if (rc == 0) {
-        snprintf(r->endpoint, sizeof r->endpoint, "%s", ctl_endpoint(r->ctl));
-        if (ctl_curve_on(r->ctl))
-            kvcr_log(&kv->log, KVCR_LOG_INFO, "control channel: CURVE on, %zu peer key(s) allowed",
-                     k->n_allowed_keys);
         if (pthread_create(&r->thread, NULL, progress_main, r) != 0)
             rc = kvcr_fail(KVCR_ESYS, "cannot start the progress thread");
         else
             r->thread_started = true;
     }
-    if (rc != 0) return rc; /* kvcr_create calls remote_destroy */
+    if (rc != 0) {
+        remote_destroy((tier *)r);
+        return rc;
+    }
     char inc[2 * WIRE_INCARNATION_LEN + 1];
     for (int i = 0; i < WIRE_INCARNATION_LEN; i++) sprintf(inc + 2 * i, "%02x", r->inc[i]);
-    kvcr_log(&kv->log, KVCR_LOG_INFO,
+    kvcr_log(host_logger(kv), KVCR_LOG_INFO,
              "remote tier up: control endpoint %s, incarnation %s, %u region(s) registered",
              r->endpoint, inc, r->md.n_regions);
+    *out = r;
     return 0;
 }
 
-/* Stops the progress thread, then gives up what only it used: the control
- * socket (its port is free again once kvcr_close returns), the endpoints,
- * the registrations and the UCX context. Pulls and writes stay for the
- * caller's thread to settle. */
-void remote_stop(kvcr_t *kv)
+tier *remote_tier(remote *r)
 {
-    remote *r = kv->remote;
-    if (r == NULL) return;
+    return (tier *)r;
+}
+
+static remote *of(tier *t)
+{
+    return (remote *)t;
+}
+
+/* Unlocked, after close marked the instance closed: stops the progress
+ * thread once the transfers in flight ended (bounded by the abandon
+ * timeout; what is left is reported uncertain), then gives up what only it
+ * used: the control socket (its port is free again once kvcr_close
+ * returns), the endpoints, the registrations and the UCX context. Pulls
+ * and writes stay for the polling thread to settle. */
+static void remote_stop(tier *t)
+{
+    remote *r = of(t);
+    kvcr_t *kv = r->kv;
     if (r->thread_started) {
-        instance_lock(kv);
+        host_lock(kv);
         r->stop = true;
-        instance_unlock(kv);
+        host_unlock(kv);
         remote_wake(r);
         pthread_join(r->thread, NULL);
         r->thread_started = false;
         if (!target_idle(r) || !source_idle(r))
-            kvcr_log(&kv->log, KVCR_LOG_ERROR,
+            kvcr_log(host_logger(kv), KVCR_LOG_ERROR,
                      "closing with peer transfers unresolved: their memory was reported uncertain");
     }
     /* Endpoints first: closing one ends the writes still on it (their
@@ -588,18 +592,14 @@ void remote_stop(kvcr_t *kv)
     r->ucx = NULL;
 }
 
-void remote_destroy(kvcr_t *kv)
+/* Unlocked, the instance is going away. */
+static void remote_destroy(tier *t)
 {
-    remote *r = kv->remote;
-    if (r == NULL) return;
-    remote_stop(kv);
+    remote *r = of(t);
+    remote_stop(t);
     source_destroy(r);
-    while (r->pulls) { /* never settled: close gave up on them */
-        pull *p = r->pulls;
-        r->pulls = p->next;
-        for (uint32_t i = 0; p->fetch && i < p->n_keys; i++) free(p->keys[i].fill);
-        remote_pull_free(p);
-    }
+    pin_destroy(r);
+    target_destroy(r);
     for (rcb *cb = r->cbs, *next; cb; cb = next) {
         next = cb->next;
         rcb_free(cb);
@@ -612,18 +612,18 @@ void remote_destroy(kvcr_t *kv)
     free(r->peers);
     if (r->wake_fd >= 0) close(r->wake_fd);
     free(r);
-    kv->remote = NULL;
 }
 
-const char *remote_endpoint(const kvcr_t *kv)
+/* ---- the remote-only public calls (remote.h) ------------------------------ */
+
+const char *remote_endpoint(const remote *r)
 {
-    return kv->remote ? kv->remote->endpoint : NULL;
+    return r->endpoint;
 }
 
-void remote_hint_source(kvcr_t *kv, const char *source)
+void remote_hint_source(remote *r, const char *source)
 {
-    remote *r = kv->remote;
-    if (r == NULL || !kv->conf.remote.eager_ctrl_connect) return;
+    if (!host_conf(r->kv)->remote.eager_ctrl_connect) return;
     if (strcmp(source, r->endpoint) == 0) return; /* ourselves */
     rpeer *p = peer_get(r, source, true);
     if (p == NULL || p->acked || p->eager) return;
@@ -632,72 +632,127 @@ void remote_hint_source(kvcr_t *kv, const char *source)
     remote_wake(r);
 }
 
-uint64_t remote_dropped_messages(const kvcr_t *kv)
+uint64_t remote_dropped_messages(const remote *r)
 {
-    return kv->remote->dropped_messages;
-}
-
-void remote_refused(const kvcr_t *kv, double *connections, double *messages)
-{
-    const remote *r = kv->remote;
-    *connections = r && r->ctl ? (double)ctl_auth_refused(r->ctl) : 0;
-    *messages = r ? (double)r->refused_messages : 0;
+    return r->dropped_messages;
 }
 
 /* Reads only what ctl_open fixed (the keys), so any thread may ask. */
-int remote_check_source(const kvcr_t *kv, const char *source)
+int remote_check_source(const remote *r, const char *source)
 {
-    const remote *r = kv->remote;
-    return r && r->ctl ? ctl_check_peer(r->ctl, source) : 0;
+    return r->ctl ? ctl_check_peer(r->ctl, source) : 0;
 }
 
-void remote_gauges(const kvcr_t *kv, double *peers, double *pins, double *pinned_keys)
+/* ---- the core's side (tier_ops) ------------------------------------------- */
+
+/* Locked: connected peers, framework pins and the keys they back, the
+ * limits (source writes being served now and at most so far, source writes
+ * held — also ended ones not yet settled by a poll —, fences of write ids,
+ * pin requests pending) and what CURVE refused: connections (ZAP) and
+ * messages whose reply endpoint named another key than their connection's. */
+static void remote_gauges(tier *t, gauge_sink *s)
 {
-    const remote *r = kv->remote;
-    *peers = *pins = *pinned_keys = 0;
-    if (r == NULL) return;
-    for (uint32_t i = 0; i < r->n_peers; i++) *peers += r->peers[i].acked;
-    for (const pin *p = r->pins; p; p = p->next) *pins += 1, *pinned_keys += p->n_keys;
+    const remote *r = of(t);
+    double peers = 0, pins = 0, pinned_keys = 0;
+    for (uint32_t i = 0; i < r->n_peers; i++) peers += r->peers[i].acked;
+    for (const pin *p = r->pins; p; p = p->next) pins += 1, pinned_keys += p->n_keys;
+    gauge_sink_add(s, "", "framework_pins", pins);
+    gauge_sink_add(s, "", "pinned_keys", pinned_keys);
+    gauge_sink_add(s, "", "connected_remotes", peers);
+    gauge_sink_add(s, "", "source_writes_in_flight", (double)r->n_serving);
+    gauge_sink_add(s, "", "source_writes_in_flight_max", (double)r->max_serving_seen);
+    gauge_sink_add(s, "", "source_writes_held", (double)r->n_swrites);
+    gauge_sink_add(s, "", "source_write_fences", (double)r->n_wstats);
+    gauge_sink_add(s, "", "pin_requests_pending", (double)r->n_pin_reqs);
+    gauge_sink_add(s, "", "control_auth_refused_connections",
+                   r->ctl ? (double)ctl_auth_refused(r->ctl) : 0);
+    gauge_sink_add(s, "", "control_auth_refused_messages", (double)r->refused_messages);
 }
 
-void remote_limit_gauges(const kvcr_t *kv, double *serving, double *serving_max, double *held,
-                         double *fences, double *pin_reqs)
+/* Locked, every poll: what the progress thread handed back (finished
+ * pulls, finished source writes, pin work). */
+static void remote_settle(tier *t)
 {
-    const remote *r = kv->remote;
-    *fences = r ? (double)r->n_wstats : 0;
-    *serving = r ? (double)r->n_serving : 0;
-    *serving_max = r ? (double)r->max_serving_seen : 0;
-    *held = r ? (double)r->n_swrites : 0;
-    *pin_reqs = r ? (double)r->n_pin_reqs : 0;
+    target_main(of(t));
+    source_main(of(t));
 }
 
-/* ---- main side ---------------------------------------------------------- */
-
-void remote_main(kvcr_t *kv)
+/* Locked, at close after the last settling: pending pin requests are
+ * cancelled, pins not yet released are asked for once more. */
+static void remote_close(tier *t)
 {
-    remote *r = kv->remote;
-    target_main(r);
-    source_main(r);
+    pin_close(of(t));
 }
 
-void remote_close(kvcr_t *kv)
+static void log_resilience(remote *r, const kvcr_resilience_event *ev)
 {
-    if (kv->remote) source_close(kv->remote);
+    kvcr_log(host_logger(r->kv),
+             ev->state == KVCR_TRANSFER_QUIESCED ? KVCR_LOG_INFO : KVCR_LOG_ERROR,
+             "resilience: %s", ev->message);
 }
 
-void remote_run_callbacks(kvcr_t *kv)
+/* Unlocked, on the polling thread: the framework callbacks queued while
+ * settling (pins, resilience events), each taken off the queue under the
+ * lock and run without it. */
+static void remote_run_callbacks(tier *t)
 {
-    remote *r = kv->remote;
-    if (r == NULL) return;
+    remote *r = of(t);
+    const kvcr_callbacks *c = &host_conf(r->kv)->cb;
     for (;;) {
-        instance_lock(kv);
+        host_lock(r->kv);
         rcb *cb = r->cbs;
         if (cb) {
             r->cbs = cb->next;
             if (r->cbs == NULL) r->cbs_tail = NULL;
         }
-        instance_unlock(kv);
+        host_unlock(r->kv);
         if (cb == NULL) return;
-        source_run_callback(r, cb);
+        if (cb->kind != RCB_RESILIENCE)
+            pin_run_callback(r, cb);
+        else if (c->resilience)
+            c->resilience(c->ud, &cb->ev);
+        else
+            log_resilience(r, &cb->ev);
+        rcb_free(cb);
     }
 }
+
+static tier_batch *remote_begin(tier *t, const tier_batch_info *info)
+{
+    return target_begin(of(t), info);
+}
+
+static bool remote_holds(tier *t, tier_batch *b, tier_block id, const uint8_t *key,
+                         uint32_t key_len)
+{
+    (void)id; /* a pull is asked for by key alone */
+    return target_holds(of(t), b, key, key_len);
+}
+
+static kvcr_reason remote_read(tier *t, tier_batch *b, const tier_read *rd)
+{
+    return target_read(of(t), b, rd);
+}
+
+static void remote_end(tier *t, tier_batch *b)
+{
+    target_end(of(t), b);
+}
+
+const tier_ops remote_tier_ops = {
+    .version = TIER_OPS_VERSION,
+    .name = "remote",
+    .id = KVCR_TIER_REMOTE_G2,
+    .stop = remote_stop,
+    .close = remote_close,
+    .destroy = remote_destroy,
+    .settle = remote_settle,
+    .run_callbacks = remote_run_callbacks,
+    .gauges = remote_gauges,
+    .begin = remote_begin,
+    .holds = remote_holds,
+    .read = remote_read,
+    .end = remote_end,
+    .spill = NULL,
+    .layout_ok = NULL,
+};

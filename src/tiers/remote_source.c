@@ -3,8 +3,7 @@
  * A start_write is checked and fenced on the progress thread, which claims
  * the keys READY in KVCR DRAM at once (the fast path). Keys only the
  * framework holds are pinned through the framework on the polling thread
- * (request_pin / kvcr_pin_complete); pins are shared by every write that
- * reads through them and released when the last one ends. The progress
+ * (remote_pin.c); the write waits for its pins and goes on. The progress
  * thread then puts the bytes with UCX, flushes, and only then says
  * write_done. Claims are held until UCX gives the write back, so KVCR-owned
  * source memory is never reused while a write may read it. */
@@ -13,11 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/ops.h"
-#include "core/residency.h"
 #include "tiers/remote_int.h"
 #include "util/clock.h"
-#include "util/event.h"
 
 #define MS 1000000ull
 
@@ -30,7 +26,7 @@ static void copy_str(char *dst, size_t cap, const wire_bytes *b)
 
 static uint32_t wstat_bucket(const remote *r, const char *agent, int64_t op)
 {
-    uint64_t h = index_hash((const uint8_t *)agent, strlen(agent)) ^ (uint64_t)op * 0x9e3779b97f4a7c15ull;
+    uint64_t h = host_key_hash((const uint8_t *)agent, strlen(agent)) ^ (uint64_t)op * 0x9e3779b97f4a7c15ull;
     return (uint32_t)(h % r->n_wbuckets);
 }
 
@@ -64,7 +60,7 @@ static wstat *wstat_add(remote *r, const char *agent, int64_t op)
  * enough that a late duplicate or probe still finds them. */
 static void wstat_prune(remote *r, uint64_t now)
 {
-    uint64_t keep = 2ull * r->kv->conf.abandon_timeout_ms * MS;
+    uint64_t keep = 2ull * host_conf(r->kv)->abandon_timeout_ms * MS;
     for (uint32_t b = 0; b < r->n_wbuckets; b++)
         for (wstat **link = &r->wstats[b]; *link;) {
             wstat *w = *link;
@@ -90,7 +86,7 @@ static void reply(remote *r, const wire_msg *req, wire_msg *m)
 
 static void refuse(remote *r, const wire_msg *req, const char *why)
 {
-    kvcr_log(&r->kv->log, KVCR_LOG_DEBUG, "start_write %lld from %.*s refused: %s",
+    kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "start_write %lld from %.*s refused: %s",
              (long long)req->op, (int)req->agent.len, (const char *)req->agent.data, why);
     wire_msg m = {.type = WIRE_WRITE_REFUSED, .has_op = true, .op = req->op};
     reply(r, req, &m);
@@ -101,9 +97,8 @@ static void refuse(remote *r, const wire_msg *req, const char *why)
 static void refuse_busy(remote *r, const char *limit, int64_t op, const char *agent,
                         const char *to, wire_bytes reflected)
 {
-    kvcr_t *kv = r->kv;
-    if (kv->telemetry) telemetry_refusal(kv->telemetry, limit);
-    kvcr_log(&kv->log, KVCR_LOG_DEBUG, "start_write %lld from %s refused: limit %s reached",
+    host_refusal(r->kv, limit);
+    kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "start_write %lld from %s refused: limit %s reached",
              (long long)op, agent, limit);
     wire_msg m = {.type = WIRE_WRITE_REFUSED, .has_op = true, .op = op, .busy = true,
                   .from = reflected};
@@ -116,7 +111,7 @@ static void refuse_busy(remote *r, const char *limit, int64_t op, const char *ag
  * ended and waiting for the next poll to release their claims (the memory). */
 static const char *write_limit(const remote *r, const route *rt)
 {
-    const kvcr_limits *l = &r->kv->conf.limits;
+    const kvcr_limits *l = &host_conf(r->kv)->limits;
     if (rt->users >= l->max_source_writes_per_peer) return "source_writes_per_peer";
     return r->n_swrites >= l->max_source_writes ? "source_writes" : NULL;
 }
@@ -154,7 +149,7 @@ static void to_main(remote *r, swrite *sw)
     if (sw->on_main) return;
     sw->on_main = true;
     list_push(&r->sw_main, &r->sw_main_tail, sw);
-    event_signal(r->kv->event_fd);
+    host_wake(r->kv);
 }
 
 static void to_post(remote *r, swrite *sw)
@@ -187,17 +182,9 @@ static void sw_free(swrite *sw)
     free(sw);
 }
 
-static int pool_named(const kvcr_t *kv, const char *label)
-{
-    for (uint32_t p = 0; p < kv->conf.n_pools; p++)
-        if (strcmp(kv->pools[p].name, label) == 0) return (int)p;
-    return -1;
-}
-
 /* Resolves every destination ref of m against the target's regions. */
 static const char *resolve_dst(remote *r, const wire_msg *m, const route *rt, swrite *sw)
 {
-    kvcr_t *kv = r->kv;
     for (uint32_t i = 0; i < m->ref_off[m->n_keys]; i++) {
         const wire_ref *ref = &m->refs[i];
         sw_dst *d = &sw->dst[i];
@@ -209,9 +196,11 @@ static const char *resolve_dst(remote *r, const wire_msg *m, const route *rt, sw
                 g = &rt->regions[k];
         if (g == NULL) return "a destination names a region the target never published";
         if (ref->index >= g->count) return "a destination index is out of its region";
-        int pool = pool_named(kv, d->label);
+        int pool = host_pool_named(r->kv, d->label);
         if (pool < 0) return "a destination names a pool this source does not have";
-        if (g->element_size != kv->pools[pool].block_size)
+        host_pool pi;
+        host_pool_info(r->kv, (uint32_t)pool, &pi);
+        if (g->element_size != pi.block_size)
             return "a destination's element size differs from this source's block size";
         d->addr = g->addr + ref->index * g->stride;
         d->rkey = g->rkey;
@@ -249,7 +238,7 @@ static swrite *sw_new(remote *r, const wire_msg *m, route *rt, const char **why)
         memcpy(sw->key_bytes + off, m->keys[i].data, m->keys[i].len);
         *k = (sw_key){.key_off = (uint32_t)off, .key_len = (uint32_t)m->keys[i].len,
                       .dst_off = m->ref_off[i], .n_dst = m->ref_off[i + 1] - m->ref_off[i],
-                      .local = BLOCK_NONE};
+                      .local = TIER_BLOCK_NONE};
         off += m->keys[i].len;
     }
     sw->n_keys = m->n_keys;
@@ -263,45 +252,50 @@ static swrite *sw_new(remote *r, const wire_msg *m, route *rt, const char **why)
     return sw;
 }
 
-/* A local source must have exactly the destination's layout of pools. */
-static bool local_layout_matches(const kvcr_t *kv, const block *b, const swrite *sw,
-                                 const sw_key *k)
-{
-    if (b->n_slots != k->n_dst) return false;
-    for (uint32_t j = 0; j < k->n_dst; j++) {
-        uint32_t pool, slot;
-        res_slot(kv, b, j, &pool, &slot);
-        if (pool != sw->dst[k->dst_off + j].pool) return false;
-    }
-    return true;
-}
-
-/* Claims every key READY in KVCR DRAM that is not claimed yet. */
+/* Claims every key READY in KVCR DRAM (in exactly the destination's
+ * layout of pools) that is not claimed yet. */
 static bool claim_local(remote *r, swrite *sw)
 {
-    kvcr_t *kv = r->kv;
     bool all = true;
+    uint32_t pools[256];
     for (uint32_t i = 0; i < sw->n_keys; i++) {
         sw_key *k = &sw->keys[i];
-        if (k->local != BLOCK_NONE) continue;
+        if (k->local != TIER_BLOCK_NONE) continue;
         const uint8_t *key = sw->key_bytes + k->key_off;
-        block_id id = index_find(&kv->index, key, k->key_len, index_hash(key, k->key_len));
-        const block *b = id != BLOCK_NONE ? index_get(&kv->index, id) : NULL;
-        if (b && b->g2_state == G2_READY && local_layout_matches(kv, b, sw, k)) {
-            res_claim(kv, id);
-            k->local = id;
-        } else {
-            all = false;
-        }
+        uint32_t n = k->n_dst < 256 ? k->n_dst : 256;
+        for (uint32_t j = 0; j < n; j++) pools[j] = sw->dst[k->dst_off + j].pool;
+        if (n == k->n_dst) k->local = host_claim_ready(r->kv, key, k->key_len, pools, n);
+        all &= k->local != TIER_BLOCK_NONE;
     }
     return all;
 }
 
-static uint32_t region_index(const kvcr_t *kv, const char *label)
+static uint32_t region_index(const kvcr_conf *conf, const char *label)
 {
-    for (uint32_t i = 0; i < kv->conf.n_regions; i++)
-        if (strcmp(kv->conf.regions[i].label, label) == 0) return i;
+    for (uint32_t i = 0; i < conf->n_regions; i++)
+        if (strcmp(conf->regions[i].label, label) == 0) return i;
     return 0; /* checked references always name a region */
+}
+
+/* Where segment j of key k is read from, and its registration: the claimed
+ * KVCR DRAM block, else the framework references its pin gave. NULL: not
+ * served (no source, or the framework's layout differs). */
+static const void *segment_source(remote *r, const sw_key *k, uint32_t j, const sw_dst *d,
+                                  const ucx_mem **mem)
+{
+    const kvcr_conf *conf = host_conf(r->kv);
+    if (k->local != TIER_BLOCK_NONE) {
+        tier_dst seg;
+        if (!host_block_segment(r->kv, k->local, j, &seg)) return NULL;
+        *mem = r->mems[conf->n_regions + seg.pool];
+        return seg.addr;
+    }
+    if (k->fw_refs == NULL || k->n_dst != k->n_fw) return NULL;
+    uint32_t pool;
+    const void *src = host_ref_addr(r->kv, &k->fw_refs[j], &pool);
+    if (pool != d->pool) return NULL; /* another layout: not served */
+    *mem = r->mems[region_index(conf, k->fw_refs[j].label ? k->fw_refs[j].label : "")];
+    return src;
 }
 
 /* Fixes the sources: KVCR DRAM first, then framework pins; builds the
@@ -309,37 +303,26 @@ static uint32_t region_index(const kvcr_t *kv, const char *label)
  * thread. */
 static void assemble(remote *r, swrite *sw)
 {
-    kvcr_t *kv = r->kv;
     sw->n_segs = 0;
     sw->bytes = 0;
     for (uint32_t i = 0; i < sw->n_keys && !sw->forced_fail; i++) {
         sw_key *k = &sw->keys[i];
         k->included = false;
-        const block *b = k->local != BLOCK_NONE ? index_get(&kv->index, k->local) : NULL;
+        uint64_t bytes = 0;
         for (uint32_t j = 0; j < k->n_dst; j++) {
             const sw_dst *d = &sw->dst[k->dst_off + j];
-            const void *src;
-            const ucx_mem *mem;
-            if (b != NULL) {
-                uint32_t pool, slot;
-                res_slot(kv, b, j, &pool, &slot);
-                src = dram_slot_addr(&kv->pools[pool], slot);
-                mem = r->mems[kv->conf.n_regions + pool];
-            } else if (k->fw_refs != NULL && k->n_dst == k->n_fw) {
-                uint32_t pool;
-                src = ops_ref_addr(kv, &k->fw_refs[j], &pool);
-                if (pool != d->pool) break; /* another layout: not served */
-                mem = r->mems[region_index(kv, k->fw_refs[j].label ? k->fw_refs[j].label : "")];
-            } else {
-                break;
-            }
-            sw->segs[sw->n_segs + j] = (ucx_seg){src, mem, d->addr, d->rkey,
-                                                 kv->pools[d->pool].block_size};
+            const ucx_mem *mem = NULL;
+            const void *src = segment_source(r, k, j, d, &mem);
+            if (src == NULL) break;
+            host_pool pi;
+            host_pool_info(r->kv, d->pool, &pi);
+            sw->segs[sw->n_segs + j] = (ucx_seg){src, mem, d->addr, d->rkey, pi.block_size};
+            bytes += pi.block_size;
             if (j + 1 == k->n_dst) k->included = true;
         }
         if (!k->included) continue;
         sw->n_segs += k->n_dst;
-        for (uint32_t j = 0; j < k->n_dst; j++) sw->bytes += kv->pools[sw->dst[k->dst_off + j].pool].block_size;
+        sw->bytes += bytes;
     }
     to_post(r, sw);
 }
@@ -393,8 +376,9 @@ static void on_start_write(remote *r, const wire_msg *m)
         return;
     }
     uint64_t now = kvcr_now_ns();
-    double budget = m->remaining_ms < kv->conf.operation_timeout_ms ? m->remaining_ms
-                                                                    : kv->conf.operation_timeout_ms;
+    const kvcr_conf *conf = host_conf(kv);
+    double budget = m->remaining_ms < conf->operation_timeout_ms ? m->remaining_ms
+                                                                 : conf->operation_timeout_ms;
     sw->start_ns = now;
     sw->deadline_ns = now + (uint64_t)(budget * 1e6);
     sw->number = r->next_source_no++;
@@ -406,7 +390,7 @@ static void on_start_write(remote *r, const wire_msg *m)
     r->swrites = sw;
     r->n_swrites++;
     if (++r->n_serving > r->max_serving_seen) r->max_serving_seen = r->n_serving;
-    if (claim_local(r, sw) || kv->conf.cb.request_pin == NULL) {
+    if (claim_local(r, sw) || conf->cb.request_pin == NULL) {
         assemble(r, sw);
     } else {
         sw->state = SW_PINNING; /* the polling thread asks the framework */
@@ -418,23 +402,12 @@ static void on_metadata(remote *r, const wire_msg *m)
 {
     route *rt;
     if (route_resolve(r, m, &rt) != 0) {
-        kvcr_log(&r->kv->log, KVCR_LOG_WARN, "metadata from %.*s not usable: %s",
+        kvcr_log(host_logger(r->kv), KVCR_LOG_WARN, "metadata from %.*s not usable: %s",
                  (int)m->agent.len, (const char *)m->agent.data, kvcr_last_error());
         return;
     }
     wire_msg ack = {.type = WIRE_METADATA_ACK};
     reply(r, m, &ack);
-}
-
-/* An incarnation that answered on this endpoint before and is gone: the
- * service told us (guard mode), and nothing of it can write any more. */
-static bool inc_retired(const remote *r, const wire_bytes *b)
-{
-    const kvcr_t *kv = r->kv;
-    for (size_t i = 0; i < kv->n_retired; i++)
-        if (b->len == WIRE_INCARNATION_LEN && memcmp(b->data, kv->retired[i], b->len) == 0)
-            return true;
-    return false;
 }
 
 /* p2p_spec §5.4: fence the write, say whether it can still happen. A probe
@@ -455,10 +428,10 @@ static void on_probe(remote *r, const wire_msg *m)
     }
     wire_msg ack = {.type = WIRE_WRITE_PROBE_ACK, .has_op = true, .op = m->op,
                     .terminal = ours && (st == NULL || !st->submitted)};
-    if (!ours && inc_retired(r, &m->expected_inc)) {
+    if (!ours && host_retired(r->kv, m->expected_inc.data, m->expected_inc.len)) {
         ack.has_dead_inc = true;
         ack.dead_inc = m->expected_inc;
-        kvcr_log(&r->kv->log, KVCR_LOG_DEBUG, "probe from %s for a retired incarnation: over",
+        kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "probe from %s for a retired incarnation: over",
                  agent);
     }
     reply(r, m, &ack);
@@ -529,18 +502,16 @@ void source_ucx_settle(remote *r)
         next = sw->ucx_next;
         sw->success = sw->ucx_status == 0 && !sw->cancel_pending;
         if (sw->ucx_status != 0)
-            kvcr_log(&kv->log, KVCR_LOG_WARN, "write %llu to %s failed in UCX (%d)",
+            kvcr_log(host_logger(kv), KVCR_LOG_WARN, "write %llu to %s failed in UCX (%d)",
                      (unsigned long long)sw->number, sw->agent, sw->ucx_status);
         send_done(r, sw, sw->success, true);
         if (sw->abandoned)
             rcb_resilience(r, KVCR_TRANSFER_QUIESCED, true, sw->number, NULL, 0,
                            "source write %llu to %s is quiet now",
                            (unsigned long long)sw->number, sw->agent);
-        if (kv->telemetry) {
-            telemetry_observe(kv->telemetry, "source_write", sw->success ? "success" : "failed",
-                              kvcr_ns_to_s(kvcr_now_ns() - sw->start_ns));
-            if (sw->success) telemetry_count(kv->telemetry, "source_write", sw->n_segs, sw->bytes);
-        }
+        host_observe(kv, "source_write", sw->success ? "success" : "failed",
+                     kvcr_ns_to_s(kvcr_now_ns() - sw->start_ns));
+        if (sw->success) host_count(kv, "source_write", sw->n_segs, sw->bytes);
         sw_end(r, sw);
     }
 }
@@ -551,12 +522,12 @@ static void report_abandoned(remote *r, swrite *sw)
 {
     size_t n = 0;
     for (uint32_t i = 0; i < sw->n_keys; i++)
-        if (sw->keys[i].included && sw->keys[i].local == BLOCK_NONE) n += sw->keys[i].n_dst;
+        if (sw->keys[i].included && sw->keys[i].local == TIER_BLOCK_NONE) n += sw->keys[i].n_dst;
     kvcr_mem_ref *refs = n ? calloc(n, sizeof *refs) : NULL;
     size_t k = 0;
     for (uint32_t i = 0; refs && i < sw->n_keys; i++) {
         const sw_key *key = &sw->keys[i];
-        if (!key->included || key->local != BLOCK_NONE) continue;
+        if (!key->included || key->local != TIER_BLOCK_NONE) continue;
         for (uint32_t j = 0; j < key->n_dst; j++) refs[k++] = key->fw_refs[j];
     }
     rcb_resilience(r, KVCR_TRANSFER_UNCERTAIN, true, sw->number, refs, refs ? n : 0,
@@ -569,7 +540,8 @@ static void report_abandoned(remote *r, swrite *sw)
 void source_timers(remote *r, uint64_t now, uint64_t *next_ns)
 {
     static const uint64_t prune_every = 1000 * MS;
-    uint64_t extra = (uint64_t)(r->kv->conf.abandon_timeout_ms - r->kv->conf.operation_timeout_ms) * MS;
+    const kvcr_conf *conf = host_conf(r->kv);
+    uint64_t extra = (uint64_t)(conf->abandon_timeout_ms - conf->operation_timeout_ms) * MS;
     for (swrite *sw = r->swrites; sw; sw = sw->next) {
         if (sw->state != SW_POSTED) continue;
         bool fenced = sw->status && sw->status->cancel_requested;
@@ -614,170 +586,11 @@ void source_stop(remote *r)
         }
 }
 
-/* ---- pins (polling thread, locked) ---------------------------------------- */
-
-static fwres *fwres_find(remote *r, const uint8_t *key, uint32_t len)
-{
-    for (fwres *f = r->fwres; f; f = f->next)
-        if (f->key_len == len && memcmp(f->key, key, len) == 0) return f;
-    return NULL;
-}
-
-static pin *pin_find(remote *r, uint64_t handle)
-{
-    for (pin *p = r->pins; p; p = p->next)
-        if (p->handle == handle) return p;
-    return NULL;
-}
-
-static void queue_release(remote *r, uint64_t handle)
-{
-    rcb *cb = calloc(1, sizeof *cb);
-    if (cb == NULL) return; /* retried at the next poll */
-    cb->kind = RCB_RELEASE_PIN;
-    cb->id = handle;
-    rcb_push(r, cb);
-}
-
-/* The last holder is gone: the pin's residencies stop serving at once and
- * the framework is asked to release it (retried until it accepts). */
-static void pin_drop(remote *r, pin *p)
-{
-    if (p->holders > 0 || p->releasing) return;
-    for (fwres **link = &r->fwres; *link;) {
-        fwres *f = *link;
-        if (f->pin == p) {
-            *link = f->next;
-            free(f->key);
-            free(f->refs);
-            free(f);
-        } else {
-            link = &f->next;
-        }
-    }
-    p->n_keys = 0;
-    p->releasing = true;
-    p->release_queued = true;
-    queue_release(r, p->handle);
-}
-
-static bool waits_for(const swrite *sw, uint64_t req)
-{
-    for (uint32_t i = 0; i < sw->n_wait; i++)
-        if (sw->wait_reqs[i] == req) return true;
-    return false;
-}
-
-static bool covered_by_request(remote *r, const uint8_t *key, uint32_t len, uint64_t *req)
-{
-    for (pin_req *q = r->pin_reqs; q; q = q->next)
-        for (uint32_t i = 0; i < q->n_keys; i++)
-            if (q->keys[i].len == len && memcmp(q->keys[i].data, key, len) == 0) {
-                *req = q->id;
-                return true;
-            }
-    return false;
-}
-
-static bool add_wait(swrite *sw, uint64_t req)
-{
-    if (waits_for(sw, req)) return true;
-    uint64_t *w = realloc(sw->wait_reqs, (sw->n_wait + 1) * sizeof *w);
-    if (w == NULL) return false;
-    sw->wait_reqs = w;
-    w[sw->n_wait++] = req;
-    return true;
-}
-
-static void forget_wait(swrite *sw, uint64_t req)
-{
-    for (uint32_t i = 0; i < sw->n_wait; i++)
-        if (sw->wait_reqs[i] == req) {
-            sw->wait_reqs[i] = sw->wait_reqs[--sw->n_wait];
-            return;
-        }
-}
-
-/* Copies the keys idx[0..n) of sw into one allocation. */
-static kvcr_key *copy_keys(const swrite *sw, const uint32_t *idx, uint32_t n, uint8_t **store)
-{
-    size_t bytes = 0;
-    for (uint32_t i = 0; i < n; i++) bytes += sw->keys[idx[i]].key_len;
-    kvcr_key *keys = calloc(n, sizeof *keys);
-    *store = malloc(bytes + 1);
-    if (keys == NULL || *store == NULL) {
-        free(keys);
-        free(*store);
-        return NULL;
-    }
-    uint8_t *at = *store;
-    for (uint32_t i = 0; i < n; i++) {
-        const sw_key *k = &sw->keys[idx[i]];
-        memcpy(at, sw->key_bytes + k->key_off, k->key_len);
-        keys[i] = (kvcr_key){at, k->key_len};
-        at += k->key_len;
-    }
-    return keys;
-}
-
-static void pin_req_free(pin_req *q)
-{
-    free(q->keys);
-    free(q->store);
-    free(q);
-}
-
-/* A pending request leaves r->pin_reqs (already unlinked by the caller). */
-static void pin_req_drop(remote *r, pin_req *q)
-{
-    r->n_pin_reqs--;
-    pin_req_free(q);
-}
-
-/* One request_pin for the keys no pin or pending request covers. */
-static bool request_pins(remote *r, swrite *sw, const uint32_t *idx, uint32_t n)
-{
-    pin_req *q = calloc(1, sizeof *q);
-    rcb *cb = calloc(1, sizeof *cb);
-    uint8_t *cb_store = NULL;
-    if (q) q->keys = copy_keys(sw, idx, n, &q->store);
-    if (cb) cb->keys = copy_keys(sw, idx, n, &cb_store);
-    if (!q || !cb || !q->keys || !cb->keys || !add_wait(sw, r->next_pin_req)) {
-        if (q) pin_req_free(q);
-        if (cb) free(cb->keys);
-        free(cb);
-        free(cb_store);
-        return false;
-    }
-    q->id = r->next_pin_req++;
-    q->n_keys = n;
-    q->next = r->pin_reqs;
-    r->pin_reqs = q;
-    r->n_pin_reqs++;
-    cb->kind = RCB_REQUEST_PIN;
-    cb->id = q->id;
-    cb->n_keys = n;
-    cb->owned = cb_store;
-    rcb_push(r, cb);
-    return true;
-}
-
-/* A key reads through a pinned framework residency: the write holds the
- * pin (once per pin) from now until it ends. */
-static void bind_pin(swrite *sw, sw_key *k, const fwres *f)
-{
-    if (k->pin != NULL) return;
-    bool held = false;
-    for (uint32_t i = 0; i < sw->n_keys && !held; i++) held = sw->keys[i].pin == f->pin;
-    k->pin = f->pin;
-    k->fw_refs = f->refs;
-    k->n_fw = f->n_refs;
-    if (!held) f->pin->holders++;
-}
+/* ---- the main side (polling thread, locked) ------------------------------ */
 
 /* p2p_spec §4.5: claim what KVCR DRAM has, reuse pins, join pending pin
  * requests, ask for the rest; once nothing is pending, fix the sources. */
-static void resume(remote *r, swrite *sw)
+void source_resume(remote *r, swrite *sw)
 {
     uint64_t now = kvcr_now_ns();
     if (sw->forced_fail || r->exited || now >= sw->deadline_ns ||
@@ -791,20 +604,20 @@ static void resume(remote *r, swrite *sw)
     uint32_t *need = calloc(sw->n_keys, sizeof *need), n_need = 0;
     for (uint32_t i = 0; i < sw->n_keys; i++) {
         sw_key *k = &sw->keys[i];
-        if (k->local != BLOCK_NONE || k->fw_refs != NULL) continue;
+        if (k->local != TIER_BLOCK_NONE || k->fw_refs != NULL) continue;
         const uint8_t *key = sw->key_bytes + k->key_off;
-        fwres *f = fwres_find(r, key, k->key_len);
+        fwres *f = pin_fwres_find(r, key, k->key_len);
         uint64_t req;
         if (f != NULL) {
-            bind_pin(sw, k, f);
-        } else if (covered_by_request(r, key, k->key_len, &req)) {
-            add_wait(sw, req);
+            pin_bind(sw, k, f);
+        } else if (pin_req_covering(r, key, k->key_len, &req)) {
+            pin_wait_add(sw, req);
         } else if (need != NULL && !k->asked) { /* each key is asked for once per write */
             k->asked = true;
             need[n_need++] = i;
         }
     }
-    if (n_need > 0 && r->n_pin_reqs >= r->kv->conf.limits.max_pin_requests) {
+    if (n_need > 0 && r->n_pin_reqs >= host_conf(r->kv)->limits.max_pin_requests) {
         /* Not asked: the write is refused whole, before anything is written. */
         free(need);
         sw->busy = "pin_requests";
@@ -813,38 +626,21 @@ static void resume(remote *r, swrite *sw)
         to_post(r, sw);
         return;
     }
-    if (n_need > 0 && !request_pins(r, sw, need, n_need))
-        kvcr_log(&r->kv->log, KVCR_LOG_ERROR, "out of memory: no pin request for a peer's write");
+    if (n_need > 0 && !pin_request(r, sw, need, n_need))
+        kvcr_log(host_logger(r->kv), KVCR_LOG_ERROR,
+                 "out of memory: no pin request for a peer's write");
     free(need);
     if (sw->n_wait == 0) assemble(r, sw);
 }
 
-/* Ends what a write holds on the polling thread: claims (only once UCX gave
- * it back) and pin holds. */
-static void drop_pins(remote *r, swrite *sw)
-{
-    if (sw->pins_dropped) return;
-    sw->pins_dropped = true;
-    for (uint32_t i = 0; i < sw->n_keys; i++) {
-        pin *p = sw->keys[i].pin;
-        if (p == NULL) continue;
-        bool seen = false;
-        for (uint32_t j = 0; j < i && !seen; j++) seen = sw->keys[j].pin == p;
-        if (seen) continue;
-        p->holders--;
-        pin_drop(r, p);
-    }
-}
-
+/* Ends what a write holds on the polling thread: pin holds, and claims
+ * (only once UCX gave it back). */
 static void settle_done(remote *r, swrite *sw)
 {
-    kvcr_t *kv = r->kv;
-    drop_pins(r, sw);
+    pin_unhold(r, sw);
     for (uint32_t i = 0; i < sw->n_keys; i++) {
-        block_id id = sw->keys[i].local;
-        if (id == BLOCK_NONE) continue;
-        if (sw->success && sw->keys[i].included) res_access(kv, id);
-        res_unclaim(kv, id);
+        tier_block id = sw->keys[i].local;
+        if (id != TIER_BLOCK_NONE) host_unclaim(r->kv, id, sw->success && sw->keys[i].included);
     }
     if (sw->status) sw->status->sw = NULL;
     if (sw->prev)
@@ -856,33 +652,9 @@ static void settle_done(remote *r, swrite *sw)
     sw_free(sw);
 }
 
-/* Cancels pin requests nobody waits for any more. */
-static void cancel_orphan_requests(remote *r)
-{
-    for (pin_req **link = &r->pin_reqs; *link;) {
-        pin_req *q = *link;
-        bool waited = false;
-        for (swrite *sw = r->swrites; sw && !waited; sw = sw->next)
-            waited = sw->state == SW_PINNING && waits_for(sw, q->id);
-        if (waited) {
-            link = &q->next;
-            continue;
-        }
-        *link = q->next;
-        rcb *cb = calloc(1, sizeof *cb);
-        if (cb) cb->kind = RCB_CANCEL_PIN, cb->id = q->id, rcb_push(r, cb);
-        pin_req_drop(r, q);
-    }
-}
-
 void source_main(remote *r)
 {
-    /* Pins whose release the framework refused are asked again. */
-    for (pin *p = r->pins; p; p = p->next)
-        if (p->releasing && !p->release_queued) {
-            p->release_queued = true;
-            queue_release(r, p->handle);
-        }
+    pin_retry_releases(r);
     swrite *list = r->sw_main;
     r->sw_main = r->sw_main_tail = NULL;
     for (swrite *sw = list, *next; sw; sw = next) {
@@ -891,216 +663,21 @@ void source_main(remote *r)
         if (sw->state == SW_DONE)
             settle_done(r, sw);
         else if (sw->state == SW_PINNING)
-            resume(r, sw);
+            source_resume(r, sw);
         else if (sw->abandoned)
-            drop_pins(r, sw);
+            pin_unhold(r, sw);
     }
     /* Pinning writes past their deadline give up. */
     uint64_t now = kvcr_now_ns();
     for (swrite *sw = r->swrites; sw; sw = sw->next)
-        if (sw->state == SW_PINNING && sw->n_wait > 0 && now >= sw->deadline_ns) resume(r, sw);
-    cancel_orphan_requests(r);
+        if (sw->state == SW_PINNING && sw->n_wait > 0 && now >= sw->deadline_ns)
+            source_resume(r, sw);
+    pin_cancel_orphans(r);
 }
 
-static int check_pin_result(remote *r, const pin_req *q, const kvcr_block *blocks, size_t n)
-{
-    if (n != q->n_keys)
-        return kvcr_fail(KVCR_EINVAL, "pin result for request %llu names %zu key(s), %u requested",
-                         (unsigned long long)q->id, n, q->n_keys);
-    bool any = false;
-    for (size_t i = 0; i < n; i++) {
-        const kvcr_block *b = &blocks[i];
-        bool asked = false;
-        for (uint32_t j = 0; j < q->n_keys && !asked; j++)
-            asked = q->keys[j].len == b->key.len && b->key.data &&
-                    memcmp(q->keys[j].data, b->key.data, b->key.len) == 0;
-        for (size_t j = 0; asked && j < i; j++)
-            asked = !(blocks[j].key.len == b->key.len &&
-                      memcmp(blocks[j].key.data, b->key.data, b->key.len) == 0);
-        if (!asked)
-            return kvcr_fail(KVCR_EINVAL, "pin result key %zu was not requested (or repeats)", i);
-        if (b->n_refs == 0) continue;
-        int rc = ops_check_refs(r->kv, b->refs, b->n_refs);
-        if (rc != 0) return rc;
-        any = true;
-    }
-    if (!any) return kvcr_fail(KVCR_EINVAL, "a pin result must make at least one key available");
-    return 0;
-}
-
-static bool install(remote *r, pin *p, const kvcr_block *b)
-{
-    fwres *f = calloc(1, sizeof *f);
-    size_t label_bytes = 0;
-    for (size_t j = 0; j < b->n_refs; j++) label_bytes += strlen(b->refs[j].label ? b->refs[j].label : "") + 1;
-    uint8_t *key = f ? malloc(b->key.len + label_bytes) : NULL;
-    kvcr_mem_ref *refs = f ? calloc(b->n_refs, sizeof *refs) : NULL;
-    if (!f || !key || !refs) {
-        free(f), free(key), free(refs);
-        return false;
-    }
-    memcpy(key, b->key.data, b->key.len);
-    char *labels = (char *)key + b->key.len;
-    for (size_t j = 0; j < b->n_refs; j++) {
-        strcpy(labels, b->refs[j].label ? b->refs[j].label : "");
-        refs[j] = (kvcr_mem_ref){NULL, labels, b->refs[j].index};
-        labels += strlen(labels) + 1;
-    }
-    *f = (fwres){r->fwres, p, key, (uint32_t)b->key.len, (uint32_t)b->n_refs, refs};
-    r->fwres = f;
-    p->n_keys++;
-    return true;
-}
-
-int source_pin_complete(remote *r, uint64_t req, uint64_t handle, const kvcr_block *blocks,
-                        size_t n)
-{
-    pin_req **link = &r->pin_reqs;
-    while (*link && (*link)->id != req) link = &(*link)->next;
-    if (*link == NULL) {
-        if (handle != 0) queue_release(r, handle); /* late or unknown: give it back */
-        return kvcr_fail(KVCR_ENOENT, "no pending pin request %llu", (unsigned long long)req);
-    }
-    pin_req *q = *link;
-    int rc = handle != 0 ? check_pin_result(r, q, blocks, n) : 0;
-    pin *p = NULL;
-    if (rc == 0 && handle != 0 && (pin_find(r, handle) != NULL || (p = calloc(1, sizeof *p)) == NULL))
-        rc = p ? 0 : kvcr_fail(KVCR_EINVAL, "pin handle %llu is already in use",
-                               (unsigned long long)handle);
-    if (rc != 0 && handle != 0) queue_release(r, handle);
-    *link = q->next;
-    pin_req_drop(r, q);
-    if (p != NULL) {
-        p->handle = handle;
-        p->next = r->pins;
-        r->pins = p;
-        for (size_t i = 0; i < n; i++)
-            if (blocks[i].n_refs > 0 && fwres_find(r, blocks[i].key.data, (uint32_t)blocks[i].key.len) == NULL)
-                install(r, p, &blocks[i]);
-    }
-    for (swrite *sw = r->swrites; sw; sw = sw->next) {
-        if (sw->state != SW_PINNING || !waits_for(sw, req)) continue;
-        forget_wait(sw, req);
-        for (uint32_t i = 0; p && i < sw->n_keys; i++) {
-            sw_key *k = &sw->keys[i];
-            fwres *f = k->local == BLOCK_NONE && k->pin == NULL
-                           ? fwres_find(r, sw->key_bytes + k->key_off, k->key_len) : NULL;
-            if (f != NULL && f->pin == p) bind_pin(sw, k, f);
-        }
-        if (sw->n_wait == 0) resume(r, sw);
-    }
-    if (p != NULL) pin_drop(r, p); /* nobody held it: give it back */
-    return rc;
-}
-
-int remote_pin_complete(kvcr_t *kv, uint64_t req, uint64_t handle, const kvcr_block *blocks,
-                        size_t n)
-{
-    instance_lock(kv);
-    int rc = kv->closed ? kvcr_fail(KVCR_ECLOSED, "the instance is closed")
-                        : source_pin_complete(kv->remote, req, handle, blocks, n);
-    instance_unlock(kv);
-    return rc;
-}
-
-/* ---- callbacks (polling thread, unlocked) ---------------------------------- */
-
-static void log_resilience(remote *r, const kvcr_resilience_event *ev)
-{
-    kvcr_log(&r->kv->log, ev->state == KVCR_TRANSFER_QUIESCED ? KVCR_LOG_INFO : KVCR_LOG_ERROR,
-             "resilience: %s", ev->message);
-}
-
-void source_run_callback(remote *r, rcb *cb)
-{
-    kvcr_t *kv = r->kv;
-    const kvcr_callbacks *c = &kv->conf.cb;
-    switch (cb->kind) {
-    case RCB_REQUEST_PIN:
-        if (c->request_pin(c->ud, cb->id, cb->keys, cb->n_keys) != 0) {
-            kvcr_log(&kv->log, KVCR_LOG_WARN, "request_pin failed for request %llu",
-                     (unsigned long long)cb->id);
-            remote_pin_complete(kv, cb->id, 0, NULL, 0);
-        }
-        break;
-    case RCB_CANCEL_PIN:
-        if (c->cancel_pin_request) c->cancel_pin_request(c->ud, cb->id);
-        break;
-    case RCB_RELEASE_PIN: {
-        bool ok = c->release_pin(c->ud, cb->id);
-        instance_lock(kv);
-        pin *p = pin_find(r, cb->id);
-        if (p == NULL && !ok && (p = calloc(1, sizeof *p)) != NULL) {
-            /* A pin we never installed (late, refused): retried all the same. */
-            *p = (pin){r->pins, cb->id, 0, true, true, false, 0};
-            r->pins = p;
-        }
-        if (p != NULL) {
-            p->release_queued = false;
-            if (ok) {
-                pin **link = &r->pins;
-                while (*link != p) link = &(*link)->next;
-                *link = p->next;
-                free(p);
-            } else if (!p->release_warned) {
-                p->release_warned = true;
-                kvcr_log(&kv->log, KVCR_LOG_WARN, "release_pin(%llu) refused; retried every poll",
-                         (unsigned long long)cb->id);
-            }
-        }
-        instance_unlock(kv);
-        break;
-    }
-    default:
-        if (c->resilience)
-            c->resilience(c->ud, &cb->ev);
-        else
-            log_resilience(r, &cb->ev);
-    }
-    rcb_free(cb);
-}
-
-/* kvcr_close, after the last settling: pending pin requests are
- * cancelled, and pins still being released get one more attempt. */
-void source_close(remote *r)
-{
-    while (r->pin_reqs) {
-        pin_req *q = r->pin_reqs;
-        r->pin_reqs = q->next;
-        rcb *cb = calloc(1, sizeof *cb);
-        if (cb) cb->kind = RCB_CANCEL_PIN, cb->id = q->id, rcb_push(r, cb);
-        pin_req_drop(r, q);
-    }
-    for (pin *p = r->pins; p; p = p->next)
-        if (p->releasing && !p->release_queued) {
-            p->release_queued = true;
-            queue_release(r, p->handle);
-        }
-}
-
+/* Unlocked, at destroy: writes never settled (close gave up on them). */
 void source_destroy(remote *r)
 {
-    kvcr_t *kv = r->kv;
-    for (pin *p = r->pins; p; p = p->next)
-        kvcr_log(&kv->log, KVCR_LOG_ERROR, "KVCR could not release framework pin %llu",
-                 (unsigned long long)p->handle);
-    while (r->pins) {
-        pin *p = r->pins;
-        r->pins = p->next;
-        free(p);
-    }
-    while (r->fwres) {
-        fwres *f = r->fwres;
-        r->fwres = f->next;
-        free(f->key);
-        free(f->refs);
-        free(f);
-    }
-    while (r->pin_reqs) {
-        pin_req *q = r->pin_reqs;
-        r->pin_reqs = q->next;
-        pin_req_drop(r, q);
-    }
     while (r->swrites) {
         swrite *sw = r->swrites;
         r->swrites = sw->next;

@@ -11,22 +11,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/ops.h"
-#include "core/residency.h"
 #include "tiers/remote_int.h"
 #include "util/clock.h"
-#include "util/event.h"
 
 #define MS 1000000ull
 
 /* ---- hints (p2p_spec §3.4) ------------------------------------------------ */
-
-hint_state *remote_hint(kvcr_t *kv, const char *request_id)
-{
-    if (kv->remote == NULL || request_id == NULL) return NULL;
-    hint_state *st = hint_table_get(&kv->hints, request_id);
-    return st && !st->failed ? st : NULL;
-}
 
 static bool has_hash(const hint *h, uint64_t x)
 {
@@ -42,44 +32,22 @@ static bool has_hash(const hint *h, uint64_t x)
     return false;
 }
 
-bool remote_accepts(kvcr_t *kv, const hint_state *st, const uint8_t *key, size_t len)
+bool target_holds(remote *r, const tier_batch *b, const uint8_t *key, uint32_t key_len)
 {
-    if (st == NULL || st->failed || kv->conf.cb.key_hash == NULL) return false;
-    if (hint_state_is_miss(st, index_hash(key, len))) return false;
-    if (kv->conf.remote.opportunistic_query) return true;
+    const kvcr_conf *conf = host_conf(r->kv);
+    const hint_state *st = b->st;
+    if (st->failed || conf->cb.key_hash == NULL) return false;
+    if (hint_state_is_miss(st, host_key_hash(key, key_len))) return false;
+    if (conf->remote.opportunistic_query) return true;
     uint64_t h;
-    kvcr_key k = {key, len};
-    if (kv->conf.cb.key_hash(kv->conf.cb.ud, &k, &h) != 0) return false;
+    kvcr_key k = {key, key_len};
+    if (conf->cb.key_hash(conf->cb.ud, &k, &h) != 0) return false;
     return has_hash(&st->hint, h);
 }
 
-/* ---- building a pull ------------------------------------------------------ */
+/* ---- building a pull (main thread, locked) --------------------------------- */
 
-pull *remote_pull_new(kvcr_t *kv, const hint_state *st, kvcr_op_handle op, bool fetch,
-                      size_t max_keys, size_t max_refs)
-{
-    pull *p = calloc(1, sizeof *p);
-    if (p == NULL) goto oom;
-    p->keys = calloc(max_keys ? max_keys : 1, sizeof *p->keys);
-    p->refs = calloc(max_refs ? max_refs : 1, sizeof *p->refs);
-    p->request_id = strdup(st->request_id);
-    if (p->keys == NULL || p->refs == NULL || p->request_id == NULL) goto oom;
-    p->cap_keys = (uint32_t)max_keys;
-    p->cap_refs = (uint32_t)max_refs;
-    p->handle = fetch ? -(int64_t)op : (int64_t)op;
-    p->fetch = fetch;
-    snprintf(p->source, sizeof p->source, "%s", st->hint.source);
-    p->start_ns = kvcr_now_ns();
-    p->deadline_ns = p->start_ns + (uint64_t)kv->conf.operation_timeout_ms * MS;
-    p->abandon_ns = p->start_ns + (uint64_t)kv->conf.abandon_timeout_ms * MS;
-    return p;
-oom:
-    kvcr_log(&kv->log, KVCR_LOG_ERROR, "out of memory: no remote pull for this operation");
-    remote_pull_free(p);
-    return NULL;
-}
-
-void remote_pull_free(pull *p)
+static void pull_free(pull *p)
 {
     if (p == NULL) return;
     free(p->keys);
@@ -87,6 +55,45 @@ void remote_pull_free(pull *p)
     free(p->key_bytes);
     free(p->request_id);
     free(p);
+}
+
+static pull *pull_new(remote *r, const hint_state *st, const tier_batch_info *info)
+{
+    const kvcr_conf *conf = host_conf(r->kv);
+    pull *p = calloc(1, sizeof *p);
+    if (p == NULL) goto oom;
+    p->keys = calloc(info->max_keys ? info->max_keys : 1, sizeof *p->keys);
+    p->refs = calloc(info->max_refs ? info->max_refs : 1, sizeof *p->refs);
+    p->request_id = strdup(st->request_id);
+    if (p->keys == NULL || p->refs == NULL || p->request_id == NULL) goto oom;
+    p->batch = (tier_batch){st, p};
+    p->cap_keys = (uint32_t)info->max_keys;
+    p->cap_refs = (uint32_t)info->max_refs;
+    p->handle = info->fetch ? -(int64_t)info->op : (int64_t)info->op;
+    p->fetch = info->fetch;
+    snprintf(p->source, sizeof p->source, "%s", st->hint.source);
+    p->start_ns = kvcr_now_ns();
+    p->deadline_ns = p->start_ns + (uint64_t)conf->operation_timeout_ms * MS;
+    p->abandon_ns = p->start_ns + (uint64_t)conf->abandon_timeout_ms * MS;
+    return p;
+oom:
+    kvcr_log(host_logger(r->kv), KVCR_LOG_ERROR, "out of memory: no remote pull for this operation");
+    pull_free(p);
+    return NULL;
+}
+
+/* A query's batch is only the request's usable hint; an operation's is a
+ * new pull. NULL: no usable hint (or no memory), the tier has nothing. */
+tier_batch *target_begin(remote *r, const tier_batch_info *info)
+{
+    hint_state *st = info->request_id ? host_hint(r->kv, info->request_id) : NULL;
+    if (st == NULL || st->failed) return NULL;
+    if (info->op == 0) {
+        r->query = (tier_batch){st, NULL};
+        return &r->query;
+    }
+    pull *p = pull_new(r, st, info);
+    return p ? &p->batch : NULL;
 }
 
 static bool add_key_bytes(pull *p, pull_key *k, const uint8_t *key, uint32_t len)
@@ -106,49 +113,40 @@ static bool add_key_bytes(pull *p, pull_key *k, const uint8_t *key, uint32_t len
     return true;
 }
 
-void remote_pull_add_deliver(kvcr_t *kv, pull *p, op_rec *o, uint32_t idx, const kvcr_mem_ref *refs,
-                             uint32_t n_refs, const uint8_t *key, uint32_t key_len)
+/* The destinations travel as references the source resolves against our
+ * metadata: a deliver's framework references as the caller gave them, a
+ * fetch's KVCR slots as (pool name, slot). Labels are the configuration's
+ * (the core checked the caller's against it). */
+kvcr_reason target_read(remote *r, tier_batch *b, const tier_read *rd)
 {
+    (void)r;
+    pull *p = b->p;
+    if (p == NULL || p->n_keys == p->cap_keys || rd->n_dst > p->cap_refs - p->n_refs)
+        return KVCR_REASON_NO_CAPACITY; /* beyond the bounds begin() was given */
     pull_key *k = &p->keys[p->n_keys];
-    *k = (pull_key){.op = o, .idx = idx, .ref_off = p->n_refs, .n_refs = n_refs};
-    if (!add_key_bytes(p, k, key, key_len)) {
-        ops_entry_settle(kv, o, idx, false, KVCR_REASON_NO_CAPACITY);
-        return;
-    }
-    for (uint32_t j = 0; j < n_refs; j++) {
-        const char *label = refs[j].label ? refs[j].label : "";
-        p->refs[p->n_refs++] = (wire_ref){true, {(const uint8_t *)label, strlen(label)},
-                                          refs[j].index};
+    *k = (pull_key){.tok = rd->token, .ref_off = p->n_refs, .n_refs = rd->n_dst};
+    if (!add_key_bytes(p, k, rd->key, rd->key_len)) return KVCR_REASON_NO_CAPACITY;
+    for (uint32_t j = 0; j < rd->n_dst; j++) {
+        const char *label = rd->fetch ? rd->dst[j].label : rd->refs[j].label;
+        uint64_t index = rd->fetch ? rd->dst[j].index : rd->refs[j].index;
+        if (label == NULL) label = "";
+        p->refs[p->n_refs++] =
+            (wire_ref){!rd->fetch, {(const uint8_t *)label, strlen(label)}, index};
     }
     p->n_keys++;
+    return KVCR_REASON_NONE;
 }
 
-void remote_pull_add_fill(kvcr_t *kv, pull *p, struct fill *f, const uint8_t *key,
-                          uint32_t key_len)
+/* Hands the pull to the progress thread (frees it when it has no keys). */
+void target_end(remote *r, tier_batch *b)
 {
-    const block *b = index_get(&kv->index, f->block);
-    pull_key *k = &p->keys[p->n_keys];
-    *k = (pull_key){.fill = f, .ref_off = p->n_refs, .n_refs = b->n_slots};
-    if (!add_key_bytes(p, k, key, key_len)) {
-        ops_fill_settle(kv, f, false, KVCR_REASON_NO_CAPACITY);
-        return;
-    }
-    for (uint32_t j = 0; j < b->n_slots; j++) {
-        uint32_t pool, slot;
-        res_slot(kv, b, j, &pool, &slot);
-        const char *label = kv->pools[pool].name;
-        p->refs[p->n_refs++] = (wire_ref){false, {(const uint8_t *)label, strlen(label)}, slot};
-    }
-    p->n_keys++;
-}
-
-void remote_pull_submit(kvcr_t *kv, pull *p)
-{
-    remote *r = kv->remote;
+    pull *p = b->p;
+    if (p == NULL) return; /* a query */
     if (p->n_keys == 0) {
-        remote_pull_free(p);
+        pull_free(p);
         return;
     }
+    p->batch = (tier_batch){NULL, NULL};
     p->state = PULL_START;
     p->next = r->pulls;
     if (r->pulls) r->pulls->prev = p;
@@ -170,7 +168,7 @@ static void owe_main(remote *r, pull *p, uint8_t flag)
     else
         r->todo = p;
     r->todo_tail = p;
-    event_signal(r->kv->event_fd);
+    host_wake(r->kv);
 }
 
 static void finish(remote *r, pull *p, bool success, kvcr_reason why)
@@ -211,7 +209,7 @@ static void send_start_write(remote *r, pull *p, uint64_t now)
     free(keys);
     free(ref_off);
     if (rc != 0) {
-        kvcr_log(&r->kv->log, KVCR_LOG_WARN, "cannot send start_write %lld to %s: %s",
+        kvcr_log(host_logger(r->kv), KVCR_LOG_WARN, "cannot send start_write %lld to %s: %s",
                  (long long)p->handle, p->source, kvcr_last_error());
         finish(r, p, false, KVCR_REASON_TRANSFER_ERROR);
         return;
@@ -444,52 +442,56 @@ static void report(remote *r, pull *p, kvcr_resilience_state st)
 
 static void fail_hint(kvcr_t *kv, const pull *p)
 {
-    hint_state *st = hint_table_get(&kv->hints, p->request_id);
+    hint_state *st = host_hint(kv, p->request_id);
     if (st) st->failed = true;
 }
 
 static void remember_misses(kvcr_t *kv, const pull *p)
 {
-    hint_state *st = hint_table_get(&kv->hints, p->request_id);
+    hint_state *st = host_hint(kv, p->request_id);
     for (uint32_t i = 0; st && i < p->n_keys; i++)
         if (!p->keys[i].completed)
-            hint_state_add_miss(st, index_hash(p->key_bytes + p->keys[i].key_off,
-                                               p->keys[i].key_len));
+            hint_state_add_miss(st, host_key_hash(p->key_bytes + p->keys[i].key_off,
+                                                  p->keys[i].key_len));
 }
 
-static void settle_deliver_keys(kvcr_t *kv, pull *p, bool ok, kvcr_reason why)
+/* Each key's token is settled once: deliver keys may be settled early
+ * (uncertain), the rest when the pull finishes. */
+static void settle_keys(kvcr_t *kv, pull *p, bool ok, kvcr_reason why)
 {
     for (uint32_t i = 0; i < p->n_keys; i++) {
         pull_key *k = &p->keys[i];
-        if (k->op == NULL) continue;
-        bool done = ok && k->completed;
-        ops_entry_settle(kv, k->op, k->idx, done, ok ? KVCR_REASON_NOT_FOUND : why);
-        k->op = NULL;
+        if (k->settled) continue;
+        k->settled = true;
+        host_settle(kv, k->tok, ok && k->completed, ok ? KVCR_REASON_NOT_FOUND : why);
     }
+}
+
+static uint64_t ref_bytes(const kvcr_t *kv, const wire_ref *ref)
+{
+    char label[WIRE_MAX_NAME + 1];
+    snprintf(label, sizeof label, "%.*s", (int)ref->label.len, (const char *)ref->label.data);
+    int pool = host_pool_named(kv, label);
+    if (pool < 0) return 0;
+    host_pool pi;
+    host_pool_info(kv, (uint32_t)pool, &pi);
+    return pi.block_size;
 }
 
 static void observe(kvcr_t *kv, const pull *p)
 {
-    if (kv->telemetry == NULL) return;
     const char *scope = p->fetch ? "remote_fetch" : "remote_deliver";
-    telemetry_observe(kv->telemetry, scope, p->success ? "success" : "failed",
-                      kvcr_ns_to_s(kvcr_now_ns() - p->start_ns));
+    host_observe(kv, scope, p->success ? "success" : "failed",
+                 kvcr_ns_to_s(kvcr_now_ns() - p->start_ns));
     uint64_t blocks = 0, bytes = 0;
     for (uint32_t i = 0; p->success && i < p->n_keys; i++) {
         if (!p->keys[i].completed) continue;
         blocks++;
-        for (uint32_t j = 0; j < p->keys[i].n_refs; j++) {
-            /* every element of a layout is one pool block */
-            const wire_ref *ref = &p->refs[p->keys[i].ref_off + j];
-            for (uint32_t q = 0; q < kv->conf.n_pools; q++)
-                if (strlen(kv->pools[q].name) == ref->label.len &&
-                    memcmp(kv->pools[q].name, ref->label.data, ref->label.len) == 0) {
-                    bytes += kv->pools[q].block_size;
-                    break;
-                }
-        }
+        /* every element of a layout is one pool block */
+        for (uint32_t j = 0; j < p->keys[i].n_refs; j++)
+            bytes += ref_bytes(kv, &p->refs[p->keys[i].ref_off + j]);
     }
-    if (blocks) telemetry_count(kv->telemetry, scope, blocks, bytes);
+    if (blocks) host_count(kv, scope, blocks, bytes);
 }
 
 static void settle_finished(remote *r, pull *p)
@@ -503,23 +505,14 @@ static void settle_finished(remote *r, pull *p)
         remember_misses(kv, p);
     }
     observe(kv, p);
-    if (p->fetch) {
-        for (uint32_t i = 0; i < p->n_keys; i++) {
-            bool ok = p->success && p->keys[i].completed;
-            ops_fill_settle(kv, p->keys[i].fill, ok,
-                                 p->success ? KVCR_REASON_NOT_FOUND
-                                            : (kvcr_reason)p->fail_reason);
-        }
-    } else {
-        settle_deliver_keys(kv, p, p->success, (kvcr_reason)p->fail_reason);
-    }
+    settle_keys(kv, p, p->success, (kvcr_reason)p->fail_reason);
     if (p->prev)
         p->prev->next = p->next;
     else
         r->pulls = p->next;
     if (p->next) p->next->prev = p->prev;
     r->n_pulls--;
-    remote_pull_free(p);
+    pull_free(p);
 }
 
 void target_main(remote *r)
@@ -534,13 +527,26 @@ void target_main(remote *r)
         p->main_flags = 0;
         if ((flags & PM_DISCARD) && !p->discarded) {
             p->discarded = true;
-            for (uint32_t i = 0; i < p->n_keys; i++) ops_remote_fill_discard(kv, p->keys[i].fill);
+            for (uint32_t i = 0; i < p->n_keys; i++) host_discard(kv, p->keys[i].tok);
         }
         if (flags & PM_UNCERTAIN) {
             report(r, p, KVCR_TRANSFER_UNCERTAIN);
             fail_hint(kv, p);
-            if (!p->fetch) settle_deliver_keys(kv, p, false, KVCR_REASON_TIMEOUT);
+            if (!p->fetch) settle_keys(kv, p, false, KVCR_REASON_TIMEOUT);
         }
         if (flags & PM_FINISHED) settle_finished(r, p);
+    }
+}
+
+/* The instance is going away with pulls close gave up on: their tokens are
+ * never settled, the core frees what it keeps for them. */
+void target_destroy(remote *r)
+{
+    while (r->pulls) {
+        pull *p = r->pulls;
+        r->pulls = p->next;
+        for (uint32_t i = 0; i < p->n_keys; i++)
+            if (!p->keys[i].settled) host_drop(r->kv, p->keys[i].tok);
+        pull_free(p);
     }
 }
