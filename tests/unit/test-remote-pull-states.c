@@ -1,0 +1,545 @@
+/* The remote tier's pull state machine (src/tiers/remote_target.c) alone,
+ * against a fake host (core/host.h), a fake send (the progress thread's
+ * send_msg: every message sent is recorded) and an injected clock: no
+ * processes, no sockets, no sleeps. A pull is built through the tier's
+ * begin/read/end, sent by target_adopt, driven by target_on_message with
+ * made-up decoded messages and by target_timers at made-up times, and
+ * settled by target_main; the test checks its states, the messages it sent,
+ * the tokens it settled (ok, reason) and the resilience events it raised. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tiers/remote_int.h"
+#include "util/clock.h"
+
+#define MS 1000000ull
+#define T0 (1000 * MS) /* the clock when a pull starts */
+#define OP_TIMEOUT_MS 1000
+#define ABANDON_MS 4000
+#define SOURCE "tcp://10.0.0.2:5555"
+#define OTHER "tcp://10.0.0.3:5555"
+
+/* ---- the injected clock ---------------------------------------------------- */
+
+static uint64_t clock_ns;
+
+uint64_t kvcr_now_ns(void)
+{
+    return clock_ns;
+}
+
+/* ---- the fake host --------------------------------------------------------- */
+
+typedef struct settled {
+    tier_token tok;
+    bool ok;
+    kvcr_reason why;
+} settled;
+
+static struct {
+    kvcr_conf conf;
+    kvcr_logger log;
+    hint_state hint;
+    uint64_t hashes[2];
+    settled settles[16];
+    size_t n_settles;
+    tier_token discards[16];
+    size_t n_discards, n_drops, n_wakes;
+} host;
+
+static kvcr_t *const KV = (kvcr_t *)&host; /* opaque to the tier */
+
+const kvcr_conf *host_conf(const kvcr_t *kv)
+{
+    assert_ptr_equal(kv, KV);
+    return &host.conf;
+}
+
+kvcr_logger *host_logger(kvcr_t *kv)
+{
+    (void)kv;
+    return &host.log;
+}
+
+void host_wake(kvcr_t *kv)
+{
+    (void)kv;
+    host.n_wakes++;
+}
+
+void host_settle(kvcr_t *kv, tier_token tok, bool ok, kvcr_reason why)
+{
+    (void)kv;
+    assert_true(host.n_settles < 16);
+    host.settles[host.n_settles++] = (settled){tok, ok, why};
+}
+
+void host_discard(kvcr_t *kv, tier_token tok)
+{
+    (void)kv;
+    assert_true(host.n_discards < 16);
+    host.discards[host.n_discards++] = tok;
+}
+
+void host_drop(kvcr_t *kv, tier_token tok)
+{
+    (void)kv, (void)tok;
+    host.n_drops++;
+}
+
+hint_state *host_hint(kvcr_t *kv, const char *request_id)
+{
+    (void)kv;
+    return strcmp(request_id, host.hint.request_id) == 0 ? &host.hint : NULL;
+}
+
+uint64_t host_key_hash(const uint8_t *key, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++) h = (h ^ key[i]) * 1099511628211ull;
+    return h;
+}
+
+void host_observe(kvcr_t *kv, const char *scope, const char *result, double seconds)
+{
+    (void)kv, (void)scope, (void)result, (void)seconds;
+}
+
+void host_count(kvcr_t *kv, const char *operation, uint64_t blocks, uint64_t bytes)
+{
+    (void)kv, (void)operation, (void)blocks, (void)bytes;
+}
+
+int host_pool_named(const kvcr_t *kv, const char *name)
+{
+    (void)kv;
+    return strcmp(name, "p") == 0 ? 0 : -1;
+}
+
+void host_pool_info(const kvcr_t *kv, uint32_t pool, host_pool *out)
+{
+    (void)kv, (void)pool;
+    *out = (host_pool){"p", NULL, 4 * 4096, 4096};
+}
+
+/* ---- the fake progress thread: sending, waking, resilience events --------- */
+
+typedef struct sent {
+    uint8_t type;
+    int64_t op;
+    char to[CTL_MAX_ENDPOINT + 1];
+    int md_rule;
+    bool has_expected_inc;
+    uint8_t expected_inc[WIRE_INCARNATION_LEN];
+    double remaining_ms;
+    uint32_t n_keys, n_refs;
+    bool framework;   /* of the first ref */
+    uint64_t index1;  /* of the second ref */
+    uint64_t at_ns;
+} sent;
+
+static struct {
+    sent msgs[64];
+    size_t n;
+    int fail; /* the rc of the next sends */
+    size_t n_wakes;
+    kvcr_resilience_state events[8];
+    size_t n_events;
+} net;
+
+int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
+{
+    (void)r;
+    assert_true(net.n < 64);
+    sent *s = &net.msgs[net.n++];
+    *s = (sent){.type = m->type, .op = m->op, .md_rule = md_rule,
+                .has_expected_inc = m->has_expected_inc, .remaining_ms = m->remaining_ms,
+                .n_keys = m->n_keys, .at_ns = clock_ns};
+    snprintf(s->to, sizeof s->to, "%s", endpoint);
+    if (m->has_expected_inc) memcpy(s->expected_inc, m->expected_inc.data, WIRE_INCARNATION_LEN);
+    if (m->type == WIRE_START_WRITE) {
+        s->n_refs = m->ref_off[m->n_keys];
+        s->framework = m->refs[0].framework;
+        s->index1 = m->refs[1].index;
+    }
+    return net.fail;
+}
+
+void remote_wake(remote *r)
+{
+    (void)r;
+    net.n_wakes++;
+}
+
+void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
+                    const kvcr_mem_ref *regions, size_t n, const char *fmt, ...)
+{
+    (void)r, (void)op, (void)regions, (void)n, (void)fmt;
+    assert_false(source_side);
+    assert_true(net.n_events < 8);
+    net.events[net.n_events++] = st;
+}
+
+/* ---- fixtures -------------------------------------------------------------- */
+
+static const uint8_t INC_A[WIRE_INCARNATION_LEN] = {0xa};
+static const uint8_t INC_B[WIRE_INCARNATION_LEN] = {0xb};
+static int owners[2]; /* what the tokens name (opaque to the tier) */
+
+static void quiet(void *ud, kvcr_log_level level, const char *message)
+{
+    (void)ud, (void)level, (void)message;
+}
+
+static int key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
+{
+    (void)ud;
+    *hash = host_key_hash(key->data, key->len);
+    return 0;
+}
+
+static int setup(void **state)
+{
+    memset(&host, 0, sizeof host);
+    memset(&net, 0, sizeof net);
+    host.conf.operation_timeout_ms = OP_TIMEOUT_MS;
+    host.conf.abandon_timeout_ms = ABANDON_MS;
+    host.conf.cb.key_hash = key_hash;
+    kvcr_logger_init(&host.log, "test", quiet, NULL);
+    host.hashes[0] = host_key_hash((const uint8_t *)"k0", 2);
+    host.hashes[1] = host_key_hash((const uint8_t *)"k1", 2);
+    if (host.hashes[0] > host.hashes[1]) { /* a hint's hashes are sorted */
+        uint64_t t = host.hashes[0];
+        host.hashes[0] = host.hashes[1];
+        host.hashes[1] = t;
+    }
+    host.hint = (hint_state){.request_id = "req",
+                             .hint = {.source = SOURCE, .hashes = host.hashes, .n_hashes = 2}};
+    clock_ns = T0;
+    remote *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    r->kv = KV;
+    *state = r;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    remote *r = *state;
+    target_destroy(r);
+    free(r->peers);
+    free(r);
+    free(host.hint.misses);
+    return 0;
+}
+
+/* A deliver (or fetch) of keys k0 and k1 for op 7, built as the core builds
+ * it, and sent: the pull, in PULL_WAIT_DONE. */
+static pull *start_pull(remote *r, bool fetch)
+{
+    tier_batch_info info = {"req", 7, fetch, 2, 2};
+    tier_batch *b = target_begin(r, &info);
+    assert_non_null(b);
+    for (uint32_t i = 0; i < 2; i++) {
+        const char *key = i ? "k1" : "k0";
+        assert_true(target_holds(r, b, (const uint8_t *)key, 2));
+        kvcr_mem_ref ref = {NULL, "fw", 10 + i};
+        tier_dst dst = {NULL, 4096, 0, !fetch, fetch ? "p" : "fw", fetch ? 20 + i : 10 + i};
+        tier_read rd = {{&owners[i], i}, TIER_BLOCK_NONE, (const uint8_t *)key, 2, fetch,
+                        1, &dst, fetch ? NULL : &ref};
+        assert_int_equal(target_read(r, b, &rd), KVCR_REASON_NONE);
+    }
+    target_end(r, b);
+    assert_int_equal(net.n_wakes, 1); /* the progress thread hears of it */
+    pull *p = r->pulls;
+    assert_non_null(p);
+    assert_int_equal(p->state, PULL_START);
+
+    target_adopt(r, clock_ns);
+    assert_int_equal(p->state, PULL_WAIT_DONE);
+    assert_int_equal(net.n, 1);
+    const sent *s = &net.msgs[0];
+    assert_int_equal(s->type, WIRE_START_WRITE);
+    assert_int_equal(s->op, fetch ? -7 : 7); /* a fetch's pull names its fill */
+    assert_string_equal(s->to, SOURCE);
+    assert_int_equal(s->md_rule, MD_FORCE);
+    assert_false(s->has_expected_inc); /* nothing learned of the source yet */
+    assert_true(s->remaining_ms == OP_TIMEOUT_MS);
+    assert_int_equal(s->n_keys, 2);
+    assert_int_equal(s->n_refs, 2);
+    assert_int_equal(s->framework, !fetch);
+    assert_int_equal(s->index1, fetch ? 21 : 11);
+    return p;
+}
+
+/* A decoded message from an endpoint about op 7, as incarnation inc. */
+static wire_msg from(const char *endpoint, uint8_t type, int64_t op, const uint8_t *inc)
+{
+    return (wire_msg){.type = type, .agent = {(const uint8_t *)"src", 3},
+                      .incarnation = {inc, WIRE_INCARNATION_LEN},
+                      .from = {(const uint8_t *)endpoint, strlen(endpoint)},
+                      .to = {(const uint8_t *)"tcp://us:1", 10}, .has_op = true, .op = op};
+}
+
+/* The source acknowledged our metadata: the pull learns its incarnation. */
+static void learn_incarnation(remote *r, pull *p, const uint8_t *inc)
+{
+    wire_msg ack = from(SOURCE, WIRE_METADATA_ACK, p->handle, inc);
+    target_on_message(r, &ack);
+    assert_true(p->has_inc);
+    assert_memory_equal(p->inc, inc, WIRE_INCARNATION_LEN);
+}
+
+static void assert_settled(size_t i, uint32_t idx, bool ok, kvcr_reason why)
+{
+    assert_true(i < host.n_settles);
+    assert_ptr_equal(host.settles[i].tok.owner, &owners[idx]);
+    assert_int_equal(host.settles[i].tok.idx, idx);
+    assert_int_equal(host.settles[i].ok, ok);
+    if (!ok) assert_int_equal(host.settles[i].why, why);
+}
+
+/* ---- the cases ------------------------------------------------------------- */
+
+static void test_holds_follows_the_hint_and_its_misses(void **state)
+{
+    remote *r = *state;
+    tier_batch_info query = {"req", 0, false, 0, 0};
+    tier_batch *b = target_begin(r, &query);
+    assert_non_null(b);
+    assert_true(target_holds(r, b, (const uint8_t *)"k0", 2));
+    assert_false(target_holds(r, b, (const uint8_t *)"zz", 2)); /* not in the hint */
+    target_end(r, b);
+    assert_null(r->pulls); /* a query builds no pull */
+    hint_state_add_miss(&host.hint, host_key_hash((const uint8_t *)"k0", 2));
+    b = target_begin(r, &query);
+    assert_false(target_holds(r, b, (const uint8_t *)"k0", 2)); /* remembered as a miss */
+    target_end(r, b);
+    host.hint.failed = true;
+    assert_null(target_begin(r, &query));
+    tier_batch_info other = {"unknown", 0, false, 0, 0};
+    assert_null(target_begin(r, &other));
+}
+
+static void test_success_settles_completed_keys_and_remembers_misses(void **state)
+{
+    remote *r = *state;
+    pull *p = start_pull(r, false);
+    learn_incarnation(r, p, INC_A);
+    clock_ns += 5 * MS;
+    uint32_t completed[] = {0};
+    wire_msg done = from(SOURCE, WIRE_WRITE_DONE, 7, INC_A);
+    done.success = done.terminal = true;
+    done.n_completed = 1;
+    done.completed = completed;
+    target_on_message(r, &done);
+    assert_int_equal(p->state, PULL_FINISHED);
+    assert_true(p->success);
+    assert_int_equal(host.n_settles, 0); /* settled by the polling side only */
+    target_main(r);
+    assert_int_equal(host.n_settles, 2);
+    assert_settled(0, 0, true, KVCR_REASON_NONE);
+    assert_settled(1, 1, false, KVCR_REASON_NOT_FOUND); /* the source did not have it */
+    assert_true(hint_state_is_miss(&host.hint, host_key_hash((const uint8_t *)"k1", 2)));
+    assert_false(host.hint.failed);
+    assert_null(r->pulls);
+    assert_int_equal(net.n_events, 0);
+}
+
+static void test_refusals_fail_the_pull_and_its_hint(void **state)
+{
+    remote *r = *state;
+    pull *p = start_pull(r, false);
+    wire_msg busy = from(SOURCE, WIRE_WRITE_REFUSED, 7, INC_A);
+    busy.busy = true; /* at a limit of the source: alive, nothing written */
+    target_on_message(r, &busy);
+    assert_int_equal(p->state, PULL_FINISHED);
+    target_main(r);
+    assert_settled(0, 0, false, KVCR_REASON_SOURCE_BUSY);
+    assert_settled(1, 1, false, KVCR_REASON_SOURCE_BUSY);
+    assert_true(host.hint.failed);
+
+    host.hint.failed = false;
+    net.n = net.n_wakes = 0;
+    p = start_pull(r, false);
+    wire_msg refused = from(SOURCE, WIRE_WRITE_REFUSED, 7, INC_A);
+    target_on_message(r, &refused);
+    assert_int_equal(p->state, PULL_FINISHED);
+    target_main(r);
+    assert_int_equal(host.n_settles, 4);
+    assert_settled(2, 0, false, KVCR_REASON_TRANSFER_ERROR);
+    assert_settled(3, 1, false, KVCR_REASON_TRANSFER_ERROR);
+    assert_true(host.hint.failed);
+    assert_null(r->pulls);
+}
+
+static void test_deadline_probes_and_a_terminal_answer_frees_a_fetch(void **state)
+{
+    remote *r = *state;
+    pull *p = start_pull(r, true);
+    learn_incarnation(r, p, INC_A);
+    uint64_t next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(next, T0 + OP_TIMEOUT_MS * MS); /* the deadline */
+    assert_int_equal(net.n, 1);
+
+    clock_ns = next;
+    next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(p->state, PULL_WAIT_TERMINAL);
+    assert_int_equal(net.n, 2);
+    const sent *probe = &net.msgs[1];
+    assert_int_equal(probe->type, WIRE_WRITE_PROBE);
+    assert_int_equal(probe->op, -7);
+    assert_int_equal(probe->md_rule, MD_RETRY);
+    assert_true(probe->has_expected_inc);
+    assert_memory_equal(probe->expected_inc, INC_A, WIRE_INCARNATION_LEN);
+    assert_int_equal(next, clock_ns + 500 * MS); /* the next probe comes first */
+    /* The fetch's waiters fail now; its slots stay until the source is quiet. */
+    target_main(r);
+    assert_int_equal(host.n_discards, 2);
+    assert_int_equal(host.n_settles, 0);
+
+    /* An answer that the write still runs frees nothing. */
+    wire_msg running = from(SOURCE, WIRE_WRITE_PROBE_ACK, -7, INC_A);
+    target_on_message(r, &running);
+    assert_int_equal(p->state, PULL_WAIT_TERMINAL);
+    wire_msg over = from(SOURCE, WIRE_WRITE_PROBE_ACK, -7, INC_A);
+    over.terminal = true;
+    target_on_message(r, &over);
+    assert_int_equal(p->state, PULL_FINISHED);
+    target_main(r);
+    assert_int_equal(host.n_discards, 2); /* once */
+    assert_settled(0, 0, false, KVCR_REASON_TIMEOUT);
+    assert_settled(1, 1, false, KVCR_REASON_TIMEOUT);
+    assert_int_equal(net.n_events, 0); /* never uncertain */
+    assert_null(r->pulls);
+}
+
+static void test_abandon_reports_uncertain_and_reprobes_until_death_is_proven(void **state)
+{
+    remote *r = *state;
+    pull *p = start_pull(r, false);
+    learn_incarnation(r, p, INC_A);
+    /* Nothing answers: every timer the pull asks for is run, in order. */
+    uint64_t next = T0 + OP_TIMEOUT_MS * MS;
+    while (net.n < 10) {
+        clock_ns = next;
+        next = UINT64_MAX;
+        target_timers(r, clock_ns, &next);
+        assert_true(next > clock_ns);
+        if (p->uncertain && net.n_events == 0) {
+            assert_int_equal(clock_ns, T0 + ABANDON_MS * MS);
+            assert_int_equal(p->state, PULL_QUARANTINED);
+            target_main(r); /* the deliver's entries fail; its blocks are uncertain */
+            assert_int_equal(net.n_events, 1);
+            assert_int_equal(net.events[0], KVCR_TRANSFER_UNCERTAIN);
+            assert_settled(0, 0, false, KVCR_REASON_TIMEOUT);
+            assert_settled(1, 1, false, KVCR_REASON_TIMEOUT);
+            assert_true(host.hint.failed);
+        }
+    }
+    assert_int_equal(p->state, PULL_QUARANTINED);
+    /* Probes at the deadline, then backing off 0.5 s, doubling to 30 s; the
+     * abandon deadline (3 s after the deadline) probes at once. */
+    static const uint64_t gaps_ms[] = {500, 1000, 1500, 4000, 8000, 16000, 30000, 30000};
+    for (size_t i = 0; i < 8; i++) {
+        const sent *a = &net.msgs[1 + i], *b = &net.msgs[2 + i];
+        assert_int_equal(b->type, WIRE_WRITE_PROBE);
+        assert_int_equal(b->at_ns - a->at_ns, gaps_ms[i] * MS);
+    }
+    /* Whoever answers on the endpoint now (a restarted engine) does not
+     * prove anything without naming the dead incarnation. */
+    wire_msg stranger = from(SOURCE, WIRE_WRITE_PROBE_ACK, 7, INC_B);
+    stranger.terminal = true;
+    target_on_message(r, &stranger);
+    assert_int_equal(p->state, PULL_QUARANTINED);
+    wire_msg dead = from(SOURCE, WIRE_WRITE_PROBE_ACK, 7, INC_B);
+    dead.has_dead_inc = true;
+    dead.dead_inc = (wire_bytes){INC_A, WIRE_INCARNATION_LEN};
+    target_on_message(r, &dead);
+    assert_int_equal(p->state, PULL_FINISHED);
+    assert_memory_equal(peer_get(r, SOURCE, false)->inc, INC_B, WIRE_INCARNATION_LEN);
+    target_main(r);
+    assert_int_equal(net.n_events, 2);
+    assert_int_equal(net.events[1], KVCR_TRANSFER_QUIESCED);
+    assert_int_equal(host.n_settles, 2); /* each token once */
+    assert_null(r->pulls);
+}
+
+static void test_news_from_another_incarnation_or_endpoint_is_dropped(void **state)
+{
+    remote *r = *state;
+    pull *p = start_pull(r, false);
+    learn_incarnation(r, p, INC_A);
+    uint32_t completed[] = {0, 1};
+    wire_msg done = from(SOURCE, WIRE_WRITE_DONE, 7, INC_B);
+    done.success = done.terminal = true;
+    done.n_completed = 2;
+    done.completed = completed;
+    target_on_message(r, &done);
+    assert_int_equal(p->state, PULL_WAIT_DONE);
+    assert_int_equal(r->dropped_messages, 1);
+    wire_msg elsewhere = from(OTHER, WIRE_WRITE_DONE, 7, INC_A);
+    elsewhere.success = elsewhere.terminal = true;
+    target_on_message(r, &elsewhere);
+    assert_int_equal(p->state, PULL_WAIT_DONE);
+    assert_int_equal(r->dropped_messages, 2);
+    target_main(r);
+    assert_int_equal(host.n_settles, 0);
+
+    done.incarnation = (wire_bytes){INC_A, WIRE_INCARNATION_LEN};
+    target_on_message(r, &done);
+    assert_int_equal(p->state, PULL_FINISHED);
+    target_main(r);
+    assert_settled(0, 0, true, KVCR_REASON_NONE);
+    assert_settled(1, 1, true, KVCR_REASON_NONE);
+}
+
+static void test_a_probe_that_cannot_be_sent_is_sent_at_the_next_turn(void **state)
+{
+    remote *r = *state;
+    pull *p = start_pull(r, false);
+    net.fail = KVCR_ESYS;
+    clock_ns = p->deadline_ns;
+    uint64_t next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(p->state, PULL_WAIT_TERMINAL);
+    assert_true(p->probe_due);
+    size_t tried = net.n;
+    net.fail = 0;
+    clock_ns += MS; /* long before the next probe was due */
+    target_timers(r, clock_ns, &next);
+    assert_false(p->probe_due);
+    assert_int_equal(net.n, tried + 1);
+    assert_int_equal(net.msgs[tried].type, WIRE_WRITE_PROBE);
+    assert_false(net.msgs[tried].has_expected_inc); /* it never learned the source's */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_holds_follows_the_hint_and_its_misses, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_success_settles_completed_keys_and_remembers_misses,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusals_fail_the_pull_and_its_hint, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_deadline_probes_and_a_terminal_answer_frees_a_fetch,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_abandon_reports_uncertain_and_reprobes_until_death_is_proven, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_news_from_another_incarnation_or_endpoint_is_dropped,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_probe_that_cannot_be_sent_is_sent_at_the_next_turn,
+                                        setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
