@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: set-up, then the C tests in a release build, an
-# ASan+UBSan build, a TSan build and under valgrind, bounded fuzzing, then
-# the Python tests.
+# The whole test suite: set-up (which makes the release build), the layer
+# rules on it (scripts/check-layers.sh), then the C tests in that release
+# build, an ASan+UBSan build, a TSan build and under valgrind, bounded
+# fuzzing, then the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -10,6 +11,12 @@ jobs=$(nproc)
 run_ctest() { # DIR
   (cd "$1" && ctest --output-on-failure -j "$jobs" --timeout 600)
 }
+
+echo "== layer rules (include rules, symbol rule, file lengths) =="
+if ! scripts/check-layers.sh build; then
+  echo "test.sh: the layer rules of docs/ARCHITECTURE.md are broken (each violation is above)" >&2
+  exit 1
+fi
 
 echo "== C tests (release) =="
 run_ctest build

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "bench.h"
-#include "core/testing.h"
+#include "kvcr/testing.h"
 #include "kvcr/kvcr.h"
 
 enum {

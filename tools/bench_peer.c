@@ -12,6 +12,9 @@
  * control endpoint). A child that fails prints why and exits 1; the parent
  * then names it, kills and reaps every child and redis-server, and exits 1.
  *
+ * The Redis baseline is built only when CMake found hiredis
+ * (KVCR_HAVE_HIREDIS); without it the bench says so and measures the rest.
+ *
  * --curve measures only what CURVE on the control channel costs: one 4 KiB
  * block per deliver (so the start_write / write_done round trip dominates),
  * between a plaintext pair and a CURVE pair in the same run. */
@@ -29,7 +32,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#ifdef KVCR_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
+#endif
 #include <ucp/api/ucp.h>
 
 #include "bench.h"
@@ -160,8 +165,10 @@ typedef struct child {
 enum { MAX_LIVE = 4 };
 static pid_t g_parent;
 static child *g_live[MAX_LIVE];
+#ifdef KVCR_HAVE_HIREDIS
 static pid_t g_redis;
 static char g_redis_log[64];
+#endif
 
 static void live_drop(const child *c)
 {
@@ -187,11 +194,13 @@ static void cleanup(void)
         kill_reap(g_live[i]->pid);
         g_live[i] = NULL;
     }
+#ifdef KVCR_HAVE_HIREDIS
     if (g_redis > 0) {
         kill_reap(g_redis);
         g_redis = 0;
     }
     if (g_redis_log[0]) unlink(g_redis_log);
+#endif
 }
 
 /* In a child: die with the parent, and hold no other child's pipes (so each
@@ -797,6 +806,7 @@ static pair_result kvcr_pair(const job *j)
 }
 
 /* ---- (b) Redis ----------------------------------------------------------------- */
+#ifdef KVCR_HAVE_HIREDIS
 
 static uint16_t free_port(void)
 {
@@ -971,6 +981,7 @@ static double redis_get(redisContext *c, const job *j)
     free(dst);
     return best;
 }
+#endif
 
 /* ---- entry ------------------------------------------------------------------------ */
 
@@ -997,6 +1008,7 @@ static void report(bench_out *o, const char *sfx, const figures *big, const figu
     snprintf(name, sizeof name, "peer_16k%s", sfx);
     bench_report(o, &(bench_figure){.name = name, .value = small->kv, .unit = "GB/s",
                                     .baseline = "raw UCX", .baseline_value = small->raw});
+#ifdef KVCR_HAVE_HIREDIS
     snprintf(name, sizeof name, "peer_2m_redis%s", sfx);
     bench_report(o, &(bench_figure){.name = name, .value = big->kv, .unit = "GB/s",
                                     .baseline = "redis", .baseline_value = big->redis,
@@ -1007,6 +1019,7 @@ static void report(bench_out *o, const char *sfx, const figures *big, const figu
                                     .baseline = "redis", .baseline_value = small->redis,
                                     .goal = goal(g, sizeof g, quick, ">= 3x",
                                                  small->kv >= 3 * small->redis)});
+#endif
     snprintf(name, sizeof name, "peer_16k_of_2m%s", sfx);
     snprintf(base, sizeof base, "peer_2m%s", sfx);
     bench_report(o, &(bench_figure){.name = name, .value = small->kv, .unit = "GB/s",
@@ -1087,9 +1100,13 @@ int bench_peer(int argc, char **argv)
     job big = {NULL, 2 * MIB, set / (2 * MIB), quick ? 2 : 16, rounds};
     job small = {NULL, 16 * 1024, set / (16 * 1024), 256, rounds};
 
+#ifdef KVCR_HAVE_HIREDIS
     redisContext *rc = redis_start();
     redis_fill(rc, &big);
     redis_fill(rc, &small);
+#else
+    fprintf(stderr, "kvcr bench peer: no Redis baseline (this kvcr was built without hiredis)\n");
+#endif
     static const char *const lanes[] = {NULL, "tcp"};
     for (size_t l = 0; l < sizeof lanes / sizeof *lanes; l++) {
         big.tls = small.tls = lanes[l];
@@ -1098,12 +1115,16 @@ int bench_peer(int argc, char **argv)
         for (int k = 0; k < 2; k++) {
             f[k].raw = raw_pair(jobs[k]);
             f[k].kv = kvcr_pair(jobs[k]).gbs;
+#ifdef KVCR_HAVE_HIREDIS
             f[k].redis = redis_get(rc, jobs[k]);
+#endif
         }
         char sfx[16] = "";
         if (lanes[l]) snprintf(sfx, sizeof sfx, "_%s", lanes[l]);
         report(&o, sfx, &f[0], &f[1], quick);
     }
+#ifdef KVCR_HAVE_HIREDIS
     redis_stop(rc);
+#endif
     return 0;
 }

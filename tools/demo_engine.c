@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/testing.h"
+#include "kvcr/testing.h"
 #include "demo.h"
 #include "kvcr/kvcr.h"
 

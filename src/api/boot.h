@@ -7,6 +7,7 @@
 #define KVCR_API_BOOT_H
 
 #include "core/recovery.h"
+#include "util/api.h"
 
 struct journal;
 struct svc_hold;
@@ -27,7 +28,7 @@ typedef struct kvcr_boot {
 } kvcr_boot;
 
 /* kvcr_create with a boot record. */
-int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out);
+KVCR_API int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out);
 
 /* Takes what boot gives before any thread runs: the journal (the
  * instance's incarnation is written into its header), the retired
@@ -36,6 +37,6 @@ void recovery_boot(kvcr_t *kv, const kvcr_boot *boot);
 
 /* The incarnation peers know this instance by (the Guard retires its
  * backup's when it stops it). */
-void kvcr__incarnation(const kvcr_t *kv, uint8_t out[KVCR_INC_LEN]);
+KVCR_API void kvcr__incarnation(const kvcr_t *kv, uint8_t out[KVCR_INC_LEN]);
 
 #endif

@@ -34,7 +34,7 @@ typedef struct copy_job {
     copy_seg *segs;
 } copy_job;
 
-/* Test gates (see src/core/testing.h). */
+/* Test gates (see include/kvcr/testing.h). */
 enum copy_gate {
     COPY_GATE_OPEN = 0,
     COPY_GATE_HOLD_QUEUED,  /* workers take no job */

@@ -4,7 +4,10 @@
 
 #include <stdint.h>
 
-uint64_t kvcr_now_ns(void);
+#include "util/api.h"
+
+/* Exported as kvcr__now_ns, like the logging functions (util/log.h). */
+uint64_t kvcr_now_ns(void) KVCR_INTERNAL(now_ns);
 
 static inline double kvcr_ns_to_s(uint64_t ns)
 {

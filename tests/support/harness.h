@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "core/testing.h"
+#include "kvcr/testing.h"
 #include "kvcr/kvcr.h"
 
 typedef struct rig {
