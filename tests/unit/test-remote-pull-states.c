@@ -288,6 +288,16 @@ static wire_msg from(const char *endpoint, uint8_t type, int64_t op, const uint8
                       .to = {(const uint8_t *)"tcp://us:1", 10}, .has_op = true, .op = op};
 }
 
+/* A successful, terminal write_done from the source naming the keys written. */
+static wire_msg done_msg(const uint8_t *inc, uint32_t *completed, uint32_t n)
+{
+    wire_msg m = from(SOURCE, WIRE_WRITE_DONE, 7, inc);
+    m.success = m.terminal = true;
+    m.n_completed = n;
+    m.completed = completed;
+    return m;
+}
+
 /* The source acknowledged our metadata: the pull learns its incarnation. */
 static void learn_incarnation(remote *r, pull *p, const uint8_t *inc)
 {
@@ -335,10 +345,7 @@ static void test_success_settles_completed_keys_and_remembers_misses(void **stat
     learn_incarnation(r, p, INC_A);
     clock_ns += 5 * MS;
     uint32_t completed[] = {0};
-    wire_msg done = from(SOURCE, WIRE_WRITE_DONE, 7, INC_A);
-    done.success = done.terminal = true;
-    done.n_completed = 1;
-    done.completed = completed;
+    wire_msg done = done_msg(INC_A, completed, 1);
     target_on_message(r, &done);
     assert_int_equal(p->state, PULL_FINISHED);
     assert_true(p->success);
@@ -480,10 +487,7 @@ static void test_news_from_another_incarnation_or_endpoint_is_dropped(void **sta
     pull *p = start_pull(r, false);
     learn_incarnation(r, p, INC_A);
     uint32_t completed[] = {0, 1};
-    wire_msg done = from(SOURCE, WIRE_WRITE_DONE, 7, INC_B);
-    done.success = done.terminal = true;
-    done.n_completed = 2;
-    done.completed = completed;
+    wire_msg done = done_msg(INC_B, completed, 2);
     target_on_message(r, &done);
     assert_int_equal(p->state, PULL_WAIT_DONE);
     assert_int_equal(r->dropped_messages, 1);
