@@ -8,13 +8,18 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "api/config.h"
-#include "core/instance.h"
-#include "core/ops.h"
+#include "api/abi.h"
 #include "api/boot.h"
+#include "api/config.h"
+#include "core/gauges.h"
+#include "core/instance.h"
+#include "core/lower.h"
+#include "core/ops.h"
+#include "core/recovery.h"
 #include "core/residency.h"
-#include "core/testing.h"
+#include "kvcr/testing.h"
 #include "service/client.h"
+#include "service/journal.h"
 #include "tiers/g3.h"
 #include "tiers/remote.h"
 #include "util/api.h"
@@ -30,26 +35,10 @@ KVCR_API const char *kvcr_version_string(void)
     return KVCR_VERSION_STRING;
 }
 
-/* The instance whose lock this thread holds: a policy hook that calls back
- * into it gets KVCR_EBUSY instead of a deadlock. */
-static _Thread_local const kvcr_t *held_by_this_thread;
-
-void instance_lock(kvcr_t *kv)
-{
-    pthread_mutex_lock(&kv->lock);
-    held_by_this_thread = kv;
-}
-
-void instance_unlock(kvcr_t *kv)
-{
-    held_by_this_thread = NULL;
-    pthread_mutex_unlock(&kv->lock);
-}
-
 static int guard(const kvcr_t *kv, const char *fn)
 {
     if (kv == NULL) return kvcr_fail(KVCR_EINVAL, "%s: instance must not be NULL", fn);
-    if (held_by_this_thread == kv)
+    if (instance_held_here(kv))
         return kvcr_fail(KVCR_EBUSY, "%s called from inside a KVCR policy hook", fn);
     return 0;
 }
@@ -64,8 +53,7 @@ static int guard(const kvcr_t *kv, const char *fn)
 
 static void release_parts(kvcr_t *kv)
 {
-    remote_destroy(kv);
-    g3_destroy(kv);
+    lower_destroy(kv);
     res_destroy(kv);
     hint_table_destroy(&kv->hints);
     ops_discard_done(kv);
@@ -106,7 +94,49 @@ static void log_start(const kvcr_t *kv)
              kv->conf.enable_telemetry ? "on" : "off");
 }
 
-int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out)
+/* Adds a started tier to the instance's read order. */
+static void add_tier(kvcr_t *kv, const tier_ops *ops, tier *t)
+{
+    kv->tiers[kv->n_tiers] = (tier_slot){ops, t};
+    if (ops->spill) kv->spill_tier = &kv->tiers[kv->n_tiers];
+    kv->n_tiers++;
+}
+
+/* ---- guard mode: the journal the instance publishes to ------------------- */
+
+static int journal_sink(void *ud, bool put, const uint8_t *key, size_t key_len, uint32_t pool,
+                        uint64_t slot)
+{
+    jrec r = {put ? JREC_PUT : JREC_REMOVE, key, key_len, pool, slot};
+    return journal_publish(ud, &r);
+}
+
+_Static_assert(KVCR_INC_LEN == JOURNAL_INC_LEN, "one incarnation size");
+_Static_assert(KVCR_RETIRED_MAX == JOURNAL_RETIRED_MAX, "one retired list size");
+
+/* Takes what boot gives before any thread runs: the journal (the
+ * instance's incarnation is written into its header), the retired
+ * incarnations, and the recovered blocks. */
+static void take_boot(kvcr_t *kv, const kvcr_boot *boot)
+{
+    if (boot->journal) {
+        /* Before the control channel opens: a peer can only learn an
+         * incarnation the service will find when this process is gone. */
+        journal_set_owner(boot->journal, kv->incarnation);
+        recovery_set_sink(kv, &(recovery_sink){journal_sink, boot->journal});
+    }
+    size_t n = boot->n_retired < KVCR_RETIRED_MAX ? boot->n_retired : KVCR_RETIRED_MAX;
+    if (n > 0) memcpy(kv->retired, boot->retired, n * KVCR_INC_LEN);
+    kv->n_retired = n;
+    recovery_install(kv, boot->blocks, boot->n_blocks);
+}
+
+void kvcr__incarnation(const kvcr_t *kv, uint8_t out[KVCR_INC_LEN])
+{
+    memcpy(out, kv->incarnation, KVCR_INC_LEN);
+}
+
+int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
 {
     int listener = boot ? boot->control_listener : -1;
     if (out == NULL) {
@@ -114,13 +144,20 @@ int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out)
         return kvcr_fail(KVCR_EINVAL, "kvcr_create: out must not be NULL");
     }
     *out = NULL;
+    kvcr_config full; /* the caller's config in this header's layout (api/abi.h) */
+    int rc = kvcr__config_import(user, &full);
+    if (rc != 0) {
+        if (listener >= 0) close(listener);
+        return rc;
+    }
+    const kvcr_config *cfg = &full;
     kvcr_t *kv = calloc(1, sizeof *kv);
     if (kv == NULL) {
         if (listener >= 0) close(listener);
         return kvcr_fail(KVCR_ENOMEM, "out of memory");
     }
     kv->control_listener = listener; /* released with the instance from here on */
-    int rc = conf_build(cfg, &kv->conf);
+    rc = conf_build(cfg, &kv->conf);
     if (rc != 0) {
         if (listener >= 0) close(listener);
         free(kv);
@@ -128,7 +165,7 @@ int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out)
     }
     kv->event_fd = -1;
     pthread_mutex_init(&kv->lock, NULL);
-    kvcr_logger_init(&kv->log, kv->conf.agent_name, kv->conf.cb.log, kv->conf.cb.ud);
+    instance_logger_init(kv);
     evq_init(&kv->evq);
     kv->next_op = kvcr_now_ns(); /* a handle from before a restart never matches */
     kv->next_release = 1;
@@ -142,25 +179,33 @@ int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out)
         release_parts(kv);
         return kvcr_fail(KVCR_ESYS, "eventfd failed: %m");
     }
-    if (kv->conf.g3.n_paths > 0 && (rc = g3_start(kv)) != 0) {
-        release_parts(kv);
-        return rc; /* g3_start named the cause */
+    if (kv->conf.g3.n_paths > 0) {
+        if ((rc = g3_start(kv, &kv->g3)) != 0) {
+            release_parts(kv);
+            return rc; /* g3_start named the cause */
+        }
+        add_tier(kv, &g3_tier_ops, g3_tier_of(kv->g3));
     }
     if (getrandom(kv->incarnation, sizeof kv->incarnation, 0) != (ssize_t)sizeof kv->incarnation) {
         release_parts(kv);
         return kvcr_fail(KVCR_ESYS, "getrandom failed: %m");
     }
-    if (boot) recovery_boot(kv, boot); /* after the G3 scan, which may know some of the keys */
+    if (boot) take_boot(kv, boot); /* after the G3 scan, which may know some of the keys */
     rc = copy_engine_start(&kv->copier, kv->conf.copy_threads, kv->event_fd);
     if (rc != 0) {
         release_parts(kv);
         return kvcr_fail(rc, "cannot start the copy threads");
     }
-    if (kv->conf.remote.enabled && (rc = remote_start(kv)) != 0) {
-        copy_engine_stop(&kv->copier);
-        copy_engine_destroy(&kv->copier);
-        release_parts(kv);
-        return rc; /* remote_start named the cause */
+    if (kv->conf.remote.enabled) {
+        rc = remote_start(kv, kv->control_listener, &kv->remote);
+        kv->control_listener = -1; /* consumed, either way */
+        if (rc != 0) {
+            copy_engine_stop(&kv->copier);
+            copy_engine_destroy(&kv->copier);
+            release_parts(kv);
+            return rc; /* remote_start named the cause */
+        }
+        add_tier(kv, &remote_tier_ops, remote_tier(kv->remote));
     }
     kv->hold = boot ? boot->hold : NULL;
     log_start(kv);
@@ -224,9 +269,16 @@ static int create_claimed(const kvcr_config *cfg, kvcr_t **out)
     return 0;
 }
 
-KVCR_API int kvcr_create(const kvcr_config *cfg, kvcr_t **out)
+KVCR_API int kvcr_create(const kvcr_config *user, kvcr_t **out)
 {
-    if (cfg != NULL && cfg->guard.service_socket_path != NULL) {
+    kvcr_config full; /* the caller's config in this header's layout (api/abi.h) */
+    int rc = kvcr__config_import(user, &full);
+    if (rc != 0) {
+        if (out != NULL) *out = NULL;
+        return rc;
+    }
+    const kvcr_config *cfg = &full;
+    if (cfg->guard.service_socket_path != NULL) {
         if (out == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_create: out must not be NULL");
         *out = NULL;
         return create_claimed(cfg, out);
@@ -254,21 +306,20 @@ KVCR_API int kvcr_close(kvcr_t *kv)
      * transfers end (or are reported uncertain) before the progress thread
      * stops. */
     copy_engine_stop(&kv->copier);
-    remote_stop(kv);
-    g3_stop(kv); /* reads and spills in flight land first */
+    lower_stop(kv);
     instance_lock(kv);
     ops_progress(kv);
     if (kv->live_head != NULL)
         kvcr_log(&kv->log, KVCR_LOG_ERROR, "%llu operation(s) still pending after close",
                  (unsigned long long)kv->n_live);
     ops_discard_done(kv);
-    remote_close(kv);
+    lower_close(kv);
     pending_event *events = kv->events_head;
     kv->events_head = kv->events_tail = NULL;
     instance_unlock(kv);
-    remote_run_callbacks(kv); /* resilience events and pin releases first */
+    lower_run_callbacks(kv); /* resilience events and pin releases first */
     instance_lock(kv);
-    kv->journal = NULL; /* nothing is published once the group is given back */
+    recovery_set_sink(kv, NULL); /* nothing is published once the group is given back */
     svc_hold *hold = kv->hold;
     kv->hold = NULL;
     instance_unlock(kv);
@@ -284,7 +335,7 @@ KVCR_API int kvcr_close(kvcr_t *kv)
 
 KVCR_API void kvcr_free(kvcr_t *kv)
 {
-    if (kv == NULL || held_by_this_thread == kv) return;
+    if (kv == NULL || instance_held_here(kv)) return;
     kvcr_close(kv);
     copy_engine_destroy(&kv->copier);
     if (kv->conf.policy->destroy) kv->conf.policy->destroy(kv->conf.policy_ud);
@@ -306,7 +357,7 @@ KVCR_API const char *kvcr_pool_name(const kvcr_t *kv, uint32_t pool)
 /* ---- query -------------------------------------------------------------- */
 
 static kvcr_query_result query_one(kvcr_t *kv, const kvcr_key *k, uint64_t hash,
-                                   const hint_state *st)
+                                   lower_reads *lr)
 {
     block_id id = index_find(&kv->index, k->data, k->len, hash);
     if (id != BLOCK_NONE) {
@@ -315,10 +366,8 @@ static kvcr_query_result query_one(kvcr_t *kv, const kvcr_key *k, uint64_t hash,
         if (state == G2_FILLING)
             return (kvcr_query_result){KVCR_QUERY_FETCHING, KVCR_TIER_LOCAL_G2};
     }
-    if (id != BLOCK_NONE && index_get(&kv->index, id)->g3_state == G3_READY)
-        return (kvcr_query_result){KVCR_QUERY_FETCHABLE, KVCR_TIER_G3};
-    if (st != NULL && remote_accepts(kv, st, k->data, k->len))
-        return (kvcr_query_result){KVCR_QUERY_FETCHABLE, KVCR_TIER_REMOTE_G2};
+    int t = lower_reads_holder(kv, lr, id, k->data, (uint32_t)k->len);
+    if (t >= 0) return (kvcr_query_result){KVCR_QUERY_FETCHABLE, kv->tiers[t].ops->id};
     return (kvcr_query_result){KVCR_QUERY_MISS, KVCR_TIER_NONE};
 }
 
@@ -341,7 +390,12 @@ KVCR_API int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
     }
     /* Three passes over a chunk — table slots, then records, then the
      * lookups — so the cache misses of its keys overlap. */
-    const hint_state *st = remote_hint(kv, request_id);
+    lower_reads *lr = malloc(sizeof *lr);
+    if (lr == NULL) {
+        instance_unlock(kv);
+        return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    }
+    lower_reads_begin(kv, lr, request_id, 0, false, 0, 0);
     uint64_t hash[QUERY_CHUNK];
     for (size_t base = 0; base < n; base += QUERY_CHUNK) {
         size_t m = n - base < QUERY_CHUNK ? n - base : QUERY_CHUNK;
@@ -350,9 +404,11 @@ KVCR_API int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
             index_prefetch_slot(&kv->index, hash[i]);
         }
         for (size_t i = 0; i < m; i++) index_prefetch_record(&kv->index, hash[i]);
-        for (size_t i = 0; i < m; i++) out[base + i] = query_one(kv, &keys[base + i], hash[i], st);
+        for (size_t i = 0; i < m; i++) out[base + i] = query_one(kv, &keys[base + i], hash[i], lr);
     }
+    lower_reads_end(kv, lr);
     instance_unlock(kv);
+    free(lr);
     return 0;
 }
 
@@ -424,8 +480,9 @@ KVCR_API int kvcr_submit_hint(kvcr_t *kv, const char *request_id, const char *js
                        "requests are kept; discard finished ones (kvcr_discard_hint)",
                        lim->max_hinted_requests);
     }
-    if (rc == 0) rc = remote_check_source(kv, h.source); /* CURVE: a source we may talk to */
-    if (rc == 0) remote_hint_source(kv, h.source); /* eager metadata, if on */
+    if (rc == 0 && kv->remote) /* CURVE: a source we may talk to; eager metadata, if on */
+        if ((rc = remote_check_source(kv->remote, h.source)) == 0)
+            remote_hint_source(kv->remote, h.source);
     if (rc == 0 && request_id != NULL)
         rc = hint_table_submit(&kv->hints, request_id, &h, kvcr_now_ns());
     instance_unlock(kv);
@@ -455,12 +512,12 @@ KVCR_API int kvcr_pin_complete(kvcr_t *kv, uint64_t req, uint64_t pin, const kvc
     if (kv->remote == NULL)
         return kvcr_fail(KVCR_ENOENT, "no pin request %llu: the remote tier is off",
                          (unsigned long long)req);
-    return remote_pin_complete(kv, req, pin, blocks, n);
+    return remote_pin_complete(kv->remote, req, pin, blocks, n);
 }
 
 KVCR_API const char *kvcr_control_endpoint(const kvcr_t *kv)
 {
-    return kv ? remote_endpoint(kv) : NULL;
+    return kv && kv->remote ? remote_endpoint(kv->remote) : NULL;
 }
 
 /* ---- poll --------------------------------------------------------------- */
@@ -512,7 +569,7 @@ KVCR_API int kvcr_poll(kvcr_t *kv, kvcr_op_result **results, size_t *n)
     memcpy(needs, kv->pressure, n_needs * sizeof *needs);
     kv->n_pressure = 0;
     instance_unlock(kv);
-    remote_run_callbacks(kv);
+    lower_run_callbacks(kv);
     deliver_notices(kv, events, needs, n_needs);
     return rc;
 }
@@ -524,21 +581,7 @@ KVCR_API void kvcr_results_free(kvcr_op_result *results)
 
 /* ---- stats -------------------------------------------------------------- */
 
-typedef struct gauge_set {
-    kvcr_gauge *g;
-    char (*names)[KVCR_NAME_MAX + 48];
-    size_t n;
-} gauge_set;
-
-static void gauge_add(gauge_set *s, const char *prefix, const char *name, double value)
-{
-    snprintf(s->names[s->n], sizeof s->names[0], "%s%s", prefix, name);
-    s->g[s->n].resource = s->names[s->n];
-    s->g[s->n].value = value;
-    s->n++;
-}
-
-static void pool_gauges(gauge_set *s, const char *prefix, const dram_pool *pools, uint32_t n)
+static void pool_gauges(gauge_sink *s, const char *prefix, const dram_pool *pools, uint32_t n)
 {
     double total = 0, free_ = 0, evict = 0, total_b = 0, free_b = 0, evict_b = 0;
     for (uint32_t p = 0; p < n; p++) {
@@ -550,14 +593,32 @@ static void pool_gauges(gauge_set *s, const char *prefix, const dram_pool *pools
         free_b += pools[p].n_free * bs;
         evict_b += (double)pools[p].evictable * bs;
     }
-    gauge_add(s, prefix, "total_slots", total);
-    gauge_add(s, prefix, "free_slots", free_);
-    gauge_add(s, prefix, "allocated_slots", total - free_);
-    gauge_add(s, prefix, "evictable_slots", evict);
-    gauge_add(s, prefix, "total_bytes", total_b);
-    gauge_add(s, prefix, "free_bytes", free_b);
-    gauge_add(s, prefix, "allocated_bytes", total_b - free_b);
-    gauge_add(s, prefix, "evictable_bytes", evict_b);
+    gauge_sink_add(s, prefix, "total_slots", total);
+    gauge_sink_add(s, prefix, "free_slots", free_);
+    gauge_sink_add(s, prefix, "allocated_slots", total - free_);
+    gauge_sink_add(s, prefix, "evictable_slots", evict);
+    gauge_sink_add(s, prefix, "total_bytes", total_b);
+    gauge_sink_add(s, prefix, "free_bytes", free_b);
+    gauge_sink_add(s, prefix, "allocated_bytes", total_b - free_b);
+    gauge_sink_add(s, prefix, "evictable_bytes", evict_b);
+}
+
+/* Locked: the core's gauges, then each lower tier's, then the pools'. */
+static void instance_gauges(kvcr_t *kv, gauge_sink *s)
+{
+    gauge_sink_add(s, "", "block_records", (double)kv->index.count);
+    gauge_sink_add(s, "", "in_flight_ops", (double)kv->n_live);
+    gauge_sink_add(s, "", "completed", (double)kv->n_done);
+    gauge_sink_add(s, "", "hinted_requests", (double)kv->hints.count);
+    lower_gauges(kv, s);
+    if (!kv->conf.has_local_dram) return;
+    pool_gauges(s, "local_g2_", kv->pools, kv->conf.n_pools);
+    for (uint32_t p = 0; p < kv->conf.n_pools; p++) {
+        char prefix[KVCR_NAME_MAX + 32];
+        const char *name = kv->pools[p].name[0] ? kv->pools[p].name : "default";
+        snprintf(prefix, sizeof prefix, "local_g2_pool_%s_", name);
+        pool_gauges(s, prefix, &kv->pools[p], 1);
+    }
 }
 
 KVCR_API int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out)
@@ -566,60 +627,22 @@ KVCR_API int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out)
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_stats_take: out must not be NULL");
     *out = NULL;
     if (kv->telemetry == NULL) return 0;
-    size_t cap = 19 + 8 * (1 + (size_t)kv->conf.n_pools);
-    gauge_set s = {calloc(cap, sizeof *s.g), calloc(cap, sizeof *s.names), 0};
-    int rc = s.g && s.names ? 0 : kvcr_fail(KVCR_ENOMEM, "out of memory");
+    gauge_sink s;
+    gauge_sink_init(&s);
     instance_lock(kv);
-    if (rc == 0 && kv->closed) rc = kvcr_fail(KVCR_ECLOSED, "the instance is closed");
+    int rc = kv->closed ? kvcr_fail(KVCR_ECLOSED, "the instance is closed") : 0;
+    if (rc == 0) instance_gauges(kv, &s);
+    if (rc == 0 && s.oom) rc = kvcr_fail(KVCR_ENOMEM, "out of memory taking stats");
     if (rc == 0) {
-        gauge_add(&s, "", "block_records", (double)kv->index.count);
-        gauge_add(&s, "", "in_flight_ops", (double)kv->n_live);
-        double peers = 0, pins = 0, pinned = 0;
-        remote_gauges(kv, &peers, &pins, &pinned);
-        gauge_add(&s, "", "framework_pins", pins);
-        gauge_add(&s, "", "pinned_keys", pinned);
-        gauge_add(&s, "", "connected_remotes", peers);
-        gauge_add(&s, "", "completed", (double)kv->n_done);
-        double serving, serving_max, held, fences, pin_reqs;
-        remote_limit_gauges(kv, &serving, &serving_max, &held, &fences, &pin_reqs);
-        gauge_add(&s, "", "source_writes_in_flight", serving);
-        gauge_add(&s, "", "source_writes_in_flight_max", serving_max);
-        gauge_add(&s, "", "source_writes_held", held);
-        gauge_add(&s, "", "source_write_fences", fences);
-        gauge_add(&s, "", "pin_requests_pending", pin_reqs);
-        gauge_add(&s, "", "hinted_requests", (double)kv->hints.count);
-        double refused_conns = 0, refused_msgs = 0;
-        remote_refused(kv, &refused_conns, &refused_msgs);
-        gauge_add(&s, "", "control_auth_refused_connections", refused_conns);
-        gauge_add(&s, "", "control_auth_refused_messages", refused_msgs);
-        if (kv->g3) {
-            double total, free_, evictable, pending;
-            g3_gauges(kv, &total, &free_, &evictable, &pending);
-            gauge_add(&s, "", "g3_total_slots", total);
-            gauge_add(&s, "", "g3_free_slots", free_);
-            gauge_add(&s, "", "g3_allocated_slots", total - free_);
-            gauge_add(&s, "", "g3_evictable_slots", evictable);
-            gauge_add(&s, "", "g3_pending_stores", pending);
-        }
-        if (kv->conf.has_local_dram) {
-            pool_gauges(&s, "local_g2_", kv->pools, kv->conf.n_pools);
-            for (uint32_t p = 0; p < kv->conf.n_pools; p++) {
-                char prefix[KVCR_NAME_MAX + 32];
-                const char *name = kv->pools[p].name[0] ? kv->pools[p].name : "default";
-                snprintf(prefix, sizeof prefix, "local_g2_pool_%s_", name);
-                pool_gauges(&s, prefix, &kv->pools[p], 1);
-            }
-        }
         rc = telemetry_take(kv->telemetry, s.g, s.n, out);
         if (rc != 0) kvcr_fail(rc, "out of memory taking stats");
     }
     instance_unlock(kv);
-    free(s.g);
-    free(s.names);
+    gauge_sink_free(&s);
     return rc;
 }
 
-/* ---- test hooks (src/core/testing.h) ------------------------------------ */
+/* ---- test hooks (include/kvcr/testing.h) -------------------------------- */
 
 void kvcr__test_copy_gate(kvcr_t *kv, int gate)
 {
@@ -657,7 +680,7 @@ int kvcr__test_hint(kvcr_t *kv, const char *request_id, const char **source, siz
 uint64_t kvcr__test_dropped_messages(kvcr_t *kv)
 {
     instance_lock(kv);
-    uint64_t n = kv->remote ? remote_dropped_messages(kv) : 0;
+    uint64_t n = kv->remote ? remote_dropped_messages(kv->remote) : 0;
     instance_unlock(kv);
     return n;
 }
@@ -670,4 +693,14 @@ size_t kvcr__test_metadata_bytes(kvcr_t *kv, uint64_t *records)
     *records = kv->index.count;
     instance_unlock(kv);
     return bytes;
+}
+
+void kvcr__test_g3_fail_next(kvcr_t *kv, unsigned n, int err)
+{
+    if (kv->g3) g3_test_fail_next(kv->g3, n, err);
+}
+
+void kvcr__test_g3_hold(kvcr_t *kv, bool hold)
+{
+    if (kv->g3) g3_test_hold(kv->g3, hold);
 }

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/tier.h"
 #include "kvcr/types.h"
 
 typedef uint32_t block_id;
@@ -21,8 +22,6 @@ typedef uint32_t block_id;
 #define KEY_INLINE 32
 
 enum g2_state { G2_NONE = 0, G2_FILLING, G2_READY, G2_DISCARDING };
-/* G3: STORING while a spill is written (not readable yet), READY after. */
-enum g3_state { G3_NONE = 0, G3_STORING, G3_READY };
 
 enum block_flag {
     BF_IN_LIST = 1u << 0,   /* queued in the evictable list */
@@ -45,8 +44,6 @@ typedef struct block {
     uint8_t g2_state;
     uint8_t flags;
     uint8_t n_slots; /* layout length of the G2 residency; 0 if none */
-    uint8_t g3_state;
-    uint16_t g3_claims; /* reads of its G3 slot in flight */
     uint32_t claims;
     uint32_t access_count;
     uint32_t q_prev, q_next; /* list links; q_prev is the heap index in the heap */
@@ -61,7 +58,7 @@ typedef struct block {
     uint64_t seq;            /* when it last entered the evictable set */
     uint64_t last_access_ns; /* 0: never accessed */
     struct fill *fill;       /* the fill in flight while G2_FILLING */
-    uint32_t g3_slot;        /* with g3_state != G3_NONE */
+    tier_lower lower;        /* a lower tier's residency (core/tier.h) */
 } block;
 
 typedef struct index_slot {

@@ -10,10 +10,13 @@
 #include "core/index.h"
 #include "core/recovery.h"
 #include "core/telemetry.h"
+#include "core/tier.h"
 #include "kvcr/kvcr.h"
 #include "net/hint.h"
 #include "core/local_dram.h"
 #include "util/log.h"
+
+#define KVCR_MAX_TIERS 2
 
 enum op_kind { OP_DEPOSIT = 0, OP_DELIVER, OP_FETCH };
 
@@ -120,9 +123,17 @@ struct kvcr {
     kvcr_op_handle commit_origin;
 
     hint_table hints;
-    struct remote *remote; /* the peer-to-peer tier, NULL when off */
-    struct g3_tier *g3;    /* the G3 tier, NULL when off */
-    struct journal *journal;  /* guard mode: where residencies are published (NULL: off) */
+    /* The lower tiers, in the order reads look for a key (G3 before the
+     * peers: our own disk is cheaper than a pull). The core knows them
+     * only through their tier_ops. */
+    tier_slot tiers[KVCR_MAX_TIERS];
+    uint32_t n_tiers;
+    const tier_slot *spill_tier;   /* the one that takes spills, or NULL */
+    /* The API layer's handles for the calls only one tier serves (the
+     * core never uses them). */
+    struct remote *remote;   /* the peer-to-peer tier, NULL when off */
+    struct g3_tier *g3;      /* the G3 tier, NULL when off */
+    recovery_sink sink;       /* guard mode: where residencies are published */
     struct svc_hold *hold;    /* guard mode: the claim, released at close */
     int control_listener;     /* guard mode: adopted by the control channel; -1 */
     /* Who this instance is to peers, and the incarnations that answered on
@@ -137,11 +148,22 @@ struct kvcr {
     kvcr_capacity_need pressure[KVCR_MAX_POOLS];
     uint32_t n_pressure;
 
+    struct log_line *log_head, *log_tail; /* written under the lock, not delivered yet */
+    uint32_t n_log;
+    uint64_t log_dropped;
+
     bool closed;
     bool polling;
 };
 
+/* The instance lock (core/instance.c). Unlocking delivers the log lines
+ * queued while it was held, on the unlocking thread, after the unlock. */
 void instance_lock(kvcr_t *kv);
 void instance_unlock(kvcr_t *kv);
+/* Whether this thread holds the instance's lock. */
+bool instance_held_here(const kvcr_t *kv);
+/* Sets up kv->log from the configuration: a log callback is never called
+ * with the instance lock held. */
+void instance_logger_init(kvcr_t *kv);
 
 #endif

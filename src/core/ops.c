@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include "core/residency.h"
-#include "tiers/g3.h"
-#include "tiers/remote.h"
+#include "core/host.h"
+#include "core/lower.h"
 #include "util/clock.h"
 #include "util/event.h"
 
@@ -260,17 +260,6 @@ static void entry_finish(kvcr_t *kv, op_rec *o, uint32_t i, kvcr_entry_status st
     if (--o->pending == 0) op_complete(kv, o);
 }
 
-static bool same_layout(const kvcr_t *kv, const block *b, const uint32_t *pools, uint32_t n)
-{
-    if (b->n_slots != n) return false;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t pool, slot;
-        res_slot(kv, b, i, &pool, &slot);
-        if (pool != pools[i]) return false;
-    }
-    return true;
-}
-
 /* ---- fills and waiters -------------------------------------------------- */
 
 static void waiter_add(fill *f, op_rec *o, uint32_t i)
@@ -484,7 +473,7 @@ static void deposit_entry(kvcr_t *kv, op_rec *o, uint32_t i, fill **spare)
     block_id id = entry_find(kv, o, e);
     block *b = id != BLOCK_NONE ? index_get(&kv->index, id) : NULL;
     if (b != NULL && b->g2_state != G2_NONE) {
-        if (!same_layout(kv, b, layout, e->n_segs))
+        if (!res_same_layout(kv, b, layout, e->n_segs))
             entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
         else if (b->g2_state == G2_READY)
             deposit_success(kv, o, i, id);
@@ -560,9 +549,13 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
     size_t total_refs;
     int rc = check_blocks(kv, blocks, n, &total_refs);
     if (rc != 0) return rc;
-    if (kv->g3 != NULL && total_refs != n) /* G3 keeps one slot per block */
-        return kvcr_fail(KVCR_EINVAL, "G3 does not support multi-block layouts");
     op_rec *o = op_from_blocks(kv, OP_DEPOSIT, blocks, n, total_refs);
+    for (uint32_t i = 0; o != NULL && rc == 0 && i < o->n; i++)
+        rc = lower_layout_check(kv, &o->seg_pool[o->e[i].seg_off], o->e[i].n_segs);
+    if (rc != 0) {
+        free(o);
+        return rc;
+    }
     fill **spare = calloc(n ? n : 1, sizeof *spare);
     bool ok = o != NULL && spare != NULL;
     for (size_t i = 0; ok && i < n; i++) ok = (spare[i] = fill_new(o->e[i].n_segs)) != NULL;
@@ -594,26 +587,38 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
 
 /* ---- deliver ------------------------------------------------------------ */
 
-/* G3 holds one slot per block, of the single pool's block size. */
-static bool g3_layout(const op_rec *o, const op_entry *e)
+/* Entry i's destination segments, as a lower tier is given them. */
+static void deliver_dsts(kvcr_t *kv, const op_rec *o, const op_entry *e, const kvcr_block *blk,
+                         tier_dst *dst)
 {
-    return e->n_segs == 1 && o->seg_pool[e->seg_off] == 0;
+    for (uint32_t j = 0; j < e->n_segs; j++) {
+        uint32_t pool = o->seg_pool[e->seg_off + j];
+        dst[j] = (tier_dst){o->seg_addr[e->seg_off + j], kv->pools[pool].block_size, pool, true,
+                            blk->refs[j].label, blk->refs[j].index};
+    }
 }
 
-/* A block only G3 holds, read straight into the framework's memory. */
-static void deliver_g3(kvcr_t *kv, op_rec *o, uint32_t i, block_id id)
+/* A key KVCR DRAM lacks, read by the lower tier that holds it straight
+ * into the framework's memory. */
+static void deliver_below(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, lower_reads *tr,
+                          uint32_t t, const kvcr_block *blk)
 {
     op_entry *e = &o->e[i];
-    if (!g3_layout(o, e)) {
+    const tier_slot *ts = &kv->tiers[t];
+    if (ts->ops->layout_ok && !ts->ops->layout_ok(ts->t, &o->seg_pool[e->seg_off], e->n_segs)) {
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
         return;
     }
+    tier_dst *dst = tr->dst;
+    deliver_dsts(kv, o, e, blk, dst);
+    tier_read rd = {ops_entry_token(o, i), id, entry_key(o, e), e->key_len, false, e->n_segs, dst,
+                    blk->refs};
     e->wait = WAIT_TRANSFER;
-    kvcr_reason why = g3_read_deliver(kv, id, o, i, o->seg_addr[e->seg_off]);
+    kvcr_reason why = ts->ops->read(ts->t, tr->batch[t], &rd);
     if (why != KVCR_REASON_NONE) entry_finish(kv, o, i, KVCR_ENTRY_FAILED, why);
 }
 
-static void deliver_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint_state *st,
+static void deliver_entry(kvcr_t *kv, op_rec *o, uint32_t i, lower_reads *tr,
                           const kvcr_block *blk)
 {
     op_entry *e = &o->e[i];
@@ -622,16 +627,12 @@ static void deliver_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint
     if (b == NULL || b->g2_state == G2_NONE || b->g2_state == G2_DISCARDING) {
         kvcr_reason why = b && b->g2_state == G2_DISCARDING ? KVCR_REASON_DISCARDING
                                                             : KVCR_REASON_NOT_FOUND;
-        if (b != NULL && b->g3_state == G3_READY) {
-            deliver_g3(kv, o, i, id);
-        } else if (p != NULL && remote_accepts(kv, st, entry_key(o, e), e->key_len)) {
-            e->wait = WAIT_TRANSFER;
-            remote_pull_add_deliver(kv, p, o, i, blk->refs, (uint32_t)blk->n_refs, entry_key(o, e),
-                                    e->key_len);
-        } else {
+        int t = lower_reads_holder(kv, tr, id, entry_key(o, e), e->key_len);
+        if (t >= 0)
+            deliver_below(kv, o, i, id, tr, (uint32_t)t, blk);
+        else
             entry_finish(kv, o, i, KVCR_ENTRY_FAILED, why);
-        }
-    } else if (!same_layout(kv, b, &o->seg_pool[e->seg_off], e->n_segs)) {
+    } else if (!res_same_layout(kv, b, &o->seg_pool[e->seg_off], e->n_segs)) {
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
     } else if (b->g2_state == G2_FILLING) {
         waiter_add(b->fill, o, i), e->block = id;
@@ -653,10 +654,10 @@ int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *requ
         free(o);
         return rc;
     }
-    hint_state *st = remote_hint(kv, request_id);
-    pull *p = st ? remote_pull_new(kv, st, o->handle, false, n, total_refs) : NULL;
-    for (uint32_t i = 0; i < o->n; i++) deliver_entry(kv, o, i, p, st, &blocks[i]);
-    if (p) remote_pull_submit(kv, p);
+    lower_reads tr;
+    lower_reads_begin(kv, &tr, request_id, o->handle, false, n, total_refs);
+    for (uint32_t i = 0; i < o->n; i++) deliver_entry(kv, o, i, &tr, &blocks[i]);
+    lower_reads_end(kv, &tr);
     op_admitted(kv, o, out);
     return 0;
 }
@@ -700,25 +701,32 @@ static fill *fetch_external(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, kvcr
     return f;
 }
 
-static void fetch_g3(kvcr_t *kv, op_rec *o, uint32_t i, block_id id)
+/* A key KVCR DRAM lacks, read by the lower tier that holds it into KVCR
+ * slots reserved now. */
+static void fetch_below(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, lower_reads *tr,
+                        uint32_t t)
 {
     op_entry *e = &o->e[i];
-    if (!g3_layout(o, e)) {
+    const tier_slot *ts = &kv->tiers[t];
+    if (ts->ops->layout_ok && !ts->ops->layout_ok(ts->t, &o->seg_pool[e->seg_off], e->n_segs)) {
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
         return;
     }
-    /* Making DRAM room may spill a block into a full G3, whose eviction
-     * must not pick the very block this fetch is about to read. */
-    block *b = index_get(&kv->index, id);
-    b->flags |= BF_PROTECTED;
-    fill *f = fetch_external(kv, o, i, id, KVCR_TIER_G3);
-    index_get(&kv->index, id)->flags &= (uint8_t)~BF_PROTECTED;
+    /* Making DRAM room may spill a block into a full lower tier, whose
+     * eviction must not pick the very block this fetch is about to read. */
+    if (id != BLOCK_NONE) index_get(&kv->index, id)->flags |= BF_PROTECTED;
+    fill *f = fetch_external(kv, o, i, id, ts->ops->id);
+    if (id != BLOCK_NONE) index_get(&kv->index, id)->flags &= (uint8_t)~BF_PROTECTED;
     if (f == NULL) return;
-    kvcr_reason why = g3_read_fill(kv, id, f, f->segs[0].dst);
+    tier_dst *dst = tr->dst;
+    for (uint32_t j = 0; j < e->n_segs; j++) host_block_segment(kv, f->block, j, &dst[j]);
+    tier_read rd = {ops_fill_token(f), f->block, entry_key(o, e), e->key_len, true, e->n_segs,
+                    dst, NULL};
+    kvcr_reason why = ts->ops->read(ts->t, tr->batch[t], &rd);
     if (why != KVCR_REASON_NONE) fill_done(kv, f, false, why);
 }
 
-static void fetch_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint_state *st)
+static void fetch_entry(kvcr_t *kv, op_rec *o, uint32_t i, lower_reads *tr)
 {
     op_entry *e = &o->e[i];
     if (!kv->conf.has_local_dram) {
@@ -728,14 +736,12 @@ static void fetch_entry(kvcr_t *kv, op_rec *o, uint32_t i, pull *p, const hint_s
     block_id id = entry_find(kv, o, e);
     block *b = id != BLOCK_NONE ? index_get(&kv->index, id) : NULL;
     if (b == NULL || b->g2_state == G2_NONE) {
-        fill *f;
-        if (b != NULL && b->g3_state == G3_READY)
-            fetch_g3(kv, o, i, id);
-        else if (p == NULL || !remote_accepts(kv, st, entry_key(o, e), e->key_len))
+        int t = lower_reads_holder(kv, tr, id, entry_key(o, e), e->key_len);
+        if (t >= 0)
+            fetch_below(kv, o, i, id, tr, (uint32_t)t);
+        else
             entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NOT_FOUND);
-        else if ((f = fetch_external(kv, o, i, id, KVCR_TIER_REMOTE_G2)) != NULL)
-            remote_pull_add_fill(kv, p, f, entry_key(o, e), e->key_len);
-    } else if (!same_layout(kv, b, &o->seg_pool[e->seg_off], e->n_segs)) {
+    } else if (!res_same_layout(kv, b, &o->seg_pool[e->seg_off], e->n_segs)) {
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
     } else if (b->g2_state == G2_READY) {
         fetch_success(kv, o, i, id);
@@ -778,8 +784,8 @@ int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id
     uint32_t pools[255];
     int len = layout_pools(kv, layout, layout_len, pools);
     if (len < 0) return len;
-    if (kv->g3 != NULL && len > 1)
-        return kvcr_fail(KVCR_EINVAL, "G3 does not support multi-block layouts");
+    int layout_rc = lower_layout_check(kv, pools, (uint32_t)len);
+    if (layout_rc != 0) return layout_rc;
     for (size_t i = 0; i < n; i++) {
         int rc = check_key(&keys[i], i);
         if (rc != 0) return rc;
@@ -800,15 +806,16 @@ int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id
         free(o);
         return rc;
     }
-    hint_state *st = kv->conf.has_local_dram ? remote_hint(kv, request_id) : NULL;
-    pull *p = st ? remote_pull_new(kv, st, o->handle, true, m, m * (size_t)len) : NULL;
+    lower_reads tr;
+    lower_reads_begin(kv, &tr, kv->conf.has_local_dram ? request_id : NULL, o->handle, true, m,
+                     m * (size_t)len);
     for (uint32_t i = 0; i < o->n; i++) {
         o->e[i].seg_off = i * (uint32_t)len;
         o->e[i].n_segs = (uint32_t)len;
         memcpy(&o->seg_pool[i * (uint32_t)len], pools, (size_t)len * sizeof *pools);
-        fetch_entry(kv, o, i, p, st);
+        fetch_entry(kv, o, i, &tr);
     }
-    if (p) remote_pull_submit(kv, p);
+    lower_reads_end(kv, &tr);
     op_admitted(kv, o, out);
     return 0;
 }
@@ -922,8 +929,8 @@ void ops_cancel_all(kvcr_t *kv)
 
 void ops_progress(kvcr_t *kv)
 {
-    if (kv->remote) remote_main(kv);
-    g3_settle(kv);
+    for (uint32_t t = kv->n_tiers; t-- > 0;) /* the peers first, as before the seam */
+        kv->tiers[t].ops->settle(kv->tiers[t].t);
     copy_job *job = copy_take_done(&kv->copier);
     while (job != NULL) {
         copy_job *next = job->next;
@@ -1000,7 +1007,7 @@ void ops_discard_done(kvcr_t *kv)
     kv->n_done = 0;
 }
 
-/* ---- the remote and G3 tiers settle their entries and fills ---------------- */
+/* ---- lower tiers settle their entries and fills (through core/host.c) ------ */
 
 void ops_entry_settle(kvcr_t *kv, op_rec *o, uint32_t i, bool ok, kvcr_reason why)
 {

@@ -1,4 +1,3 @@
-#include "api/boot.h"
 #include "core/recovery.h"
 
 #include <stdlib.h>
@@ -6,20 +5,25 @@
 
 #include "core/instance.h"
 #include "core/residency.h"
-#include "service/journal.h"
 
 /* ---- publishing ------------------------------------------------------------ */
 
-static void publish(kvcr_t *kv, const jrec *r)
+void recovery_set_sink(kvcr_t *kv, const recovery_sink *sink)
 {
-    if (kv->journal == NULL) return;
-    int rc = journal_publish(kv->journal, r);
-    if (rc == 0 || rc == KVCR_EINVAL) return; /* EINVAL: a key the journal cannot carry */
+    kv->sink = sink ? *sink : (recovery_sink){0};
+}
+
+static void publish(kvcr_t *kv, bool put, const uint8_t *key, size_t key_len, uint32_t pool,
+                    uint64_t slot)
+{
+    if (kv->sink.publish == NULL) return;
+    int rc = kv->sink.publish(kv->sink.ud, put, key, key_len, pool, slot);
+    if (rc == 0 || rc == KVCR_EINVAL) return; /* EINVAL: a key the sink cannot carry */
     kvcr_log(&kv->log, KVCR_LOG_WARN,
              "recovery publication disabled after the journal refused a frame (%s): the cache "
              "keeps working, but the Guard will recover nothing if this process dies",
              kvcr_last_error());
-    kv->journal = NULL;
+    kv->sink = (recovery_sink){0};
 }
 
 /* ---- installing ----------------------------------------------------------- */
@@ -99,32 +103,11 @@ static size_t install_all(kvcr_t *kv, const recovered_block *blocks, size_t n)
         }
         /* The policy declined it: its slot goes back and the Guard hears so. */
         dram_pool_give(&kv->pools[r->pool], (uint32_t)r->slot);
-        jrec gone = {JREC_REMOVE, r->key, r->key_len, 0, 0};
-        publish(kv, &gone);
+        publish(kv, false, r->key, r->key_len, 0, 0);
         res_prune(kv, id);
     }
     announce(kv, ids, &n_ids, true);
     return installed;
-}
-
-_Static_assert(KVCR_INC_LEN == JOURNAL_INC_LEN, "one incarnation size");
-_Static_assert(KVCR_RETIRED_MAX == JOURNAL_RETIRED_MAX, "one retired list size");
-
-void recovery_boot(kvcr_t *kv, const kvcr_boot *boot)
-{
-    kv->journal = boot->journal;
-    /* Before the control channel opens: a peer can only learn an
-     * incarnation the service will find when this process is gone. */
-    if (kv->journal) journal_set_owner(kv->journal, kv->incarnation);
-    size_t n = boot->n_retired < KVCR_RETIRED_MAX ? boot->n_retired : KVCR_RETIRED_MAX;
-    if (n > 0) memcpy(kv->retired, boot->retired, n * KVCR_INC_LEN);
-    kv->n_retired = n;
-    recovery_install(kv, boot->blocks, boot->n_blocks);
-}
-
-void kvcr__incarnation(const kvcr_t *kv, uint8_t out[KVCR_INC_LEN])
-{
-    memcpy(out, kv->incarnation, KVCR_INC_LEN);
 }
 
 size_t recovery_install(kvcr_t *kv, const recovered_block *blocks, size_t n)
@@ -159,15 +142,11 @@ size_t recovery_install(kvcr_t *kv, const recovered_block *blocks, size_t n)
 void recovery_put(kvcr_t *kv, block_id id)
 {
     const block *b = index_get(&kv->index, id);
-    if (kv->journal == NULL || b->n_slots != 1) return;
-    jrec r = {JREC_PUT, block_key(b), b->key_len, b->sl.one.pool, b->sl.one.slot};
-    publish(kv, &r);
+    if (b->n_slots == 1) publish(kv, true, block_key(b), b->key_len, b->sl.one.pool, b->sl.one.slot);
 }
 
 void recovery_remove(kvcr_t *kv, block_id id)
 {
     const block *b = index_get(&kv->index, id);
-    if (kv->journal == NULL || b->n_slots != 1) return;
-    jrec r = {JREC_REMOVE, block_key(b), b->key_len, 0, 0};
-    publish(kv, &r);
+    if (b->n_slots == 1) publish(kv, false, block_key(b), b->key_len, 0, 0);
 }

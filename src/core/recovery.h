@@ -38,7 +38,21 @@ typedef struct recovered_block {
  * many were installed; a refused list installs none and logs why. */
 size_t recovery_install(kvcr_t *kv, const recovered_block *blocks, size_t n);
 
-/* The publishing hooks (instance lock held); no-ops without a journal. */
+/* Where committed and removed residencies are published (guard mode: the
+ * recovery journal, wired up by the API layer). publish returns 0,
+ * KVCR_EINVAL for a record it cannot carry (skipped), or another error
+ * after which nothing more is published. Called with the instance lock
+ * held; NULL publish: off. */
+typedef struct recovery_sink {
+    int (*publish)(void *ud, bool put, const uint8_t *key, size_t key_len, uint32_t pool,
+                   uint64_t slot);
+    void *ud;
+} recovery_sink;
+
+/* Locked (or before any thread runs). NULL turns publishing off. */
+void recovery_set_sink(kvcr_t *kv, const recovery_sink *sink);
+
+/* The publishing hooks (instance lock held); no-ops without a sink. */
 void recovery_put(kvcr_t *kv, block_id id);
 void recovery_remove(kvcr_t *kv, block_id id);
 

@@ -1,11 +1,12 @@
 #include "core/residency.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/recovery.h"
-#include "tiers/g3.h"
+#include "core/lower.h"
 #include "util/clock.h"
 
 /* ---- layout and policy view ---------------------------------------------- */
@@ -49,7 +50,8 @@ void res_meta(const kvcr_t *kv, block_id id, uint64_t size_bytes, kvcr_block_met
     meta->access_count = b->access_count;
     meta->last_access = b->last_access_ns ? kvcr_ns_to_s(b->last_access_ns) : -1.0;
     meta->resident_tiers = (b->g2_state == G2_READY ? KVCR_TIER_BIT(KVCR_TIER_LOCAL_G2) : 0) |
-                           (b->g3_state == G3_READY ? KVCR_TIER_BIT(KVCR_TIER_G3) : 0);
+                           (b->lower.state & LOWER_READY && kv->spill_tier
+                                ? KVCR_TIER_BIT(kv->spill_tier->ops->id) : 0);
     meta->position = -1;
 }
 
@@ -162,7 +164,7 @@ static void retry_unscored(kvcr_t *kv)
 
 /* ---- inventory and capacity notices ------------------------------------- */
 
-void res_queue_event(kvcr_t *kv, kvcr_tier tier, bool removed, const block_id *ids, uint32_t n)
+void res_queue_event(kvcr_t *kv, kvcr_tier where, bool removed, const block_id *ids, uint32_t n)
 {
     if (n == 0 || kv->conf.cb.inventory == NULL) return;
     size_t bytes = sizeof(pending_event) + n * sizeof(kvcr_key);
@@ -182,7 +184,7 @@ void res_queue_event(kvcr_t *kv, kvcr_tier tier, bool removed, const block_id *i
         kbytes += b->key_len;
     }
     ev->next = NULL;
-    ev->ev.tier = tier;
+    ev->ev.tier = where;
     ev->ev.removed = removed;
     ev->ev.n_keys = n;
     ev->ev.keys = ev->keys_storage;
@@ -266,13 +268,24 @@ static void give_slots(kvcr_t *kv, block *b)
 }
 
 /* A ready block leaves G2: its slots are free, and the policy hears of it
- * unless G3 still holds it. */
+ * unless a lower tier still holds it. */
 static void remove_ready(kvcr_t *kv, block_id id)
 {
     unqueue(kv, id);
     recovery_remove(kv, id); /* told before the slots can be reused */
     give_slots(kv, index_get(&kv->index, id));
-    if (index_get(&kv->index, id)->g3_state == G3_NONE) res_removed(kv, id);
+    if (index_get(&kv->index, id)->lower.state == 0) res_removed(kv, id);
+}
+
+bool res_same_layout(const kvcr_t *kv, const block *b, const uint32_t *pools, uint32_t n)
+{
+    if (b->n_slots != n) return false;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t pool, slot;
+        res_slot(kv, b, i, &pool, &slot);
+        if (pool != pools[i]) return false;
+    }
+    return true;
 }
 
 void res_removed(kvcr_t *kv, block_id id)
@@ -294,16 +307,16 @@ static bool frees_short_pool(const kvcr_t *kv, const block *b, const uint64_t *s
     return false;
 }
 
-/* The policy's word on evicting a block from `tier`, sanitised: KEEP,
- * DROP, or (from G2 with a G3 tier) a spill to G3. */
-kvcr_action res_eviction_decision(kvcr_t *kv, block_id id, kvcr_tier tier)
+/* The policy's word on evicting a block from `from`, sanitised: KEEP,
+ * DROP, or (from G2, to the lower tier that takes spills) a spill. */
+kvcr_action res_eviction_decision(kvcr_t *kv, block_id id, kvcr_tier from)
 {
     kvcr_block_meta meta;
     res_meta(kv, id, 0, &meta);
     kvcr_placement d = {KVCR_ACTION_KEEP, KVCR_TIER_NONE};
-    int rc = kv->conf.policy->decide_eviction(kv->conf.policy_ud, &meta, tier, &d);
+    int rc = kv->conf.policy->decide_eviction(kv->conf.policy_ud, &meta, from, &d);
     bool spill = (d.action == KVCR_ACTION_MOVE_TO || d.action == KVCR_ACTION_COPY_TO) &&
-                 d.tier == KVCR_TIER_G3 && tier == KVCR_TIER_LOCAL_G2 && kv->g3 != NULL;
+                 from == KVCR_TIER_LOCAL_G2 && lower_takes_spills(kv, d.tier);
     if (rc != 0 || (d.action != KVCR_ACTION_KEEP && d.action != KVCR_ACTION_DROP && !spill)) {
         kvcr_log(&kv->log, KVCR_LOG_WARN, "policy '%s' decide_eviction %s; keeping the block",
                  policy_name(kv), rc != 0 ? "failed" : "returned an action this build cannot do");
@@ -395,8 +408,11 @@ static void evict_victims(kvcr_t *kv, const popped *list, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         if (!list[i].victim) continue;
         /* A spill copies the bytes out before the slots go back. */
-        if (list[i].spill && !g3_spill(kv, list[i].id))
-            res_recovery(kv, list[i].id, KVCR_TIER_G3, KVCR_TIER_LOCAL_G2, "G3 spill failed");
+        if (list[i].spill && !kv->spill_tier->ops->spill(kv->spill_tier->t, list[i].id)) {
+            char why[64];
+            snprintf(why, sizeof why, "%s spill failed", kv->spill_tier->ops->name);
+            res_recovery(kv, list[i].id, kv->spill_tier->ops->id, KVCR_TIER_LOCAL_G2, why);
+        }
         block *b = index_get(&kv->index, list[i].id);
         /* Popping took it out of the queue but not out of the counts. */
         count_evictable(kv, b, -1);
@@ -523,7 +539,7 @@ void res_unclaim(kvcr_t *kv, block_id id)
 void res_prune(kvcr_t *kv, block_id id)
 {
     block *b = index_get(&kv->index, id);
-    if (b->g2_state == G2_NONE && b->fill == NULL && b->claims == 0 && b->g3_state == G3_NONE)
+    if (b->g2_state == G2_NONE && b->fill == NULL && b->claims == 0 && b->lower.state == 0)
         index_remove(&kv->index, id);
 }
 

@@ -54,6 +54,8 @@ void res_queue_event(kvcr_t *kv, kvcr_tier tier, bool removed, const block_id *i
 /* Drops the record if nothing refers to it any more. */
 void res_prune(kvcr_t *kv, block_id id);
 
+/* Whether the block's residency has exactly this layout of pools. */
+bool res_same_layout(const kvcr_t *kv, const block *b, const uint32_t *pools, uint32_t n);
 /* Slot index i of the block's layout. */
 void res_slot(const kvcr_t *kv, const block *b, uint32_t i, uint32_t *pool, uint32_t *slot);
 

@@ -334,16 +334,20 @@ static void render_gauges(FILE *f, const kvcr_stats *s)
 }
 
 /* One counter family: the counters named name, under one header; the
- * counter's operation is the value of the label `label`. */
+ * counter's operation is the value of the label `label`. A counter's name is
+ * its family's base name: its samples carry the `_total` suffix that
+ * Prometheus requires of counters (its client libraries add it the same way). */
 static void render_counters(FILE *f, const kvcr_stats *s, const char *name, const char *label,
                             const char *help)
 {
+    char family[64];
+    snprintf(family, sizeof family, "%s_total", name);
     bool header = false;
     for (size_t i = 0; i < s->n_counters; i++) {
         if (strcmp(s->counters[i].name, name) != 0) continue;
-        if (!header) put_header(f, name, help, "counter");
+        if (!header) put_header(f, family, help, "counter");
         header = true;
-        fprintf(f, "%s{", name);
+        fprintf(f, "%s{", family);
         put_label(f, label, s->counters[i].operation, true);
         put_value(f, s->counters[i].value);
     }
@@ -434,4 +438,9 @@ KVCR_API int kvcr_stats_render_prometheus(const kvcr_stats *stats, char **text, 
     *text = buf;
     *len = size;
     return 0;
+}
+
+KVCR_API void kvcr_prometheus_free(char *text)
+{
+    free(text);
 }

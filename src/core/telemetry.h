@@ -19,10 +19,10 @@ void telemetry_free(kvcr_telemetry *t);
 /* One duration observation for kvcr_duration_seconds{scope,result}. */
 void telemetry_observe(kvcr_telemetry *t, const char *scope, const char *result, double seconds);
 
-/* Adds to kvcr_transfer_blocks{operation} and kvcr_transfer_bytes{operation}. */
+/* Adds to kvcr_transfer_blocks_total{operation} and kvcr_transfer_bytes_total{operation}. */
 void telemetry_count(kvcr_telemetry *t, const char *operation, uint64_t blocks, uint64_t bytes);
 
-/* Adds one to kvcr_limit_refusals{limit}: a request refused at a limit. */
+/* Adds one to kvcr_limit_refusals_total{limit}: a request refused at a limit. */
 void telemetry_refusal(kvcr_telemetry *t, const char *limit);
 
 /* Builds a snapshot of the interval plus the given gauges (copied), as one

@@ -4,14 +4,13 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "core/ops.h"
-#include "core/residency.h"
-#include "core/testing.h"
+#include "core/host.h"
 #include "tiers/g3_store.h"
 #include "util/clock.h"
 #include "util/event.h"
@@ -20,18 +19,20 @@
 
 enum req_kind { REQ_WRITE = 1, REQ_READ_FILL, REQ_READ_DELIVER, REQ_FAULT };
 
+/* The block's lower state, G3's part of it: STORING while a spill is
+ * written (not readable yet), READY (LOWER_READY) after. */
+enum g3_state { G3_NONE = 0, G3_STORING = 1, G3_READY = LOWER_READY | 1 };
+
 typedef struct g3_req {
     struct g3_req *next;
     struct g3_tier *t;
     uint8_t kind;
     uint32_t slot;
-    block_id block;
+    tier_block block;
     uint8_t *key;        /* owned copy: the I/O thread reads it unlocked */
     uint32_t key_len;
     void *buf;           /* write: the staging copy; read: the destination */
-    struct fill *fill;   /* REQ_READ_FILL */
-    op_rec *op;          /* REQ_READ_DELIVER */
-    uint32_t idx;
+    tier_token token;    /* reads: whom to settle */
     uint64_t start_ns;
     int result;
 } g3_req;
@@ -54,7 +55,7 @@ struct g3_tier {
 
     /* slots, under the instance lock */
     uint32_t *free_ring, free_head, n_free;
-    block_id *owner;     /* per slot: its block, BLOCK_NONE if free */
+    tier_block *owner;   /* per slot: its block, TIER_BLOCK_NONE if free */
     uint32_t *prev, *next; /* the evictable list: READY, unclaimed, oldest first */
     uint32_t ev_head, ev_tail, n_evictable;
     uint32_t n_retired;
@@ -99,30 +100,34 @@ static void free_push(g3_tier *t, uint32_t s)
 /* A slot that failed its check is never handed out again. */
 static void retire_slot(g3_tier *t, uint32_t s)
 {
-    t->owner[s] = BLOCK_NONE;
+    t->owner[s] = TIER_BLOCK_NONE;
     t->n_retired++;
 }
 
-/* The block leaves G3: inventory, policy, record pruned. */
-static void drop_residency(kvcr_t *kv, block_id id)
+static g3_tier *G(tier *t)
 {
-    block *b = index_get(&kv->index, id);
-    b->g3_state = G3_NONE;
-    b->g3_slot = NO_SLOT;
-    res_queue_event(kv, KVCR_TIER_G3, true, &id, 1);
-    if (b->g2_state == G2_NONE) res_removed(kv, id);
-    res_prune(kv, id);
+    return (g3_tier *)(void *)t;
+}
+
+/* The block leaves G3: inventory, policy, record pruned. */
+static void drop_residency(kvcr_t *kv, tier_block id)
+{
+    tier_lower *lw = host_lower(kv, id);
+    lw->state = G3_NONE;
+    lw->slot = NO_SLOT;
+    host_inventory(kv, KVCR_TIER_G3, true, &id, 1);
+    host_lower_gone(kv, id);
 }
 
 /* The oldest evictable slot the policy lets go, or NO_SLOT. */
 static uint32_t evict_one(kvcr_t *kv, g3_tier *t)
 {
     for (uint32_t s = t->ev_head; s != NO_SLOT; s = t->next[s]) {
-        block_id id = t->owner[s];
-        if (index_get(&kv->index, id)->flags & BF_PROTECTED) continue;
-        if (res_eviction_decision(kv, id, KVCR_TIER_G3) == KVCR_ACTION_KEEP) continue;
+        tier_block id = t->owner[s];
+        if (host_protected(kv, id)) continue;
+        if (host_eviction_decision(kv, id, KVCR_TIER_G3) == KVCR_ACTION_KEEP) continue;
         ev_unlink(t, s);
-        t->owner[s] = BLOCK_NONE;
+        t->owner[s] = TIER_BLOCK_NONE;
         drop_residency(kv, id);
         return s;
     }
@@ -159,7 +164,7 @@ static void on_io_done(void *ud, int result)
     pthread_mutex_lock(&t->qlock);
     list_push(&t->done_head, &t->done_tail, r);
     pthread_mutex_unlock(&t->qlock);
-    event_signal(t->kv->event_fd);
+    host_wake(t->kv);
 }
 
 static void submit(g3_tier *t, g3_req *r)
@@ -202,16 +207,17 @@ static void *io_main(void *arg)
     }
 }
 
-static g3_req *req_new(g3_tier *t, uint8_t kind, uint32_t slot, block_id id)
+static g3_req *req_new(g3_tier *t, uint8_t kind, uint32_t slot, tier_block id)
 {
-    const block *b = index_get(&t->kv->index, id);
+    uint32_t key_len;
+    const uint8_t *key = host_block_key(t->kv, id, &key_len);
     g3_req *r = calloc(1, sizeof *r);
-    if (r == NULL || (r->key = malloc(b->key_len)) == NULL) {
+    if (r == NULL || (r->key = malloc(key_len ? key_len : 1)) == NULL) {
         free(r);
         return NULL;
     }
-    memcpy(r->key, block_key(b), b->key_len);
-    r->key_len = b->key_len;
+    memcpy(r->key, key, key_len);
+    r->key_len = key_len;
     r->t = t;
     r->kind = kind;
     r->slot = slot;
@@ -230,16 +236,19 @@ static void enqueue(g3_tier *t, g3_req *r)
 
 /* ---- spills ------------------------------------------------------------------- */
 
-bool g3_spill(kvcr_t *kv, block_id id)
+static bool g3_spill(tier *tt, tier_block id)
 {
-    g3_tier *t = kv->g3;
-    block *b = index_get(&kv->index, id);
-    if (b->g3_state != G3_NONE) return true; /* already there (or on its way) */
-    if (b->n_slots != 1 || b->key_len > G3_KEY_MAX) return false;
-    if (t->staging_bytes + t->slot_size > kv->conf.g3.max_staging_bytes) return false;
-    b->flags |= BF_PROTECTED; /* not its own G3 victim */
+    g3_tier *t = G(tt);
+    kvcr_t *kv = t->kv;
+    tier_lower *lw = host_lower(kv, id);
+    uint32_t key_len;
+    host_block_key(kv, id, &key_len);
+    if (lw->state != G3_NONE) return true; /* already there (or on its way) */
+    if (host_block_segments(kv, id) != 1 || key_len > G3_KEY_MAX) return false;
+    if (t->staging_bytes + t->slot_size > host_conf(kv)->g3.max_staging_bytes) return false;
+    host_protect(kv, id, true); /* not its own G3 victim */
     uint32_t s = take_slot(kv, t);
-    b->flags &= (uint8_t)~BF_PROTECTED;
+    host_protect(kv, id, false);
     if (s == NO_SLOT) return false;
     g3_req *r = req_new(t, REQ_WRITE, s, id);
     if (r != NULL && (r->buf = aligned_alloc(4096, t->slot_size)) == NULL) {
@@ -251,11 +260,11 @@ bool g3_spill(kvcr_t *kv, block_id id)
         free_push(t, s);
         return false;
     }
-    uint32_t pool, slot;
-    res_slot(kv, b, 0, &pool, &slot);
-    memcpy(r->buf, dram_slot_addr(&kv->pools[pool], slot), t->slot_size);
-    b->g3_state = G3_STORING;
-    b->g3_slot = s;
+    tier_dst seg;
+    host_block_segment(kv, id, 0, &seg);
+    memcpy(r->buf, seg.addr, t->slot_size);
+    lw->state = G3_STORING;
+    lw->slot = s;
     t->owner[s] = id;
     t->staging_bytes += t->slot_size;
     t->pending_stores++;
@@ -263,89 +272,91 @@ bool g3_spill(kvcr_t *kv, block_id id)
     return true;
 }
 
-static void settle_write(kvcr_t *kv, g3_tier *t, g3_req *r, block_id *added, uint32_t *n_added)
+static void settle_write(kvcr_t *kv, g3_tier *t, g3_req *r, tier_block *added,
+                         uint32_t *n_added)
 {
-    block *b = index_get(&kv->index, r->block);
+    tier_lower *lw = host_lower(kv, r->block);
     t->staging_bytes -= t->slot_size;
     t->pending_stores--;
-    if (kv->telemetry) {
-        telemetry_observe(kv->telemetry, "g3_store", r->result == 0 ? "success" : "failed",
-                          kvcr_ns_to_s(kvcr_now_ns() - r->start_ns));
-        if (r->result == 0) telemetry_count(kv->telemetry, "g3_store", 1, t->slot_size);
-    }
+    host_observe(kv, "g3_store", r->result == 0 ? "success" : "failed",
+                 kvcr_ns_to_s(kvcr_now_ns() - r->start_ns));
+    if (r->result == 0) host_count(kv, "g3_store", 1, t->slot_size);
     if (r->result == 0) {
-        b->g3_state = G3_READY;
+        lw->state = G3_READY;
         ev_push(t, r->slot);
         if (added) added[(*n_added)++] = r->block;
         return;
     }
     /* A failed write leaves the slot's record unknown: never reused. */
-    kvcr_log(&kv->log, KVCR_LOG_WARN, "G3 store to slot %u failed (%d); the slot is retired",
+    kvcr_log(host_logger(kv), KVCR_LOG_WARN, "G3 store to slot %u failed (%d); the slot is retired",
              r->slot, r->result);
-    b->g3_state = G3_NONE;
+    lw->state = G3_NONE;
     retire_slot(t, r->slot);
-    res_recovery(kv, r->block, KVCR_TIER_G3, KVCR_TIER_LOCAL_G2, "transfer failed");
-    if (b->g2_state == G2_NONE) res_removed(kv, r->block);
-    res_prune(kv, r->block);
+    host_recovery(kv, r->block, KVCR_TIER_G3, KVCR_TIER_LOCAL_G2, "transfer failed");
+    host_lower_gone(kv, r->block);
 }
 
 /* ---- reads ---------------------------------------------------------------------- */
 
-static kvcr_reason start_read(kvcr_t *kv, block_id id, g3_req **out, uint8_t kind, void *dst)
+static bool g3_layout_ok(const tier *t, const uint32_t *pools, uint32_t n_segs)
 {
-    g3_tier *t = kv->g3;
-    block *b = index_get(&kv->index, id);
-    g3_req *r = req_new(t, kind, b->g3_slot, id);
+    (void)t;
+    return n_segs == 1 && pools[0] == 0; /* one slot of the single pool's block size */
+}
+
+/* G3's batches carry nothing: every read stands alone. */
+static tier_batch *g3_begin(tier *t, const tier_batch_info *info)
+{
+    (void)info;
+    return (tier_batch *)(void *)t;
+}
+
+static bool g3_holds(tier *t, tier_batch *b, tier_block id, const uint8_t *key, uint32_t len)
+{
+    (void)b, (void)key, (void)len;
+    return id != TIER_BLOCK_NONE && host_lower(G(t)->kv, id)->state == G3_READY;
+}
+
+/* Claims the slot (no eviction under a read) and queues the read. */
+static kvcr_reason g3_read(tier *tt, tier_batch *batch, const tier_read *rd)
+{
+    (void)batch;
+    g3_tier *t = G(tt);
+    tier_lower *lw = host_lower(t->kv, rd->block);
+    g3_req *r = req_new(t, rd->fetch ? REQ_READ_FILL : REQ_READ_DELIVER, lw->slot, rd->block);
     if (r == NULL) return KVCR_REASON_NO_CAPACITY;
-    r->buf = dst;
-    if (b->g3_claims++ == 0) ev_unlink(t, b->g3_slot);
-    *out = r;
+    r->buf = rd->dst[0].addr;
+    r->token = rd->token;
+    if (lw->busy++ == 0) ev_unlink(t, lw->slot);
+    enqueue(t, r);
     return KVCR_REASON_NONE;
 }
 
-kvcr_reason g3_read_fill(kvcr_t *kv, block_id id, struct fill *f, void *dst)
+static void g3_end(tier *t, tier_batch *b)
 {
-    g3_req *r;
-    kvcr_reason why = start_read(kv, id, &r, REQ_READ_FILL, dst);
-    if (why != KVCR_REASON_NONE) return why;
-    r->fill = f;
-    enqueue(kv->g3, r);
-    return KVCR_REASON_NONE;
-}
-
-kvcr_reason g3_read_deliver(kvcr_t *kv, block_id id, op_rec *o, uint32_t idx, void *dst)
-{
-    g3_req *r;
-    kvcr_reason why = start_read(kv, id, &r, REQ_READ_DELIVER, dst);
-    if (why != KVCR_REASON_NONE) return why;
-    r->op = o;
-    r->idx = idx;
-    enqueue(kv->g3, r);
-    return KVCR_REASON_NONE;
+    (void)t, (void)b;
 }
 
 /* A read ended: the slot is evictable again (at the tail: recently used),
  * or retired if it did not verify. */
 static void settle_read(kvcr_t *kv, g3_tier *t, g3_req *r)
 {
-    block *b = index_get(&kv->index, r->block);
+    tier_lower *lw = host_lower(kv, r->block);
     bool ok = r->result == 0;
     bool corrupt = r->result == G3_CORRUPT;
     const char *scope = r->kind == REQ_READ_FILL ? "g3_fill" : "g3_deliver";
-    if (kv->telemetry) {
-        telemetry_observe(kv->telemetry, scope, ok ? "success" : "failed",
-                          kvcr_ns_to_s(kvcr_now_ns() - r->start_ns));
-        if (ok) telemetry_count(kv->telemetry, scope, 1, t->slot_size);
-    }
+    host_observe(kv, scope, ok ? "success" : "failed", kvcr_ns_to_s(kvcr_now_ns() - r->start_ns));
+    if (ok) host_count(kv, scope, 1, t->slot_size);
     if (corrupt)
-        kvcr_log(&kv->log, KVCR_LOG_ERROR,
+        kvcr_log(host_logger(kv), KVCR_LOG_ERROR,
                  "G3 slot %u failed its key or checksum check: the block is dropped and the "
                  "slot retired", r->slot);
     else if (!ok)
-        kvcr_log(&kv->log, KVCR_LOG_WARN, "G3 read of slot %u failed (%d)", r->slot, r->result);
+        kvcr_log(host_logger(kv), KVCR_LOG_WARN, "G3 read of slot %u failed (%d)", r->slot,
+                 r->result);
     kvcr_reason why = ok ? KVCR_REASON_NONE : corrupt ? KVCR_REASON_CORRUPT
                                                       : KVCR_REASON_TRANSFER_ERROR;
-    if (--b->g3_claims == 0) {
+    if (--lw->busy == 0) {
         if (corrupt) {
             retire_slot(t, r->slot);
             drop_residency(kv, r->block);
@@ -353,26 +364,24 @@ static void settle_read(kvcr_t *kv, g3_tier *t, g3_req *r)
             ev_push(t, r->slot);
         }
     }
-    if (ok) res_access(kv, r->block);
-    if (r->kind == REQ_READ_FILL)
-        ops_fill_settle(kv, r->fill, ok, why);
-    else
-        ops_entry_settle(kv, r->op, r->idx, ok, why);
+    if (ok) host_access(kv, r->block);
+    host_settle(kv, r->token, ok, why);
 }
 
-void g3_settle(kvcr_t *kv)
+static void g3_settle(tier *tt)
 {
-    g3_tier *t = kv->g3;
-    if (t == NULL) return;
+    g3_tier *t = G(tt);
+    kvcr_t *kv = t->kv;
     pthread_mutex_lock(&t->qlock);
     g3_req *done = t->done_head;
     t->done_head = t->done_tail = NULL;
     pthread_mutex_unlock(&t->qlock);
     uint32_t n = 0;
     for (g3_req *r = done; r; r = r->next) n++;
-    block_id *added = malloc((n ? n : 1) * sizeof *added);
+    tier_block *added = malloc((n ? n : 1) * sizeof *added);
     uint32_t n_added = 0;
-    if (added == NULL) kvcr_log(&kv->log, KVCR_LOG_ERROR, "out of memory: G3 inventory events lost");
+    if (added == NULL)
+        kvcr_log(host_logger(kv), KVCR_LOG_ERROR, "out of memory: G3 inventory events lost");
     for (g3_req *r = done, *next; r; r = next) {
         next = r->next;
         if (r->kind == REQ_WRITE) {
@@ -384,7 +393,7 @@ void g3_settle(kvcr_t *kv)
         free(r->key);
         free(r);
     }
-    res_queue_event(kv, KVCR_TIER_G3, false, added, n_added);
+    host_inventory(kv, KVCR_TIER_G3, false, added, n_added);
     free(added);
 }
 
@@ -444,26 +453,25 @@ static int recover(kvcr_t *kv, g3_tier *t)
     g3_scan_stats stats;
     int rc = g3_store_scan(t->store, on_found, &a, &stats);
     if (rc == 0 && a.oom) rc = kvcr_fail(KVCR_ENOMEM, "out of memory rebuilding the G3 index");
-    if (rc == 0 && index_reserve(&kv->index, a.n) != 0)
+    if (rc == 0 && host_reserve(kv, a.n) != 0)
         rc = kvcr_fail(KVCR_ENOMEM, "out of memory rebuilding the G3 index");
     if (rc == 0 && a.n > 1) qsort(a.v, a.n, sizeof *a.v, by_generation);
-    block_id *ids = rc == 0 ? malloc((a.n ? a.n : 1) * sizeof *ids) : NULL;
+    tier_block *ids = rc == 0 ? malloc((a.n ? a.n : 1) * sizeof *ids) : NULL;
     if (rc == 0 && ids == NULL) rc = kvcr_fail(KVCR_ENOMEM, "out of memory");
     uint32_t n_ids = 0;
     for (size_t i = a.n; rc == 0 && i-- > 0;) { /* newest first: it wins a duplicate */
-        uint64_t h = index_hash(a.v[i].key, a.v[i].key_len);
-        if (index_find(&kv->index, a.v[i].key, a.v[i].key_len, h) != BLOCK_NONE) {
+        if (host_find(kv, a.v[i].key, a.v[i].key_len) != TIER_BLOCK_NONE) {
             a.v[i].slot = NO_SLOT; /* an older copy: its slot is free */
             continue;
         }
-        block_id id = index_insert(&kv->index, a.v[i].key, a.v[i].key_len, h);
-        if (id == BLOCK_NONE) {
+        tier_block id = host_lower_adopt(kv, a.v[i].key, a.v[i].key_len);
+        if (id == TIER_BLOCK_NONE) {
             rc = kvcr_fail(KVCR_ENOMEM, "out of memory rebuilding the G3 index");
             break;
         }
-        block *b = index_get(&kv->index, id);
-        b->g3_state = G3_READY;
-        b->g3_slot = a.v[i].slot;
+        tier_lower *lw = host_lower(kv, id);
+        lw->state = G3_READY;
+        lw->slot = a.v[i].slot;
         t->owner[a.v[i].slot] = id;
     }
     for (size_t i = 0; rc == 0 && i < a.n; i++) /* oldest first: evicted first */
@@ -472,10 +480,10 @@ static int recover(kvcr_t *kv, g3_tier *t)
             ids[n_ids++] = t->owner[a.v[i].slot];
         }
     for (uint32_t s = 0; rc == 0 && s < t->n_slots; s++)
-        if (t->owner[s] == BLOCK_NONE) free_push(t, s);
+        if (t->owner[s] == TIER_BLOCK_NONE) free_push(t, s);
     if (rc == 0) {
-        res_queue_event(kv, KVCR_TIER_G3, false, ids, n_ids);
-        kvcr_log(&kv->log, stats.damaged ? KVCR_LOG_WARN : KVCR_LOG_INFO,
+        host_inventory(kv, KVCR_TIER_G3, false, ids, n_ids);
+        kvcr_log(host_logger(kv), stats.damaged ? KVCR_LOG_WARN : KVCR_LOG_INFO,
                  "G3: %u block(s) found again on disk, %u slot(s) free, %llu damaged record(s) "
                  "discarded",
                  n_ids, t->n_free, (unsigned long long)stats.damaged);
@@ -486,19 +494,18 @@ static int recover(kvcr_t *kv, g3_tier *t)
     return rc;
 }
 
-int g3_start(kvcr_t *kv)
+static void g3_destroy(tier *tt);
+
+static int open_store(kvcr_t *kv, g3_tier *t)
 {
-    g3_tier *t = calloc(1, sizeof *t);
-    if (t == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
-    kv->g3 = t;
-    t->kv = kv;
-    t->wake_fd = -1;
-    pthread_mutex_init(&t->qlock, NULL);
-    t->slot_size = kv->pools[0].block_size;
-    g3_store_options o = {.paths = kv->conf.g3.paths, .n_paths = kv->conf.g3.n_paths,
-                          .capacity_bytes_per_file = kv->conf.g3.capacity_bytes_per_file,
-                          .slot_size = t->slot_size, .queue_depth = kv->conf.g3.queue_depth,
-                          .log = &kv->log};
+    const kvcr_conf *conf = host_conf(kv);
+    host_pool pool;
+    host_pool_info(kv, 0, &pool);
+    t->slot_size = pool.block_size;
+    g3_store_options o = {.paths = conf->g3.paths, .n_paths = conf->g3.n_paths,
+                          .capacity_bytes_per_file = conf->g3.capacity_bytes_per_file,
+                          .slot_size = t->slot_size, .queue_depth = conf->g3.queue_depth,
+                          .log = host_logger(kv)};
     int rc = g3_store_open(&o, &t->store);
     if (rc != 0) return rc;
     uint64_t n = g3_store_slots(t->store);
@@ -511,23 +518,42 @@ int g3_start(kvcr_t *kv)
     t->next = malloc(n * sizeof *t->next);
     if (!t->free_ring || !t->owner || !t->prev || !t->next)
         return kvcr_fail(KVCR_ENOMEM, "out of memory");
-    for (uint32_t s = 0; s < t->n_slots; s++) t->owner[s] = BLOCK_NONE;
+    for (uint32_t s = 0; s < t->n_slots; s++) t->owner[s] = TIER_BLOCK_NONE;
     t->ev_head = t->ev_tail = NO_SLOT;
-    if ((rc = recover(kv, t)) != 0) return rc;
-    if ((t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
-        return kvcr_fail(KVCR_ESYS, "eventfd failed: %s", strerror(errno));
-    if (pthread_create(&t->thread, NULL, io_main, t) != 0)
-        return kvcr_fail(KVCR_ESYS, "cannot start the G3 I/O thread");
-    t->started = true;
-    kvcr_log(&kv->log, KVCR_LOG_INFO, "G3 up: %zu file(s), %u slot(s) of %zu bytes, io_uring",
-             kv->conf.g3.n_paths, t->n_slots, t->slot_size);
     return 0;
 }
 
-void g3_stop(kvcr_t *kv)
+int g3_start(kvcr_t *kv, g3_tier **out)
 {
-    g3_tier *t = kv->g3;
-    if (t == NULL || !t->started) return;
+    g3_tier *t = calloc(1, sizeof *t);
+    if (t == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    t->kv = kv;
+    t->wake_fd = -1;
+    pthread_mutex_init(&t->qlock, NULL);
+    int rc = open_store(kv, t);
+    if (rc == 0) rc = recover(kv, t);
+    if (rc == 0 && (t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+        rc = kvcr_fail(KVCR_ESYS, "eventfd failed: %s", strerror(errno));
+    if (rc == 0 && pthread_create(&t->thread, NULL, io_main, t) != 0)
+        rc = kvcr_fail(KVCR_ESYS, "cannot start the G3 I/O thread");
+    if (rc != 0) {
+        g3_destroy((tier *)(void *)t);
+        return rc;
+    }
+    t->started = true;
+    kvcr_log(host_logger(kv), KVCR_LOG_INFO,
+             "G3 up: %zu file(s), %u slot(s) of %zu bytes, io_uring", host_conf(kv)->g3.n_paths,
+             t->n_slots, t->slot_size);
+    *out = t;
+    return 0;
+}
+
+/* Waits for the I/O in flight and stops the thread; what landed is
+ * settled by the core's last progress. */
+static void g3_stop(tier *tt)
+{
+    g3_tier *t = G(tt);
+    if (!t->started) return;
     pthread_mutex_lock(&t->qlock);
     t->stopping = true;
     pthread_mutex_unlock(&t->qlock);
@@ -536,11 +562,10 @@ void g3_stop(kvcr_t *kv)
     t->started = false;
 }
 
-void g3_destroy(kvcr_t *kv)
+static void g3_destroy(tier *tt)
 {
-    g3_tier *t = kv->g3;
-    if (t == NULL) return;
-    g3_stop(kv);
+    g3_tier *t = G(tt);
+    g3_stop(tt);
     for (g3_req *r = t->done_head, *next; r; r = next) { /* never settled */
         next = r->next;
         if (r->kind == REQ_WRITE) free(r->buf);
@@ -555,35 +580,52 @@ void g3_destroy(kvcr_t *kv)
     free(t->prev);
     free(t->next);
     free(t);
-    kv->g3 = NULL;
 }
 
-void g3_gauges(const kvcr_t *kv, double *total, double *free_, double *evictable,
-               double *pending)
+static void g3_gauges(tier *tt, gauge_sink *s)
 {
-    const g3_tier *t = kv->g3;
-    *total = t->n_slots - t->n_retired;
-    *free_ = t->n_free;
-    *evictable = t->n_evictable;
-    *pending = t->pending_stores;
+    const g3_tier *t = G(tt);
+    double total = t->n_slots - t->n_retired;
+    gauge_sink_add(s, "", "g3_total_slots", total);
+    gauge_sink_add(s, "", "g3_free_slots", t->n_free);
+    gauge_sink_add(s, "", "g3_allocated_slots", total - t->n_free);
+    gauge_sink_add(s, "", "g3_evictable_slots", t->n_evictable);
+    gauge_sink_add(s, "", "g3_pending_stores", t->pending_stores);
 }
 
-void kvcr__test_g3_fail_next(kvcr_t *kv, unsigned n, int err)
+const tier_ops g3_tier_ops = {
+    .version = TIER_OPS_VERSION,
+    .name = "G3",
+    .id = KVCR_TIER_G3,
+    .stop = g3_stop,
+    .destroy = g3_destroy,
+    .settle = g3_settle,
+    .gauges = g3_gauges,
+    .begin = g3_begin,
+    .holds = g3_holds,
+    .read = g3_read,
+    .end = g3_end,
+    .spill = g3_spill,
+    .layout_ok = g3_layout_ok,
+};
+
+tier *g3_tier_of(g3_tier *t)
+{
+    return (tier *)(void *)t;
+}
+
+void g3_test_fail_next(g3_tier *t, unsigned n, int err)
 {
     g3_req *r = calloc(1, sizeof *r);
-    if (r == NULL || kv->g3 == NULL) {
-        free(r);
-        return;
-    }
+    if (r == NULL) return;
     r->kind = REQ_FAULT;
     r->slot = n;
     r->result = err;
-    enqueue(kv->g3, r);
+    enqueue(t, r);
 }
 
-void kvcr__test_g3_hold(kvcr_t *kv, bool hold)
+void g3_test_hold(g3_tier *t, bool hold)
 {
-    g3_tier *t = kv->g3;
     pthread_mutex_lock(&t->qlock);
     t->held = hold;
     pthread_mutex_unlock(&t->qlock);

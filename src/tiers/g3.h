@@ -18,39 +18,26 @@
  *
  * One I/O thread owns the store (io_uring); requests and completions cross
  * over through two lists, completions signalled on the instance eventfd.
- * Everything here runs with the instance lock held unless it says
- * otherwise. */
+ * The tier reaches the core only through core/host.h. */
 #ifndef KVCR_TIERS_G3_H
 #define KVCR_TIERS_G3_H
 
-#include "core/instance.h"
+#include "core/tier.h"
 
 typedef struct g3_tier g3_tier;
 
+/* The tier's methods (core/tier.h): spills, reads, settling, gauges. */
+extern const tier_ops g3_tier_ops;
+
 /* Opens the files, rebuilds the index from them (warm restart), starts the
- * I/O thread. Unlocked, from kvcr_create. */
-int g3_start(kvcr_t *kv);
-/* Waits for the I/O in flight, stops the thread, closes the files.
- * Unlocked, from kvcr_close; settle with g3_settle afterwards. */
-void g3_stop(kvcr_t *kv);
-void g3_destroy(kvcr_t *kv);
+ * I/O thread. Unlocked, from kvcr_create, before any other thread runs.
+ * On failure nothing is left open. */
+int g3_start(kvcr_t *kv, g3_tier **out);
+tier *g3_tier_of(g3_tier *t);
 
-/* Eviction of a READY G2 block the policy sent to G3 (before its DRAM
- * slots are given back). False: the spill failed (logged; the caller
- * drops the block). */
-bool g3_spill(kvcr_t *kv, block_id id);
-
-/* A G3 read for a fetch's fill (dst: the fill's single DRAM slot) or a
- * deliver entry (dst: framework memory). 0, or a reason the entry fails
- * with at once. */
-kvcr_reason g3_read_fill(kvcr_t *kv, block_id id, struct fill *f, void *dst);
-kvcr_reason g3_read_deliver(kvcr_t *kv, block_id id, op_rec *o, uint32_t idx, void *dst);
-
-/* Completions: spills committed or rolled back, reads settled. */
-void g3_settle(kvcr_t *kv);
-
-/* Gauges. */
-void g3_gauges(const kvcr_t *kv, double *total, double *free_, double *evictable,
-               double *pending);
+/* Test interface: the next n I/O completions report -err (the I/O itself
+ * happens); requests held in the I/O thread's queue. Any thread. */
+void g3_test_fail_next(g3_tier *t, unsigned n, int err);
+void g3_test_hold(g3_tier *t, bool hold);
 
 #endif

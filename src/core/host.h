@@ -1,0 +1,139 @@
+/* The core as a lower tier sees it: the only core functions a tier may
+ * call (with core/tier.h and core/conf.h, the only core headers a tier
+ * includes). A tier holds the instance as an opaque kvcr_t.
+ *
+ * Locking: functions marked "locked" need the instance lock, which the
+ * tier holds either because the core called it with the lock held (every
+ * tier_ops method marked locked) or because its own thread took it with
+ * host_lock(). A tier takes the lock only on its own threads, never inside
+ * a method the core called. Nothing here calls back into a tier. */
+#ifndef KVCR_CORE_HOST_H
+#define KVCR_CORE_HOST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/conf.h"
+#include "core/tier.h"
+#include "kvcr/kvcr.h"
+#include "net/hint.h"
+#include "util/log.h"
+
+/* ---- the instance ------------------------------------------------------- */
+
+/* From a tier's own thread: the instance lock. */
+void host_lock(kvcr_t *kv);
+void host_unlock(kvcr_t *kv);
+/* Locked: close has begun (no new work may start). */
+bool host_closed(const kvcr_t *kv);
+/* Any thread: the polling side has tier work to settle (wakes kvcr_poll's
+ * eventfd). */
+void host_wake(kvcr_t *kv);
+/* Any thread: the immutable configuration. */
+const kvcr_conf *host_conf(const kvcr_t *kv);
+/* Any thread: the logger (log lines are queued and delivered outside the
+ * lock, see util/log.h). */
+kvcr_logger *host_logger(kvcr_t *kv);
+
+/* One KVCR DRAM pool, as fixed at start (any thread). */
+typedef struct host_pool {
+    const char *name;
+    uint8_t *base;
+    size_t bytes;
+    size_t block_size;
+} host_pool;
+void host_pool_info(const kvcr_t *kv, uint32_t pool, host_pool *out);
+/* The pool of that name, or -1. */
+int host_pool_named(const kvcr_t *kv, const char *name);
+
+/* Who this instance is to peers (16 bytes), and whether an incarnation is
+ * one that answered on its endpoint before and is gone for good. */
+void host_incarnation(const kvcr_t *kv, uint8_t out[16]);
+bool host_retired(const kvcr_t *kv, const uint8_t *inc, size_t len);
+
+/* ---- telemetry (locked; no-ops with telemetry off) ------------------------ */
+
+void host_observe(kvcr_t *kv, const char *scope, const char *result, double seconds);
+void host_count(kvcr_t *kv, const char *operation, uint64_t blocks, uint64_t bytes);
+void host_refusal(kvcr_t *kv, const char *limit);
+
+/* ---- settling reads (locked) ---------------------------------------------- */
+
+/* A read ended: success (ok) or failure with why. A fill's waiters and
+ * its slots are settled with it. */
+void host_settle(kvcr_t *kv, tier_token tok, bool ok, kvcr_reason why);
+/* A fetch's deadline passed while the bytes may still land: its waiters
+ * fail now, the slots stay reserved until host_settle. Deliver tokens:
+ * nothing to do. */
+void host_discard(kvcr_t *kv, tier_token tok);
+
+/* ---- blocks in KVCR DRAM (locked) ----------------------------------------- */
+
+/* The record of a key, or TIER_BLOCK_NONE. */
+tier_block host_find(kvcr_t *kv, const uint8_t *key, uint32_t key_len);
+uint64_t host_key_hash(const uint8_t *key, size_t len);
+/* A READY KVCR DRAM block of the key whose layout has n_segs segments of
+ * these pools, claimed (no eviction until host_unclaim), or
+ * TIER_BLOCK_NONE. */
+tier_block host_claim_ready(kvcr_t *kv, const uint8_t *key, uint32_t key_len,
+                            const uint32_t *pools, uint32_t n_segs);
+/* Ends a claim; `used`: the bytes were read (an access for the policy). */
+void host_unclaim(kvcr_t *kv, tier_block id, bool used);
+/* Segment i of a block's KVCR DRAM residency: address, length, pool, slot. */
+bool host_block_segment(const kvcr_t *kv, tier_block id, uint32_t i, tier_dst *out);
+uint32_t host_block_segments(const kvcr_t *kv, tier_block id);
+
+/* Framework references, checked as deposit checks them (0 or an error
+ * with its message), and a checked reference's address and pool. */
+int host_check_refs(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n);
+uint8_t *host_ref_addr(const kvcr_t *kv, const kvcr_mem_ref *r, uint32_t *pool);
+
+/* ---- lower-tier residencies (locked) ------------------------------------ */
+
+/* A block's key (valid while the record exists). */
+const uint8_t *host_block_key(kvcr_t *kv, tier_block id, uint32_t *len);
+/* Marks a block as part of the batch being made room for: no eviction
+ * (DRAM or lower) picks it meanwhile. */
+void host_protect(kvcr_t *kv, tier_block id, bool on);
+bool host_protected(kvcr_t *kv, tier_block id);
+/* Room for n more records before a run of host_lower_adopt (0 or
+ * KVCR_ENOMEM). */
+int host_reserve(kvcr_t *kv, size_t n);
+
+/* The block record's lower-tier state (core/tier.h). The pointer stays
+ * valid while the record exists. */
+tier_lower *host_lower(kvcr_t *kv, tier_block id);
+/* A record for a key found below at start (warm restart), or
+ * TIER_BLOCK_NONE when the index is full. */
+tier_block host_lower_adopt(kvcr_t *kv, const uint8_t *key, uint32_t key_len);
+/* The lower residency ended (state already 0): the policy hears of it if
+ * nothing else holds the block, and an unused record is dropped. */
+void host_lower_gone(kvcr_t *kv, tier_block id);
+
+/* ---- the policy and the inventory (locked) ------------------------------ */
+
+void host_access(kvcr_t *kv, tier_block id);
+/* The policy's sanitised eviction decision for a block leaving `from`. */
+kvcr_action host_eviction_decision(kvcr_t *kv, tier_block id, kvcr_tier from);
+/* A move the policy asked for failed: decide_recovery, DROP. */
+void host_recovery(kvcr_t *kv, tier_block id, kvcr_tier target, kvcr_tier source,
+                   const char *why);
+/* Queues an inventory event for the blocks. */
+void host_inventory(kvcr_t *kv, kvcr_tier where, bool removed, const tier_block *ids,
+                    uint32_t n);
+
+/* ---- requests ----------------------------------------------------------- */
+
+/* Locked: the router hint stored for a request, or NULL. */
+hint_state *host_hint(kvcr_t *kv, const char *request_id);
+
+/* ---- added for the remote tier ---- */
+
+/* Unlocked, from a tier's destroy: a token the tier will never settle (close
+ * gave up on its read while the source might still write): the core frees
+ * what it keeps for that token alone (a fetch's fill, which nothing else
+ * frees) and settles nothing. Deliver tokens: nothing to do. */
+void host_drop(kvcr_t *kv, tier_token tok);
+
+#endif
