@@ -17,6 +17,7 @@
 static const char service_usage[] =
     "usage: kvcr service --socket-path P --pool-dir D --guard-count N --pool-sizes-gb L\n"
     "                    --compatibility-digest S [--journal-mb M] [--log-level L]\n"
+    "                    [--metrics-listen HOST:PORT]\n"
     "  --socket-path P           the claim socket (its directory must exist)\n"
     "  --pool-dir D              where pool files live (an existing directory, e.g. /dev/shm/kvcr)\n"
     "  --guard-count N           pool groups, one Guard each (>= 1)\n"
@@ -24,7 +25,10 @@ static const char service_usage[] =
     "                            (each floored to the page size)\n"
     "  --compatibility-digest S  claims must present exactly this string\n"
     "  --journal-mb M            recovery journal per group, MiB (default 64)\n"
-    "  --log-level L             error, warn, info, debug (default $KVCR_LOG_LEVEL, else info)\n";
+    "  --log-level L             error, warn, info, debug (default $KVCR_LOG_LEVEL, else info)\n"
+    "  --metrics-listen H:P      also serve the metrics over HTTP at http://H:P/metrics, for a\n"
+    "                            Prometheus server (an IPv6 H in brackets; port 0: any free\n"
+    "                            port, named in the log)\n";
 
 static volatile sig_atomic_t stop_requested;
 
@@ -94,6 +98,7 @@ int cmd_service(int argc, char **argv)
         {"compatibility-digest", required_argument, NULL, 'c'},
         {"journal-mb", required_argument, NULL, 'j'},
         {"log-level", required_argument, NULL, 'l'},
+        {"metrics-listen", required_argument, NULL, 'm'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     svc_options o = {.journal_bytes = SVC_DEFAULT_JOURNAL_BYTES};
@@ -128,6 +133,7 @@ int cmd_service(int argc, char **argv)
             if (!parse_level(optarg, &log.threshold))
                 return usage_error("--log-level must be error, warn, info or debug");
             break;
+        case 'm': o.metrics_listen = optarg; break;
         case 'h': printf("%s", service_usage); return 0;
         default: return usage_error("unknown option");
         }
@@ -151,7 +157,8 @@ int cmd_service(int argc, char **argv)
 int cmd_stats(int argc, char **argv)
 {
     if (argc != 2 || strcmp(argv[0], "--socket") != 0) {
-        fprintf(stderr, "usage: kvcr stats --socket P   (metrics of a running `kvcr service`)\n");
+        fprintf(stderr, "usage: kvcr stats --socket P   (metrics of a running `kvcr service`, "
+                        "Prometheus text)\n");
         return 2;
     }
     char *text = NULL;

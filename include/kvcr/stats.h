@@ -3,13 +3,16 @@
  * With telemetry on, KVCR records event metrics as they happen and keeps
  * state gauges. kvcr_stats_take() returns everything recorded since the last
  * take (one interval, as the reference's get_stats) plus the current gauges.
- * Metric names and labels are the reference's:
- *   kvcr_duration_seconds{scope,result}  histogram, seconds
- *   kvcr_transfer_bytes{operation}       counter
- *   kvcr_transfer_blocks{operation}      counter
- *   kvcr_limit_refusals{limit}           counter (KVCR's own: requests refused at a
- *                                        kvcr_limits bound, by the limit's name)
- *   kvcr_state{resource}                 gauge */
+ * Metric names and labels, as the Prometheus text writes them:
+ *   kvcr_duration_seconds{scope,result}     histogram, seconds
+ *   kvcr_transfer_bytes_total{operation}    counter
+ *   kvcr_transfer_blocks_total{operation}   counter
+ *   kvcr_limit_refusals_total{limit}        counter (requests refused at a kvcr_limits
+ *                                           bound, by the limit's name)
+ *   kvcr_state{resource}                    gauge
+ * A counter in a snapshot is named by its family's base name (the
+ * KVCR_*_METRIC constants, without `_total`), as Prometheus client libraries
+ * name counters; the text adds the `_total` suffix to its samples. */
 #ifndef KVCR_STATS_H
 #define KVCR_STATS_H
 
@@ -75,9 +78,16 @@ typedef struct kvcr_stats {
     uint64_t observations_dropped;
 } kvcr_stats;
 
-/* Renders a snapshot in the Prometheus text exposition format (0.0.4).
- * *text is NUL-terminated and must be released with free(). */
+/* Renders a snapshot in the Prometheus text exposition format (0.0.4); the
+ * text of a kvcr_stats_take() snapshot passes `promtool check metrics`
+ * without a remark. On success *text is a NUL-terminated allocation of *len
+ * bytes (plus the NUL) that the caller owns and releases with
+ * kvcr_prometheus_free(); it does not refer to the snapshot, which may be
+ * freed first. On failure *text and *len are left unchanged. */
 int kvcr_stats_render_prometheus(const kvcr_stats *stats, char **text, size_t *len);
+
+/* Releases a text returned by kvcr_stats_render_prometheus(). NULL is fine. */
+void kvcr_prometheus_free(char *text);
 
 /* Releases a snapshot returned by kvcr_stats_take(). NULL is fine. */
 void kvcr_stats_free(kvcr_stats *stats);

@@ -519,25 +519,22 @@ bool guard_tick(guard *g)
     return false;
 }
 
-void guard_metrics(const guard *g, FILE *out)
+void guard_get_figures(const guard *g, guard_figures *out)
 {
-    unsigned i = g->index;
-    for (int p = 0; p < 4; p++)
-        fprintf(out, "kvcr_guard_phase{guard=\"%u\",phase=\"%s\"} %d\n", i, phase_names[p],
-                (int)g->phase == p);
-    fprintf(out, "kvcr_guard_claims_total{guard=\"%u\"} %llu\n", i, (unsigned long long)g->claims);
-    fprintf(out, "kvcr_guard_refusals_total{guard=\"%u\"} %llu\n", i,
-            (unsigned long long)g->refusals);
-    fprintf(out, "kvcr_guard_promotions_total{guard=\"%u\"} %llu\n", i,
-            (unsigned long long)g->promotions);
-    fprintf(out, "kvcr_guard_handbacks_total{guard=\"%u\"} %llu\n", i,
-            (unsigned long long)g->handbacks);
-    fprintf(out, "kvcr_guard_recovery_lost_total{guard=\"%u\"} %llu\n", i,
-            (unsigned long long)g->recovery_lost);
-    fprintf(out, "kvcr_guard_mirrored_blocks{guard=\"%u\"} %llu\n", i,
-            (unsigned long long)(g->configured && g->mirror_ok ? mirror_count(&g->mir) : 0));
-    fprintf(out, "kvcr_guard_last_promotion_seconds{guard=\"%u\"} %.6f\n", i,
-            g->last_promotion_s);
-    fprintf(out, "kvcr_guard_pool_bytes{guard=\"%u\"} %llu\n", i,
-            (unsigned long long)g->mapping_bytes);
+    *out = (guard_figures){
+        .phase = (unsigned)g->phase,
+        .claims = g->claims,
+        .refusals = g->refusals,
+        .promotions = g->promotions,
+        .handbacks = g->handbacks,
+        .recovery_lost = g->recovery_lost,
+        .mirrored_blocks = g->configured && g->mirror_ok ? mirror_count(&g->mir) : 0,
+        .pool_bytes = g->mapping_bytes,
+        .last_promotion_s = g->last_promotion_s,
+    };
+}
+
+const char *guard_phase_name(unsigned i)
+{
+    return i < sizeof phase_names / sizeof phase_names[0] ? phase_names[i] : NULL;
 }

@@ -68,7 +68,19 @@ void guard_on_death(guard *g);
  * (SERVING). Returns true when frames are still waiting. */
 bool guard_tick(guard *g);
 
-/* Prometheus text lines about this Guard. */
-void guard_metrics(const guard *g, FILE *out);
+/* What the service's metrics report about a Guard. */
+typedef struct guard_figures {
+    unsigned phase; /* the current phase: guard_phase_name(phase) */
+    uint64_t claims, refusals, promotions, handbacks, recovery_lost;
+    uint64_t mirrored_blocks; /* committed blocks a promotion would serve now */
+    uint64_t pool_bytes;      /* the group's mapping: journal and pools */
+    double last_promotion_s;  /* from the owner's death to serving, the last time */
+} guard_figures;
+
+void guard_get_figures(const guard *g, guard_figures *out);
+
+/* The name of phase i ("idle", "primary", "serving", "failed"); NULL past
+ * the last, so that a caller can list them all. */
+const char *guard_phase_name(unsigned i);
 
 #endif

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "service/frame.h"
 #include "service/guard.h"
 #include "service/journal.h"
+#include "service/metrics_http.h"
 #include "service/pool.h"
 #include "util/clock.h"
 
@@ -46,6 +48,7 @@ typedef struct service {
     conn conns[MAX_CONNS];
     unsigned n_conns;
     uint64_t frames_refused, started_ns;
+    svc_http *http; /* the metrics listener, or NULL */
 } service;
 
 /* ---- start-up ---------------------------------------------------------------------- */
@@ -152,6 +155,7 @@ static void close_conn(service *s, unsigned i)
 
 static void shutdown_service(service *s)
 {
+    svc_http_close(s->http);
     while (s->n_conns > 0) close_conn(s, s->n_conns - 1);
     if (s->listen_fd >= 0) {
         close(s->listen_fd);
@@ -269,20 +273,104 @@ static void on_release(service *s, conn *c, const svc_msg *m)
     svc_send(c->fd, &ok, NULL, 0);
 }
 
-static char *metrics_text(const service *s)
+/* ---- metrics --------------------------------------------------------------------------- */
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
 {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (f == NULL) return NULL;
-    fprintf(f, "# TYPE kvcr_service_up gauge\nkvcr_service_up 1\n");
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void service_families(FILE *f, const service *s)
+{
+    family(f, "kvcr_service_up", "gauge", "1 while the KVCR service runs.");
+    fprintf(f, "kvcr_service_up 1\n");
+    family(f, "kvcr_service_uptime_seconds", "gauge", "Seconds since the KVCR service started.");
     fprintf(f, "kvcr_service_uptime_seconds %.3f\n",
             (double)(kvcr_now_ns() - s->started_ns) / 1e9);
+    family(f, "kvcr_service_guards", "gauge", "Pool groups of the KVCR service, a Guard each.");
     fprintf(f, "kvcr_service_guards %u\n", s->o->guard_count);
+    family(f, "kvcr_service_connections", "gauge", "Open connections on the claim socket.");
     fprintf(f, "kvcr_service_connections %u\n", s->n_conns);
+    family(f, "kvcr_service_frames_refused_total", "counter",
+           "Claim socket frames refused for breaking the protocol.");
     fprintf(f, "kvcr_service_frames_refused_total %llu\n", (unsigned long long)s->frames_refused);
-    for (uint32_t i = 0; i < s->o->guard_count; i++) guard_metrics(s->guards[i], f);
-    fclose(f);
+    if (s->http == NULL) return;
+    family(f, "kvcr_service_http_requests_total", "counter",
+           "Requests to the metrics listener by answer status (400 and 431: malformed).");
+    const svc_http_count *n;
+    for (size_t i = 0, k = svc_http_counts(s->http, &n); i < k; i++)
+        fprintf(f, "kvcr_service_http_requests_total{code=\"%d\"} %llu\n", n[i].code,
+                (unsigned long long)n[i].n);
+}
+
+/* The Guards' families whose value is a uint64_t field of guard_figures. */
+static const struct {
+    const char *name, *type, *help;
+    size_t at;
+} guard_counts[] = {
+    {"kvcr_guard_claims_total", "counter", "Claims of the group granted.",
+     offsetof(guard_figures, claims)},
+    {"kvcr_guard_refusals_total", "counter", "Claims of the group refused.",
+     offsetof(guard_figures, refusals)},
+    {"kvcr_guard_promotions_total", "counter",
+     "Times the Guard started serving the group after its owner died.",
+     offsetof(guard_figures, promotions)},
+    {"kvcr_guard_handbacks_total", "counter",
+     "Times the Guard handed a served group back to a claimant.",
+     offsetof(guard_figures, handbacks)},
+    {"kvcr_guard_recovery_lost_total", "counter",
+     "Times the Guard could no longer vouch for the group's recovery record.",
+     offsetof(guard_figures, recovery_lost)},
+    {"kvcr_guard_mirrored_blocks", "gauge", "Committed blocks the Guard would serve now.",
+     offsetof(guard_figures, mirrored_blocks)},
+    {"kvcr_guard_pool_bytes", "gauge", "Bytes of the group's mapping (journal and pools).",
+     offsetof(guard_figures, pool_bytes)},
+};
+
+/* Family by family (Prometheus wants a family's samples together), each
+ * Guard's sample in it. */
+static void guard_families(FILE *f, const guard_figures *g, uint32_t n)
+{
+    family(f, "kvcr_guard_phase", "gauge", "1 for the Guard's current phase, 0 for the others.");
+    for (uint32_t i = 0; i < n; i++)
+        for (unsigned p = 0; guard_phase_name(p) != NULL; p++)
+            fprintf(f, "kvcr_guard_phase{guard=\"%u\",phase=\"%s\"} %d\n", i,
+                    guard_phase_name(p), g[i].phase == p);
+    for (size_t k = 0; k < sizeof guard_counts / sizeof guard_counts[0]; k++) {
+        family(f, guard_counts[k].name, guard_counts[k].type, guard_counts[k].help);
+        for (uint32_t i = 0; i < n; i++) {
+            const uint64_t *v = (const uint64_t *)((const char *)&g[i] + guard_counts[k].at);
+            fprintf(f, "%s{guard=\"%u\"} %llu\n", guard_counts[k].name, i, (unsigned long long)*v);
+        }
+    }
+    family(f, "kvcr_guard_last_promotion_seconds", "gauge",
+           "Seconds from the owner's death to serving, at the last promotion.");
+    for (uint32_t i = 0; i < n; i++)
+        fprintf(f, "kvcr_guard_last_promotion_seconds{guard=\"%u\"} %.6f\n", i,
+                g[i].last_promotion_s);
+}
+
+/* The service's metrics (a service *): a malloc'd text, NULL when out of memory. */
+static char *metrics_text(const void *arg)
+{
+    const service *s = arg;
+    guard_figures *g = calloc(s->o->guard_count, sizeof *g);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = g ? open_memstream(&text, &len) : NULL;
+    if (f == NULL) {
+        free(g);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < s->o->guard_count; i++) guard_get_figures(s->guards[i], &g[i]);
+    service_families(f, s);
+    guard_families(f, g, s->o->guard_count);
+    bool failed = ferror(f) != 0; /* a write the stream could not grow for */
+    if (fclose(f) != 0 || failed) {
+        free(text);
+        text = NULL;
+    }
+    free(g);
     return text;
 }
 
@@ -361,7 +449,10 @@ static void run_turn(service *s, struct pollfd *pf, bool *backlog)
     size_t first_guard = n;
     for (uint32_t i = 0; i < s->o->guard_count; i++)
         pf[n++] = (struct pollfd){.fd = guard_pidfd(s->guards[i]), .events = POLLIN};
+    size_t first_http = n;
+    if (s->http) n += svc_http_pollfds(s->http, pf + n);
     if (poll(pf, n, poll_timeout(s, *backlog)) < 0 && errno != EINTR) return;
+    if (s->http) svc_http_serve(s->http, pf + first_http, metrics_text, s);
     for (uint32_t i = 0; i < s->o->guard_count; i++)
         if (pf[first_guard + i].fd >= 0 && (pf[first_guard + i].revents & POLLIN))
             guard_on_death(s->guards[i]);
@@ -383,7 +474,7 @@ int svc_serve(const svc_options *o, const kvcr_logger *log, volatile sig_atomic_
     int rc = check_options(o);
     if (rc != 0) return rc;
     service *s = calloc(1, sizeof *s);
-    struct pollfd *pf = calloc(1 + MAX_CONNS + o->guard_count, sizeof *pf);
+    struct pollfd *pf = calloc(1 + MAX_CONNS + o->guard_count + SVC_HTTP_POLLFDS, sizeof *pf);
     if (s == NULL || pf == NULL) {
         free(s);
         free(pf);
@@ -404,6 +495,7 @@ int svc_serve(const svc_options *o, const kvcr_logger *log, volatile sig_atomic_
                      kvcr_last_error());
         rc = create_guards(s);
     }
+    if (rc == 0 && o->metrics_listen) rc = svc_http_listen(o->metrics_listen, log, &s->http);
     if (rc == 0) rc = listen_socket(s); /* last: nobody can claim a half-built service */
     if (rc == 0) {
         kvcr_log(log, KVCR_LOG_INFO, "KVCR service ready: socket=%s guards=%u pools=%u "

@@ -54,8 +54,8 @@ def test_hints_over_their_limits_are_refused(rig_factory):
     assert r.kv.stored_hint("b") is None
     r.kv.submit_hint(envelope([3]), request_id="a")  # replacing a kept one is fine
     text = r.kv.prometheus_text()
-    assert 'kvcr_limit_refusals{limit="hint_bytes"} 1\n' in text
-    assert 'kvcr_limit_refusals{limit="hinted_requests"} 1\n' in text
+    assert 'kvcr_limit_refusals_total{limit="hint_bytes"} 1\n' in text
+    assert 'kvcr_limit_refusals_total{limit="hinted_requests"} 1\n' in text
 
 
 def test_operations_wait_for_poll_and_none_is_lost(rig_factory):

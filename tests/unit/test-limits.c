@@ -97,7 +97,7 @@ static void test_per_peer_limit_must_fit_the_total(void **state)
     rig_stop(&r);
 }
 
-/* The value of kvcr_limit_refusals{limit} in a fresh snapshot (0: absent). */
+/* The value of kvcr_limit_refusals_total{limit} in a fresh snapshot (0: absent). */
 static double refusals(rig *r, const char *limit)
 {
     kvcr_stats *s = NULL;
@@ -112,10 +112,10 @@ static double refusals(rig *r, const char *limit)
     assert_int_equal(kvcr_stats_render_prometheus(s, &text, &len), 0);
     if (v > 0) { /* rendered with its own label */
         char line[128];
-        snprintf(line, sizeof line, "kvcr_limit_refusals{limit=\"%s\"} %.0f\n", limit, v);
+        snprintf(line, sizeof line, "kvcr_limit_refusals_total{limit=\"%s\"} %.0f\n", limit, v);
         assert_non_null(strstr(text, line));
     }
-    free(text);
+    kvcr_prometheus_free(text);
     kvcr_stats_free(s);
     return v;
 }

@@ -79,9 +79,9 @@ static void test_stats_report_state_transfers_and_durations_per_interval(void **
     assert_int_equal(kvcr_stats_render_prometheus(s, &text, &len), 0);
     assert_int_equal(strlen(text), len);
     assert_non_null(strstr(text, "kvcr_state{resource=\"local_g2_free_slots\"} 2\n"));
-    assert_non_null(strstr(text, "kvcr_transfer_bytes{operation=\"local_fill\"} 4096\n"));
+    assert_non_null(strstr(text, "kvcr_transfer_bytes_total{operation=\"local_fill\"} 4096\n"));
     assert_non_null(strstr(text, "kvcr_duration_seconds_count{scope=\"local_fill\",result=\"success\"} 2\n"));
-    free(text);
+    kvcr_prometheus_free(text);
     kvcr_stats_free(s);
 
     /* A new interval: the events are gone, the gauges remain. */

@@ -1,4 +1,5 @@
-/* Telemetry recording, snapshots and their Prometheus text (0.0.4). */
+/* Telemetry recording, snapshots and their Prometheus text (0.0.4), which
+ * promtool accepts without a remark. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 
 #include "core/telemetry.h"
 #include "kvcr/error.h"
+#include "promtool.h"
 
 static kvcr_stats *take(kvcr_telemetry *t, const kvcr_gauge *g, size_t n)
 {
@@ -61,7 +63,7 @@ static void test_buckets_are_cumulative(void **state)
                                  "result=\"success\",le=\"+Inf\"} 3\n"));
     assert_non_null(strstr(text, "kvcr_duration_seconds_count{scope=\"local_fill\","
                                  "result=\"success\"} 3\n"));
-    free(text);
+    kvcr_prometheus_free(text);
     kvcr_stats_free(s);
     telemetry_free(t);
 }
@@ -136,7 +138,7 @@ static void test_take_starts_a_new_interval(void **state)
     assert_int_equal(s->observations_dropped, 0);
     char *text = render(s);
     assert_string_equal(text, ""); /* every family is empty, so omitted */
-    free(text);
+    kvcr_prometheus_free(text);
     kvcr_stats_free(s);
 
     /* The next interval counts from zero. */
@@ -212,12 +214,12 @@ static void test_prometheus_text_is_exact(void **state)
         "# TYPE kvcr_state gauge\n"
         "kvcr_state{resource=\"local_g2_free_slots\"} 10\n"
         "kvcr_state{resource=\"hit_ratio\"} 1.5\n"
-        "# HELP kvcr_transfer_bytes Bytes moved by KVCR transfers.\n"
-        "# TYPE kvcr_transfer_bytes counter\n"
-        "kvcr_transfer_bytes{operation=\"local_fill\"} 1099511631872\n"
-        "# HELP kvcr_transfer_blocks Blocks moved by KVCR transfers.\n"
-        "# TYPE kvcr_transfer_blocks counter\n"
-        "kvcr_transfer_blocks{operation=\"local_fill\"} 2\n"
+        "# HELP kvcr_transfer_bytes_total Bytes moved by KVCR transfers.\n"
+        "# TYPE kvcr_transfer_bytes_total counter\n"
+        "kvcr_transfer_bytes_total{operation=\"local_fill\"} 1099511631872\n"
+        "# HELP kvcr_transfer_blocks_total Blocks moved by KVCR transfers.\n"
+        "# TYPE kvcr_transfer_blocks_total counter\n"
+        "kvcr_transfer_blocks_total{operation=\"local_fill\"} 2\n"
         "# HELP kvcr_duration_seconds KVCR operation durations in seconds.\n"
         "# TYPE kvcr_duration_seconds histogram\n"
         B "\"1e-05\"} 0\n"
@@ -239,7 +241,7 @@ static void test_prometheus_text_is_exact(void **state)
         "kvcr_duration_seconds_count{scope=\"local_fill\",result=\"success\"} 2\n";
 #undef B
     assert_string_equal(text, want); /* strcmp, printing both on a mismatch */
-    free(text);
+    kvcr_prometheus_free(text);
     kvcr_stats_free(s);
     telemetry_free(t);
 }
@@ -254,7 +256,7 @@ static void test_families_without_samples_are_omitted(void **state)
     assert_string_equal(text, "# HELP kvcr_state KVCR resource state.\n"
                               "# TYPE kvcr_state gauge\n"
                               "kvcr_state{resource=\"in_flight_ops\"} 0\n");
-    free(text);
+    kvcr_prometheus_free(text);
     kvcr_stats_free(s);
     telemetry_free(t);
 }
@@ -269,10 +271,35 @@ static void test_label_values_are_escaped(void **state)
     kvcr_stats *s = take(t, g, 1);
     char *text = render(s);
     assert_non_null(strstr(text, "kvcr_state{resource=\"a\\\"b\\\\c\\nd\"} 1\n"));
-    assert_non_null(strstr(text, "kvcr_transfer_bytes{operation=\"op\\nline\"} 1\n"));
+    assert_non_null(strstr(text, "kvcr_transfer_bytes_total{operation=\"op\\nline\"} 1\n"));
     assert_non_null(strstr(text, "kvcr_duration_seconds_count{scope=\"sc\\\"ope\","
                                  "result=\"re\\\\sult\"} 1\n"));
-    free(text);
+    kvcr_prometheus_free(text);
+    kvcr_stats_free(s);
+    telemetry_free(t);
+}
+
+/* Every family at once, several label values each: what promtool checks
+ * (HELP and TYPE per family, `_total` on counters, units in names, one
+ * header per family, histogram series whole) holds for all of them. */
+static void test_promtool_accepts_every_family(void **state)
+{
+    (void)state;
+    kvcr_telemetry *t = telemetry_new();
+    telemetry_observe(t, "local_fill", "success", 0.001);
+    telemetry_observe(t, "local_fill", "failed", 7.0);
+    telemetry_observe(t, "remote_pull", "success", 0.00002);
+    telemetry_count(t, "local_fill", 1, 4096);
+    telemetry_count(t, "remote_pull", 3, 3 * 4096);
+    telemetry_refusal(t, "hint_bytes");
+    telemetry_refusal(t, "source_writes_per_peer");
+    kvcr_gauge g[] = {{"local_g2_free_slots", 10}, {"in_flight_ops", 0}, {"g3_total_slots", 64}};
+    kvcr_stats *s = take(t, g, 3);
+    char *text = render(s);
+    assert_non_null(strstr(text, "# TYPE kvcr_limit_refusals_total counter\n"
+                                 "kvcr_limit_refusals_total{limit=\"hint_bytes\"} 1\n"));
+    assert_promtool_clean(text);
+    kvcr_prometheus_free(text);
     kvcr_stats_free(s);
     telemetry_free(t);
 }
@@ -327,6 +354,7 @@ int main(void)
         cmocka_unit_test(test_prometheus_text_is_exact),
         cmocka_unit_test(test_families_without_samples_are_omitted),
         cmocka_unit_test(test_label_values_are_escaped),
+        cmocka_unit_test(test_promtool_accepts_every_family),
         cmocka_unit_test(test_invalid_arguments_are_rejected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
