@@ -3,8 +3,10 @@ temporary build directory) linked into the CPython extension kvcr._native.
 
     pip install --no-build-isolation .        # or scripts/install-python.sh
 
-Needs a C compiler, cmake, ninja (or make), pkg-config, libxxhash-dev and
-the Python headers. Nothing is downloaded. Environment:
+Needs a C compiler, cmake, ninja (or make), pkg-config, the libraries
+libkvcr links (libxxhash, UCX, ZeroMQ, msgpack-c, liburing) and the Python
+headers; not the benchmark-only ones (hiredis). Nothing is downloaded.
+Environment:
   KVCR_CMAKE_BUILD_DIR  reuse this CMake build directory instead of a
                         temporary one (faster rebuilds)
   KVCR_BUILD_JOBS       parallel compile jobs (default 1)
@@ -76,10 +78,11 @@ setup(
         Extension(
             "kvcr._native",
             sources=["python/kvcr/_native.c"],
-            # src/ only for core/testing.h (the hint introspection hook).
-            include_dirs=["include", "src"],
+            # The public headers and the test interface (kvcr/testing.h: the
+            # hint introspection hook), nothing of src/.
+            include_dirs=["include"],
             depends=["include/kvcr/kvcr.h", "include/kvcr/types.h", "include/kvcr/policy.h",
-                     "include/kvcr/stats.h", "include/kvcr/error.h", "src/core/testing.h"],
+                     "include/kvcr/stats.h", "include/kvcr/error.h", "include/kvcr/testing.h"],
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra",
                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
         )
