@@ -5,9 +5,42 @@
  * kvcr_poll(). Copies run on KVCR's copy threads, never on the caller.
  * Every function may be called from any thread. The inventory and capacity
  * callbacks run only inside kvcr_poll() on the polling thread, with no KVCR
- * lock held (they may call back into KVCR). Policy hooks and log lines run
- * inside the call that needs them, under the instance lock: they must not
- * call into the same instance (see kvcr/policy.h). */
+ * lock held (they may call back into KVCR). Policy hooks run inside the
+ * call that needs them, under the instance lock: they must not call into
+ * the same instance (see kvcr/policy.h). The log callback never runs under
+ * the instance lock: a line written while a thread holds it is delivered
+ * by that thread right after it lets go (so a log sink may call into
+ * KVCR, and may take a lock of its own, such as Python's GIL).
+ *
+ * ABI (docs/ARCHITECTURE.md "ABI and SONAME"). The structs a caller
+ * allocates and the library reads start with a version: kvcr_config
+ * (KVCR_CONFIG_VERSION) and kvcr_policy_ops (KVCR_POLICY_VERSION, see
+ * kvcr/policy.h). kvcr_config_init writes the version of the kvcr.h the
+ * program was built with; a policy table sets .version itself. One config
+ * version covers every part of the configuration built with the same
+ * header: the parts embedded in it (kvcr_remote_options with its
+ * kvcr_curve_options, kvcr_g3_options, kvcr_guard_options, kvcr_limits,
+ * kvcr_callbacks), the arrays it points to (kvcr_pool_layout,
+ * kvcr_dram_pool, kvcr_region), and every struct that crosses a call or a
+ * callback of the instance created from it (kvcr_block, kvcr_query_result
+ * arrays the caller passes in, kvcr_poll's results, stats, events). The
+ * library reads a config only as far as its version reaches; a field that
+ * a later header added takes its kvcr_config_init default, which keeps the
+ * behaviour of programs built before it. A version the library does not
+ * read (0: the config was not initialised; newer than the library; not one
+ * of its versions) is refused with KVCR_EINVAL before anything is read or
+ * started. Fields are only ever appended, with a new version; a released
+ * version stays readable for the life of the SONAME (libkvcr.so.0 until
+ * 1.0).
+ *
+ * Returned memory. Strings and arrays the library returns are owned as
+ * each function says: static ones live as long as the process; the
+ * instance's (kvcr_control_endpoint, kvcr_pool_name) until kvcr_free();
+ * allocations the caller owns (kvcr_poll's results, kvcr_stats_take's
+ * snapshot, the Prometheus text) are released with their own function,
+ * never with free(); kvcr_last_error()'s text belongs to the calling
+ * thread and stays until that thread's next failing call. Pointers a
+ * callback or hook receives are valid only during that call. */
 #ifndef KVCR_KVCR_H
 #define KVCR_KVCR_H
 
@@ -27,7 +60,8 @@ extern "C" {
 #define KVCR_VERSION_HEX \
     ((KVCR_VERSION_MAJOR << 16) | (KVCR_VERSION_MINOR << 8) | KVCR_VERSION_PATCH)
 
-/* The library's version at run time, as KVCR_VERSION_HEX / _STRING. */
+/* The library's version at run time, as KVCR_VERSION_HEX / _STRING. The
+ * string is static. */
 unsigned kvcr_version(void);
 const char *kvcr_version_string(void);
 
@@ -176,9 +210,10 @@ typedef struct kvcr_callbacks {
     int (*inventory)(void *ud, const kvcr_inventory_event *event);
     /* Pools that fell below their watermark since the last call. */
     int (*capacity_needed)(void *ud, const kvcr_capacity_need *needs, size_t n);
-    /* Log sink, called from any KVCR call (possibly under the instance
-     * lock, never from a copy thread); NULL logs to stderr at the level of
-     * KVCR_LOG_LEVEL (error, warn, info, debug; default warn). */
+    /* Log sink, called on the thread that logged (a caller's, the peer
+     * tier's progress thread, the G3 I/O thread), never with the instance
+     * lock held; NULL logs to stderr at the level of KVCR_LOG_LEVEL
+     * (error, warn, info, debug; default warn). */
     void (*log)(void *ud, kvcr_log_level level, const char *message);
 
     /* The key adapter: a block key's router hash (the u64 that hints list).
@@ -205,7 +240,12 @@ typedef struct kvcr_callbacks {
     void (*resilience)(void *ud, const kvcr_resilience_event *event);
 } kvcr_callbacks;
 
+/* The layout of kvcr_config (and of its parts) this header declares;
+ * kvcr_config_init stores it in kvcr_config.version. */
+#define KVCR_CONFIG_VERSION 1
+
 typedef struct kvcr_config {
+    uint32_t version;                       /* first, in every version: kvcr_config_init sets it */
     const char *agent_name;                 /* required: this instance's end point name */
     const kvcr_pool_layout *pool_layouts;   /* required, >= 1 */
     size_t n_pool_layouts;
@@ -234,14 +274,29 @@ typedef struct kvcr_config {
     kvcr_callbacks callbacks;
 } kvcr_config;
 
-/* Fills *cfg with the defaults above; required fields are left NULL. */
-void kvcr_config_init(kvcr_config *cfg);
+/* Fills *cfg, in the layout of config version `version`, with that
+ * version and the defaults above; required fields are left NULL. Only the
+ * bytes that version has are written. KVCR_EINVAL for a NULL cfg, and for
+ * a version this library does not read: then only cfg->version is written
+ * (kvcr_create refuses it with the same message). */
+int kvcr_config_init_version(kvcr_config *cfg, uint32_t version);
+
+/* kvcr_config_init_version with the version of this header: the way to
+ * start every configuration (the library is told which layout the program
+ * was built with). */
+static inline void kvcr_config_init(kvcr_config *cfg)
+{
+    (void)kvcr_config_init_version(cfg, KVCR_CONFIG_VERSION);
+}
 
 /* ---- lifetime ----------------------------------------------------------- */
 
 /* Validates *cfg completely, then starts the copy threads. Nothing is
- * started when validation fails. The configuration is copied; the memory it
- * points at (pools, regions) must outlive the instance. */
+ * started when validation fails. cfg->version says how much of *cfg there
+ * is (see "ABI" above); an unknown version is refused first. The
+ * configuration is copied, and so are its strings and key lists; the
+ * memory it points at (pools, regions) and the policy table must outlive
+ * the instance. */
 int kvcr_create(const kvcr_config *cfg, kvcr_t **out);
 
 /* Stops the instance: queued copies are cancelled, running ones are waited
@@ -271,7 +326,9 @@ int kvcr_fd(const kvcr_t *kv);
  * limits.max_unpolled_operations operations are pending or completed and
  * not yet collected by kvcr_poll(). */
 
-/* Where each key is now (advisory; changes nothing). request_id may be NULL. */
+/* Where each key is now (advisory; changes nothing). request_id may be NULL.
+ * out is the caller's array of n results, written in the layout of the
+ * instance's config version. */
 int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
                kvcr_query_result *out);
 
@@ -304,7 +361,10 @@ int kvcr_abort(kvcr_t *kv, kvcr_op_handle op, const kvcr_key *keys, size_t n,
 
 /* Collects every operation completed since the last poll, in completion
  * order, and runs pending callbacks. *results is one allocation (NULL when
- * *n is 0) to be released with kvcr_results_free(). */
+ * *n is 0) that the caller owns, with everything it points to (entries,
+ * keys' bytes, slots) inside it: valid until kvcr_results_free(), also
+ * after kvcr_free(). The slots' addresses are KVCR DRAM, which stays
+ * claimed until the entry's release handle is released. */
 int kvcr_poll(kvcr_t *kv, kvcr_op_result **results, size_t *n);
 void kvcr_results_free(kvcr_op_result *results);
 
@@ -335,14 +395,20 @@ int kvcr_pin_complete(kvcr_t *kv, uint64_t req, uint64_t pin, const kvcr_block *
 
 /* "tcp://<advertise_host>:<port>" of this instance's control channel (the
  * port chosen when control_port was 0), followed by "#curve=<public key>"
- * with CURVE, or NULL without the remote tier. */
+ * with CURVE, or NULL without the remote tier. The string belongs to the
+ * instance and does not change: valid until kvcr_free(), also after
+ * kvcr_close(). */
 const char *kvcr_control_endpoint(const kvcr_t *kv);
 
 /* The interval's telemetry (see kvcr/stats.h). *out is NULL when telemetry
- * is off. */
+ * is off. The snapshot is one allocation the caller owns, every string
+ * and array it points to inside it: valid until kvcr_stats_free(), also
+ * after kvcr_free(). */
 int kvcr_stats_take(kvcr_t *kv, kvcr_stats **out);
 
-/* The pool layouts' names, as configured (index = kvcr_slot_ref.pool). */
+/* The pool layouts' names, as configured (index = kvcr_slot_ref.pool), or
+ * NULL for an index out of range. The instance's own copy: valid until
+ * kvcr_free(). */
 const char *kvcr_pool_name(const kvcr_t *kv, uint32_t pool);
 
 #ifdef __cplusplus

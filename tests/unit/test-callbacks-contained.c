@@ -1,5 +1,6 @@
 /* Callbacks: inventory events batched per allocation, capacity_needed once
  * per crossing, and every failing callback or policy hook contained. */
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -175,8 +176,9 @@ static int f_evict(void *ud, const kvcr_block_meta *m, kvcr_tier s, kvcr_placeme
 static void test_failing_policy_hooks_are_contained(void **state)
 {
     (void)state;
-    static const kvcr_policy_ops ops = {.name = "flaky", .decide_ingest = f_ingest,
-                                        .eviction_score = f_score, .decide_eviction = f_evict};
+    static const kvcr_policy_ops ops = {.version = KVCR_POLICY_VERSION, .name = "flaky",
+                                        .decide_ingest = f_ingest, .eviction_score = f_score,
+                                        .decide_eviction = f_evict};
     flaky f = {0};
     rig r;
     rig_init(&r, BS, 8, 1);
@@ -208,6 +210,90 @@ static void test_failing_policy_hooks_are_contained(void **state)
     rig_stop(&r);
 }
 
+/* A log sink that calls back into the instance, as a framework's logging
+ * bridge may: it must run with the instance lock released. */
+typedef struct relog {
+    rig *r;
+    int lines, reentry_failures, dropped_notes;
+    char first[256];
+} relog;
+
+static void reentrant_log(void *ud, kvcr_log_level level, const char *msg)
+{
+    relog *l = ud;
+    (void)level;
+    kvcr_key k = key_of("x");
+    kvcr_query_result q;
+    if (kvcr_query(l->r->kv, &k, 1, NULL, &q) != 0) l->reentry_failures++;
+    if (l->lines++ == 0) snprintf(l->first, sizeof l->first, "%s", msg);
+    if (strstr(msg, "log line(s) dropped")) l->dropped_notes++;
+}
+
+static void test_log_lines_written_under_the_lock_arrive_after_it_is_released(void **state)
+{
+    (void)state;
+    static const kvcr_policy_ops ops = {.version = KVCR_POLICY_VERSION, .name = "flaky",
+                                        .decide_ingest = f_ingest, .eviction_score = f_score,
+                                        .decide_eviction = f_evict};
+    flaky f = {.fail_ingest = 1};
+    rig r;
+    rig_init(&r, BS, 8, 8);
+    relog l = {.r = &r};
+    r.cfg.policy = &ops;
+    r.cfg.policy_ud = &f;
+    r.cfg.callbacks.log = reentrant_log;
+    r.cfg.callbacks.ud = &l;
+    r.cfg.callbacks.inventory = NULL;
+    r.cfg.callbacks.capacity_needed = NULL;
+    rig_start(&r);
+    /* decide_ingest fails inside the deposit, with the lock held: the line
+     * reaches the sink once the deposit let go of it. */
+    l.lines = l.reentry_failures = 0;
+    assert_int_equal(rig_deposit1(&r, "a", 0, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    assert_true(l.lines >= 1);
+    assert_non_null(strstr(l.first, "policy 'flaky' decide_ingest failed; admitting the block"));
+    assert_int_equal(l.reentry_failures, 0);
+    rig_stop(&r);
+}
+
+static void test_a_flood_of_log_lines_under_the_lock_is_bounded_and_counted(void **state)
+{
+    (void)state;
+    static const kvcr_policy_ops ops = {.version = KVCR_POLICY_VERSION, .name = "flaky",
+                                        .decide_ingest = f_ingest, .eviction_score = f_score,
+                                        .decide_eviction = f_evict};
+    enum { N = 1100 }; /* one failing hook a block, all in one locked call */
+    flaky f = {.fail_ingest = 1};
+    rig r;
+    rig_init(&r, BS, N, 8);
+    relog l = {.r = &r};
+    r.cfg.policy = &ops;
+    r.cfg.policy_ud = &f;
+    r.cfg.callbacks.log = reentrant_log;
+    r.cfg.callbacks.ud = &l;
+    r.cfg.callbacks.inventory = NULL;
+    r.cfg.callbacks.capacity_needed = NULL;
+    rig_start(&r);
+    static char names[N][8];
+    const char *keys[N];
+    size_t idx[N];
+    for (size_t i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "k%zu", i);
+        keys[i] = names[i];
+        idx[i] = i;
+    }
+    l.lines = l.reentry_failures = 0;
+    kvcr_op_handle op = rig_deposit(&r, keys, idx, N, 0);
+    /* Every line of the call was delivered before it returned: at most the
+     * queue's bound of them, then one line counting the rest. */
+    assert_int_equal(l.dropped_notes, 1);
+    assert_true(l.lines > 1000 && l.lines <= 1025);
+    assert_int_equal(l.reentry_failures, 0);
+    rig_pump(&r);
+    (void)op;
+    rig_stop(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -217,6 +303,8 @@ int main(void)
         cmocka_unit_test(test_sink_may_call_back_into_kvcr),
         cmocka_unit_test(test_capacity_needed_fires_once_per_crossing),
         cmocka_unit_test(test_failing_policy_hooks_are_contained),
+        cmocka_unit_test(test_log_lines_written_under_the_lock_arrive_after_it_is_released),
+        cmocka_unit_test(test_a_flood_of_log_lines_under_the_lock_is_bounded_and_counted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
