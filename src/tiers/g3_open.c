@@ -381,7 +381,8 @@ int g3_store_open(const g3_store_options *o, g3_store **out)
     if (st->scanned) /* new files: every slot is known to be empty */
         for (uint64_t i = 0; i < st->n_slots; i++) st->memo[i].state = MEMO_EMPTY;
     G3_LOG(st, KVCR_LOG_INFO, "G3 store open: %u files, %llu slots of %llu bytes, queue depth %u",
-           st->lay.n_files, (unsigned long long)st->n_slots, (unsigned long long)st->lay.slot_size, st->qd);
+           st->lay.n_files, (unsigned long long)st->n_slots,
+           (unsigned long long)st->lay.slot_size, st->qd);
     *out = st;
     return 0;
 }

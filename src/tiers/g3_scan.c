@@ -57,9 +57,9 @@ static int read_full(const g3_file *f, uint8_t *buf, size_t n, uint64_t off)
 
 static int scan_file(g3_store *st, scan_ctx *c, uint32_t i, uint8_t *buf)
 {
-    for (uint64_t off = 0; off < st->lay.index_bytes; off += SCAN_CHUNK) {
-        size_t n =
-            (size_t)(st->lay.index_bytes - off < SCAN_CHUNK ? st->lay.index_bytes - off : SCAN_CHUNK);
+    uint64_t bytes = st->lay.index_bytes;
+    for (uint64_t off = 0; off < bytes; off += SCAN_CHUNK) {
+        size_t n = (size_t)(bytes - off < SCAN_CHUNK ? bytes - off : SCAN_CHUNK);
         int rc = read_full(&st->files[i], buf, n, st->lay.index_off + off);
         if (rc != 0) return rc;
         c->stats.index_bytes += n;

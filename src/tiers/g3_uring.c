@@ -388,8 +388,8 @@ static int start_read(g3_store *st, g3_req *r)
     }
     r->recbuf = st->free_recbufs[--st->n_free_recbufs];
     uint8_t *rb = st->recbufs + (size_t)r->recbuf * G3_ALIGN;
-    int rc = queue_io(st, false, fd, rb, G3_ALIGN, g3_block_offset(&st->lay, r->fslot / G3_RECS_PER_BLOCK), r,
-                      TAG_RECORD);
+    uint64_t block = g3_block_offset(&st->lay, r->fslot / G3_RECS_PER_BLOCK);
+    int rc = queue_io(st, false, fd, rb, G3_ALIGN, block, r, TAG_RECORD);
     if (rc != 0) return rc;
     r->ios++;
     rc = queue_io(st, false, fd, buf, n, g3_data_offset(&st->lay, r->fslot), r, TAG_DATA);
