@@ -29,23 +29,23 @@
  * Every str (names, labels, endpoints) is UTF-8 without NUL bytes, so a
  * decoded copy is also a C string; labels may be empty, names may not.
  *
- * Decoding runs in three steps. A pre-scan walks the encoding without
- * building anything and refuses any length header promising more elements
- * than bytes remain: msgpack-c allocates an object array as soon as it reads
- * an array header, so this bounds its memory by the input size (about 24
- * bytes per input byte at worst) before it runs. msgpack-c then builds the
- * object tree, and the tree is checked and copied twice by the same code:
+ * Decoding runs in three steps. A pre-scan (net/mpmap.h) walks the encoding
+ * without building anything and refuses any length header promising more
+ * elements than bytes remain: msgpack-c allocates an object array as soon as
+ * it reads an array header, so this bounds its memory by the input size
+ * (about 24 bytes per input byte at worst) before it runs. msgpack-c then
+ * builds the object tree, and the tree is checked and copied twice by the
+ * same code:
  * first with an empty arena, which checks every rule and sums the storage
  * needed, then into one exact allocation that the message owns. */
 #include "net/wire.h"
 
 #include <math.h>
-#include <msgpack.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "net/mpscan.h"
+#include "net/mpmap.h"
 
 /* ---- field tables -------------------------------------------------------- */
 
@@ -55,18 +55,7 @@
     X(EXPECTED, "expected_inc") X(SUCCESS, "success") X(TERMINAL, "terminal")                \
     X(COMPLETED, "completed") X(DEAD, "dead_inc") X(BUSY, "busy")
 
-enum {
-#define X(id, name) F_##id,
-    FIELDS(X)
-#undef X
-    N_FIELDS
-};
-
-static const char *const field_names[N_FIELDS] = {
-#define X(id, name) name,
-    FIELDS(X)
-#undef X
-};
+MPMAP_FIELD_TABLE(FIELDS);
 static const char *const missing_why[N_FIELDS] = {
 #define X(id, name) "missing field: " name,
     FIELDS(X)
@@ -225,42 +214,6 @@ static wire_bytes copy(arena *a, const char *s, size_t n)
     return (wire_bytes){p, n};
 }
 
-/* Collects the values of a map with str keys from names[]; unknown and
- * duplicate keys are refused. *present gets a bit per key found. */
-static const char *fields_of(const msgpack_object *o, const char *const *names, int n,
-                             const msgpack_object **vals, uint32_t *present, const char *not_map)
-{
-    if (o->type != MSGPACK_OBJECT_MAP) return not_map;
-    *present = 0;
-    for (uint32_t i = 0; i < o->via.map.size; i++) {
-        const msgpack_object *k = &o->via.map.ptr[i].key;
-        if (k->type != MSGPACK_OBJECT_STR) return "map key is not a str";
-        int f = 0;
-        while (f < n && (strlen(names[f]) != k->via.str.size ||
-                         memcmp(names[f], k->via.str.ptr, k->via.str.size) != 0))
-            f++;
-        if (f == n) return "unknown key";
-        if (*present & 1u << f) return "duplicate key";
-        *present |= 1u << f;
-        vals[f] = &o->via.map.ptr[i].val;
-    }
-    return NULL;
-}
-
-static bool get_u64(const msgpack_object *o, uint64_t *v)
-{
-    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return false;
-    *v = o->via.u64;
-    return true;
-}
-
-static bool get_bool(const msgpack_object *o, bool *v)
-{
-    if (o->type != MSGPACK_OBJECT_BOOLEAN) return false;
-    *v = o->via.boolean;
-    return true;
-}
-
 /* A str or bin object's bytes, uncopied. */
 static bool get_raw(const msgpack_object *o, msgpack_object_type t, wire_bytes *v)
 {
@@ -304,15 +257,16 @@ static const char *decode_region(arena *a, const msgpack_object *o, wire_region 
 {
     const msgpack_object *f[N_REGION] = {0};
     uint32_t present;
-    const char *why = fields_of(o, region_names, N_REGION, f, &present, "region: not a map");
+    const char *why =
+        mpmap_fields(o, region_names, N_REGION, f, &present, "region: not a map", NULL);
     if (why) return why;
     if (present != (1u << N_REGION) - 1) return "region: missing field";
     /* Scalars and raw bytes first: region_rule runs before anything is copied. */
     if (!get_raw(f[R_LABEL], MSGPACK_OBJECT_STR, &r->label)) return "region: label not a str";
     if (!get_raw(f[R_RKEY], MSGPACK_OBJECT_BIN, &r->rkey)) return "region: rkey not a bin";
-    if (!get_bool(f[R_FW], &r->framework)) return "region: fw not a bool";
-    if (!get_u64(f[R_ADDR], &r->addr) || !get_u64(f[R_SIZE], &r->element_size) ||
-        !get_u64(f[R_STRIDE], &r->stride) || !get_u64(f[R_COUNT], &r->count))
+    if (!mpmap_bool(f[R_FW], &r->framework)) return "region: fw not a bool";
+    if (!mpmap_u64(f[R_ADDR], &r->addr) || !mpmap_u64(f[R_SIZE], &r->element_size) ||
+        !mpmap_u64(f[R_STRIDE], &r->stride) || !mpmap_u64(f[R_COUNT], &r->count))
         return "region: addr, size, stride and count must be unsigned integers";
     if ((why = region_rule(r))) return why;
     r->label = copy(a, (const char *)r->label.data, r->label.len);
@@ -324,7 +278,7 @@ static const char *decode_md(arena *a, const msgpack_object *o, wire_metadata *m
 {
     const msgpack_object *f[N_MD] = {0};
     uint32_t present;
-    const char *why = fields_of(o, md_names, N_MD, f, &present, "md: not a map");
+    const char *why = mpmap_fields(o, md_names, N_MD, f, &present, "md: not a map", NULL);
     if (why) return why;
     if (present != (1u << N_MD) - 1) return "md: missing field";
     if (!get_bin(a, f[MD_WORKER], 1, WIRE_MAX_BLOB, &md->worker_addr))
@@ -346,9 +300,9 @@ static const char *decode_ref(arena *a, const msgpack_object *o, wire_ref *r)
     if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3)
         return "start_write: ref not a [fw, label, index] array";
     const msgpack_object *e = o->via.array.ptr;
-    if (!get_bool(&e[0], &r->framework)) return "start_write: ref fw not a bool";
+    if (!mpmap_bool(&e[0], &r->framework)) return "start_write: ref fw not a bool";
     if (!get_str(a, &e[1], 0, &r->label)) return "start_write: ref label not UTF-8 of 0..256 bytes";
-    if (!get_u64(&e[2], &r->index)) return "start_write: ref index not an unsigned integer";
+    if (!mpmap_u64(&e[2], &r->index)) return "start_write: ref index not an unsigned integer";
     return NULL;
 }
 
@@ -408,7 +362,8 @@ static const char *decode_completed(arena *a, const msgpack_object *o, wire_msg 
     for (uint32_t i = 0; i < m->n_completed; i++) {
         uint64_t idx;
         const char *why;
-        if (!get_u64(&o->via.array.ptr[i], &idx)) return "write_done: completed index not unsigned";
+        if (!mpmap_u64(&o->via.array.ptr[i], &idx))
+            return "write_done: completed index not unsigned";
         if ((why = completed_rule(seen, idx))) return why;
         if (m->completed) m->completed[i] = (uint32_t)idx;
     }
@@ -442,17 +397,17 @@ static const char *decode_body(arena *a, const msgpack_object **f, uint32_t pres
     if (present & B(REMAINING) && (why = get_remaining(f[F_REMAINING], &m->remaining_ms)))
         return why;
     if (present & B(KEYS) && (why = decode_keys(a, f[F_KEYS], f[F_DST], m))) return why;
-    if (present & B(TERMINAL) && !get_bool(f[F_TERMINAL], &m->terminal))
+    if (present & B(TERMINAL) && !mpmap_bool(f[F_TERMINAL], &m->terminal))
         return "terminal: not a bool";
     if (present & B(SUCCESS)) {
-        if (!get_bool(f[F_SUCCESS], &m->success)) return "write_done: success not a bool";
+        if (!mpmap_bool(f[F_SUCCESS], &m->success)) return "write_done: success not a bool";
         if (m->success && !(present & B(COMPLETED)))
             return "write_done: completed required when success";
         if (!m->success && present & B(COMPLETED)) return "write_done: completed only with success";
     }
     if (present & B(COMPLETED) && (why = decode_completed(a, f[F_COMPLETED], m))) return why;
     /* Absent means not busy: false is not a second spelling of it. */
-    if (present & B(BUSY) && !(get_bool(f[F_BUSY], &m->busy) && m->busy))
+    if (present & B(BUSY) && !(mpmap_bool(f[F_BUSY], &m->busy) && m->busy))
         return "write_refused: busy must be true when present";
     return NULL;
 }
@@ -462,14 +417,12 @@ static const char *decode_head(const msgpack_object **f, uint32_t present, wire_
 {
     uint64_t v;
     if (!(present & B(V))) return missing_why[F_V];
-    if (!get_u64(f[F_V], &v) || v != WIRE_VERSION) return "unsupported version";
+    if (!mpmap_u64(f[F_V], &v) || v != WIRE_VERSION) return "unsupported version";
     if (!(present & B(TYPE))) return missing_why[F_TYPE];
     const msgpack_object *t = f[F_TYPE];
     if (t->type != MSGPACK_OBJECT_STR) return "type: not a str";
     for (m->type = 1; m->type < N_TYPES; m->type++)
-        if (strlen(shapes[m->type].name) == t->via.str.size &&
-            memcmp(shapes[m->type].name, t->via.str.ptr, t->via.str.size) == 0)
-            break;
+        if (mpmap_str_is(t, shapes[m->type].name)) break;
     if (m->type == N_TYPES) return "unknown message type";
     const struct shape *s = &shapes[m->type];
     uint32_t extra = present & ~(COMMON | s->allow), missing = (COMMON | s->need) & ~present;
@@ -486,7 +439,8 @@ static const char *decode_tree(const msgpack_object *root, wire_msg *m)
 {
     const msgpack_object *f[N_FIELDS] = {0};
     uint32_t present;
-    const char *why = fields_of(root, field_names, N_FIELDS, f, &present, "message is not a map");
+    const char *why =
+        mpmap_fields(root, field_names, N_FIELDS, f, &present, "message is not a map", NULL);
     if (why || (why = decode_head(f, present, m))) return why;
     arena a = {NULL, 0};
     if ((why = decode_body(&a, f, present, m))) return why;
@@ -501,15 +455,12 @@ static const char *decode_tree(const msgpack_object *root, wire_msg *m)
 int wire_decode(const void *buf, size_t len, wire_msg *out, const char **why)
 {
     memset(out, 0, sizeof *out);
-    const char *w = len > WIRE_MAX_MESSAGE ? "message too large" : mpscan(buf, len, SIZE_MAX, WIRE_MAX_DEPTH);
-    if (w == NULL) {
+    const char *w = "message too large";
+    if (len <= WIRE_MAX_MESSAGE) {
         msgpack_unpacked up;
-        msgpack_unpacked_init(&up);
-        size_t off = 0;
-        msgpack_unpack_return r = msgpack_unpack_next(&up, buf, len, &off);
-        if (r == MSGPACK_UNPACK_NOMEM_ERROR) w = "out of memory";
-        else if (r != MSGPACK_UNPACK_SUCCESS || off != len) w = "malformed msgpack";
-        else w = decode_tree(&up.data, out);
+        bool nomem;
+        w = mpmap_unpack(buf, len, SIZE_MAX, WIRE_MAX_DEPTH, &up, &nomem);
+        if (w == NULL) w = decode_tree(&up.data, out);
         msgpack_unpacked_destroy(&up);
     }
     if (w == NULL) return 0;
@@ -586,26 +537,6 @@ static bool msg_ok(const wire_msg *m)
     return true;
 }
 
-/* msgpack_sbuffer_write that stops at WIRE_MAX_MESSAGE, so an oversized
- * message fails early instead of growing the buffer. */
-static int write_bounded(void *data, const char *buf, size_t len)
-{
-    msgpack_sbuffer *sb = data;
-    if (len > WIRE_MAX_MESSAGE - sb->size) return -1;
-    return msgpack_sbuffer_write(data, buf, len);
-}
-
-static int pack_bool(msgpack_packer *pk, bool b)
-{
-    return b ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-}
-
-static int pack_key(msgpack_packer *pk, const char *key)
-{
-    size_t n = strlen(key);
-    return msgpack_pack_str(pk, n) || msgpack_pack_str_body(pk, key, n);
-}
-
 static int pack_str(msgpack_packer *pk, wire_bytes b)
 {
     return msgpack_pack_str(pk, b.len) || msgpack_pack_str_body(pk, b.data, b.len);
@@ -618,20 +549,21 @@ static int pack_bin(msgpack_packer *pk, wire_bytes b)
 
 static int pack_region(msgpack_packer *pk, const wire_region *r)
 {
+    const char *const *k = region_names;
     return msgpack_pack_map(pk, N_REGION) ||
-           pack_key(pk, region_names[R_LABEL]) || pack_str(pk, r->label) ||
-           pack_key(pk, region_names[R_FW]) || pack_bool(pk, r->framework) ||
-           pack_key(pk, region_names[R_ADDR]) || msgpack_pack_uint64(pk, r->addr) ||
-           pack_key(pk, region_names[R_SIZE]) || msgpack_pack_uint64(pk, r->element_size) ||
-           pack_key(pk, region_names[R_STRIDE]) || msgpack_pack_uint64(pk, r->stride) ||
-           pack_key(pk, region_names[R_COUNT]) || msgpack_pack_uint64(pk, r->count) ||
-           pack_key(pk, region_names[R_RKEY]) || pack_bin(pk, r->rkey);
+           mpmap_pack_cstr(pk, k[R_LABEL]) || pack_str(pk, r->label) ||
+           mpmap_pack_cstr(pk, k[R_FW]) || mpmap_pack_bool(pk, r->framework) ||
+           mpmap_pack_cstr(pk, k[R_ADDR]) || msgpack_pack_uint64(pk, r->addr) ||
+           mpmap_pack_cstr(pk, k[R_SIZE]) || msgpack_pack_uint64(pk, r->element_size) ||
+           mpmap_pack_cstr(pk, k[R_STRIDE]) || msgpack_pack_uint64(pk, r->stride) ||
+           mpmap_pack_cstr(pk, k[R_COUNT]) || msgpack_pack_uint64(pk, r->count) ||
+           mpmap_pack_cstr(pk, k[R_RKEY]) || pack_bin(pk, r->rkey);
 }
 
 static int pack_md(msgpack_packer *pk, const wire_metadata *md)
 {
-    if (msgpack_pack_map(pk, N_MD) || pack_key(pk, md_names[MD_WORKER]) ||
-        pack_bin(pk, md->worker_addr) || pack_key(pk, md_names[MD_REGIONS]) ||
+    if (msgpack_pack_map(pk, N_MD) || mpmap_pack_cstr(pk, md_names[MD_WORKER]) ||
+        pack_bin(pk, md->worker_addr) || mpmap_pack_cstr(pk, md_names[MD_REGIONS]) ||
         msgpack_pack_array(pk, md->n_regions))
         return -1;
     for (uint32_t i = 0; i < md->n_regions; i++)
@@ -654,7 +586,7 @@ static int pack_dst(msgpack_packer *pk, const wire_msg *m)
         if (msgpack_pack_array(pk, m->ref_off[i + 1] - m->ref_off[i])) return -1;
         for (uint32_t r = m->ref_off[i]; r < m->ref_off[i + 1]; r++) {
             const wire_ref *ref = &m->refs[r];
-            if (msgpack_pack_array(pk, 3) || pack_bool(pk, ref->framework) ||
+            if (msgpack_pack_array(pk, 3) || mpmap_pack_bool(pk, ref->framework) ||
                 pack_str(pk, ref->label) || msgpack_pack_uint64(pk, ref->index))
                 return -1;
         }
@@ -670,12 +602,12 @@ static int pack_completed(msgpack_packer *pk, const wire_msg *m)
     return 0;
 }
 
-static int pack_field(msgpack_packer *pk, const wire_msg *m, int f)
+static int pack_value(msgpack_packer *pk, const void *msg, int f)
 {
-    if (pack_key(pk, field_names[f])) return -1;
+    const wire_msg *m = msg;
     switch (f) {
     case F_V: return msgpack_pack_uint32(pk, WIRE_VERSION);
-    case F_TYPE: return pack_key(pk, shapes[m->type].name);
+    case F_TYPE: return mpmap_pack_cstr(pk, shapes[m->type].name);
     case F_AGENT: return pack_str(pk, m->agent);
     case F_INC: return pack_bin(pk, m->incarnation);
     case F_FROM: return pack_str(pk, m->from);
@@ -686,11 +618,11 @@ static int pack_field(msgpack_packer *pk, const wire_msg *m, int f)
     case F_KEYS: return pack_keys(pk, m);
     case F_DST: return pack_dst(pk, m);
     case F_EXPECTED: return pack_bin(pk, m->expected_inc);
-    case F_SUCCESS: return pack_bool(pk, m->success);
-    case F_TERMINAL: return pack_bool(pk, m->terminal);
+    case F_SUCCESS: return mpmap_pack_bool(pk, m->success);
+    case F_TERMINAL: return mpmap_pack_bool(pk, m->terminal);
     case F_COMPLETED: return pack_completed(pk, m);
     case F_DEAD: return pack_bin(pk, m->dead_inc);
-    case F_BUSY: return pack_bool(pk, m->busy);
+    case F_BUSY: return mpmap_pack_bool(pk, m->busy);
     }
     return -1;
 }
@@ -700,21 +632,8 @@ int wire_encode(const wire_msg *m, void **buf, size_t *len)
     *buf = NULL;
     *len = 0;
     if (!msg_ok(m)) return -1;
-    uint32_t f = carried(m);
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, write_bounded);
-    int rc = msgpack_pack_map(&pk, (size_t)__builtin_popcount(f));
-    for (int i = 0; i < N_FIELDS && rc == 0; i++)
-        if (f & 1u << i) rc = pack_field(&pk, m, i);
-    if (rc != 0) {
-        msgpack_sbuffer_destroy(&sb);
-        return -1;
-    }
-    *len = sb.size;
-    *buf = msgpack_sbuffer_release(&sb);
-    return 0;
+    return mpmap_pack(carried(m), field_names, N_FIELDS, pack_value, m, WIRE_MAX_MESSAGE, buf,
+                      len);
 }
 
 /* ---- equality ---------------------------------------------------------------- */

@@ -1,14 +1,14 @@
 /* The claim socket's protocol (service/frame.h): the msgpack messages and
  * the length-prefixed frames that carry them and their descriptors.
  *
- * Decoding follows net/wire.c. A pre-scan walks the encoding without
- * building anything and refuses a container header that promises more
- * elements than bytes remain, nesting deeper than a granted's pools, or
- * more objects in all than the largest valid message has (a granted with
- * KVCR_MAX_POOLS pools): msgpack-c allocates an object array as soon as it
- * reads an array header, so this bounds its memory by a few KiB whatever
- * the peer sends. msgpack-c then builds the
- * object tree, which is checked field by field into the fixed-size svc_msg;
+ * Decoding follows net/wire.c, through net/mpmap.h. A pre-scan walks the
+ * encoding without building anything and refuses a container header that
+ * promises more elements than bytes remain, nesting deeper than a granted's
+ * pools, or more objects in all than the largest valid message has (a
+ * granted with KVCR_MAX_POOLS pools): msgpack-c allocates an object array as
+ * soon as it reads an array header, so this bounds its memory by a few KiB
+ * whatever the peer sends. msgpack-c then builds the object tree, which is
+ * checked field by field into the fixed-size svc_msg;
  * the only allocation the message owns is its text, no longer than the
  * frame. One set of rules (check_msg) serves the decoder, which calls it on
  * what it decoded, and the encoder, which calls it before packing: what one
@@ -16,7 +16,6 @@
 #include "service/frame.h"
 
 #include <errno.h>
-#include <msgpack.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "net/mpscan.h"
+#include "net/mpmap.h"
 #include "util/log.h"
 
 /* ---- field tables -------------------------------------------------------- */
@@ -36,19 +35,7 @@
     X(AGENT, "agent") X(POOLS, "pools") X(HOST, "control_host") X(PORT, "control_port")    \
     X(GEN, "generation") X(MAPPING, "mapping_bytes") X(JOURNAL, "journal_bytes")           \
     X(RECOVERED, "recovered") X(ACTIVATED, "activated") X(MESSAGE, "message") X(TEXT, "text")
-
-enum {
-#define X(id, name) F_##id,
-    FIELDS(X)
-#undef X
-    N_FIELDS
-};
-
-static const char *const field_names[N_FIELDS] = {
-#define X(id, name) name,
-    FIELDS(X)
-#undef X
-};
+MPMAP_FIELD_TABLE(FIELDS);
 
 #define B(f) (1u << F_##f)
 #define COMMON (B(V) | B(TYPE))
@@ -176,17 +163,10 @@ static int check_msg(int err, const svc_msg *m)
 
 /* ---- decoding ---------------------------------------------------------------- */
 
-static bool get_u64(const msgpack_object *o, uint64_t *v)
-{
-    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return false;
-    *v = o->via.u64;
-    return true;
-}
-
 static bool get_u32(const msgpack_object *o, uint32_t *v)
 {
     uint64_t u;
-    if (!get_u64(o, &u) || u > UINT32_MAX) return false;
+    if (!mpmap_u64(o, &u) || u > UINT32_MAX) return false;
     *v = (uint32_t)u;
     return true;
 }
@@ -203,25 +183,16 @@ static bool get_str(const msgpack_object *o, char *dst, size_t max)
     return true;
 }
 
-/* Collects the root map's values by field; unknown and duplicate keys are
- * refused. *present gets a bit per field found. */
+/* Collects the root map's values by field (mpmap_fields); a duplicate key
+ * is named. */
 static int fields_of(const msgpack_object *o, const msgpack_object **vals, uint32_t *present)
 {
-    if (o->type != MSGPACK_OBJECT_MAP) return kvcr_fail(KVCR_EPROTO, "message is not a map");
-    *present = 0;
-    for (uint32_t i = 0; i < o->via.map.size; i++) {
-        const msgpack_object *k = &o->via.map.ptr[i].key;
-        if (k->type != MSGPACK_OBJECT_STR) return kvcr_fail(KVCR_EPROTO, "map key is not a str");
-        int f = 0;
-        while (f < N_FIELDS && (strlen(field_names[f]) != k->via.str.size ||
-                                memcmp(field_names[f], k->via.str.ptr, k->via.str.size) != 0))
-            f++;
-        if (f == N_FIELDS) return kvcr_fail(KVCR_EPROTO, "unknown key");
-        if (*present & 1u << f) return kvcr_fail(KVCR_EPROTO, "duplicate key: %s", field_names[f]);
-        *present |= 1u << f;
-        vals[f] = &o->via.map.ptr[i].val;
-    }
-    return 0;
+    int dup = -1;
+    const char *why =
+        mpmap_fields(o, field_names, N_FIELDS, vals, present, "message is not a map", &dup);
+    if (why == NULL) return 0;
+    if (dup >= 0) return kvcr_fail(KVCR_EPROTO, "%s: %s", why, field_names[dup]);
+    return kvcr_fail(KVCR_EPROTO, "%s", why);
 }
 
 /* v, type, and the key set against the type's fields. */
@@ -229,16 +200,14 @@ static int decode_head(const msgpack_object **f, uint32_t present, svc_msg *m)
 {
     uint64_t v;
     if (!(present & B(V))) return kvcr_fail(KVCR_EPROTO, "missing field: v");
-    if (!get_u64(f[F_V], &v) || v != SVC_PROTOCOL_VERSION)
+    if (!mpmap_u64(f[F_V], &v) || v != SVC_PROTOCOL_VERSION)
         return kvcr_fail(KVCR_EPROTO, "unsupported protocol version (v must be %u)",
                          SVC_PROTOCOL_VERSION);
     if (!(present & B(TYPE))) return kvcr_fail(KVCR_EPROTO, "missing field: type");
     const msgpack_object *t = f[F_TYPE];
     if (t->type != MSGPACK_OBJECT_STR) return kvcr_fail(KVCR_EPROTO, "type: not a str");
     size_t i = SVC_CLAIM;
-    while (i < N_TYPES && (strlen(shapes[i].name) != t->via.str.size ||
-                           memcmp(shapes[i].name, t->via.str.ptr, t->via.str.size) != 0))
-        i++;
+    while (i < N_TYPES && !mpmap_str_is(t, shapes[i].name)) i++;
     if (i == N_TYPES) return kvcr_fail(KVCR_EPROTO, "unknown message type");
     m->type = (svc_type)i;
     uint32_t want = COMMON | shapes[i].fields;
@@ -262,8 +231,8 @@ static int decode_pool(const msgpack_object *o, svc_type t, uint32_t i, svc_pool
     if (!get_str(&e[0], p->name, KVCR_NAME_MAX - 1))
         return kvcr_fail(KVCR_EPROTO, "pools[%u]: name not a str of 0..%d bytes without NUL", i,
                          KVCR_NAME_MAX - 1);
-    if (!get_u64(&e[1], &p->block_size) ||
-        (w == 4 && (!get_u64(&e[2], &p->offset) || !get_u64(&e[3], &p->size))))
+    if (!mpmap_u64(&e[1], &p->block_size) ||
+        (w == 4 && (!mpmap_u64(&e[2], &p->offset) || !mpmap_u64(&e[3], &p->size))))
         return kvcr_fail(KVCR_EPROTO, "pools[%u]: block_size, offset and size must be unsigned "
                          "integers", i);
     return 0;
@@ -312,19 +281,16 @@ static int decode_body(const msgpack_object **f, uint32_t present, svc_msg *m)
                          SVC_HOST_MAX);
     if (present & B(PORT) && !get_u32(f[F_PORT], &m->control_port))
         return kvcr_fail(KVCR_EPROTO, "control_port: not an unsigned integer");
-    if (present & B(GEN) && !get_u64(f[F_GEN], &m->generation))
+    if (present & B(GEN) && !mpmap_u64(f[F_GEN], &m->generation))
         return kvcr_fail(KVCR_EPROTO, "generation: not an unsigned integer");
-    if (present & B(MAPPING) && !get_u64(f[F_MAPPING], &m->mapping_bytes))
+    if (present & B(MAPPING) && !mpmap_u64(f[F_MAPPING], &m->mapping_bytes))
         return kvcr_fail(KVCR_EPROTO, "mapping_bytes: not an unsigned integer");
-    if (present & B(JOURNAL) && !get_u64(f[F_JOURNAL], &m->journal_bytes))
+    if (present & B(JOURNAL) && !mpmap_u64(f[F_JOURNAL], &m->journal_bytes))
         return kvcr_fail(KVCR_EPROTO, "journal_bytes: not an unsigned integer");
-    if (present & B(RECOVERED) && !get_u64(f[F_RECOVERED], &m->recovered))
+    if (present & B(RECOVERED) && !mpmap_u64(f[F_RECOVERED], &m->recovered))
         return kvcr_fail(KVCR_EPROTO, "recovered: not an unsigned integer");
-    if (present & B(ACTIVATED)) {
-        if (f[F_ACTIVATED]->type != MSGPACK_OBJECT_BOOLEAN)
-            return kvcr_fail(KVCR_EPROTO, "activated: not a bool");
-        m->activated = f[F_ACTIVATED]->via.boolean;
-    }
+    if (present & B(ACTIVATED) && !mpmap_bool(f[F_ACTIVATED], &m->activated))
+        return kvcr_fail(KVCR_EPROTO, "activated: not a bool");
     if (present & B(POOLS) && (rc = decode_pools(f[F_POOLS], m))) return rc;
     if (present & B(MESSAGE) && (rc = decode_text(f[F_MESSAGE], "error: message", m))) return rc;
     if (present & B(TEXT) && (rc = decode_text(f[F_TEXT], "metrics: text", m))) return rc;
@@ -350,17 +316,15 @@ int svc_decode(const uint8_t *buf, size_t len, svc_msg *m)
         rc = kvcr_fail(KVCR_EPROTO, "empty message");
     else if (len > SVC_FRAME_MAX)
         rc = kvcr_fail(KVCR_EPROTO, "message of %zu bytes is over %u", len, SVC_FRAME_MAX);
-    else if ((why = mpscan(buf, len, MAX_OBJECTS, MAX_DEPTH)) != NULL)
-        rc = kvcr_fail(KVCR_EPROTO, "%s", why);
     if (rc == 0) {
         msgpack_unpacked up;
-        msgpack_unpacked_init(&up);
-        size_t off = 0;
-        msgpack_unpack_return r = msgpack_unpack_next(&up, (const char *)buf, len, &off);
-        if (r == MSGPACK_UNPACK_NOMEM_ERROR) rc = kvcr_fail(KVCR_ENOMEM, "msgpack: out of memory");
-        else if (r != MSGPACK_UNPACK_SUCCESS || off != len)
-            rc = kvcr_fail(KVCR_EPROTO, "malformed msgpack");
-        else rc = decode_tree(&up.data, m);
+        bool nomem;
+        if ((why = mpmap_unpack(buf, len, MAX_OBJECTS, MAX_DEPTH, &up, &nomem)) == NULL)
+            rc = decode_tree(&up.data, m);
+        else if (nomem)
+            rc = kvcr_fail(KVCR_ENOMEM, "msgpack: out of memory");
+        else
+            rc = kvcr_fail(KVCR_EPROTO, "%s", why);
         msgpack_unpacked_destroy(&up);
     }
     if (rc != 0) {
@@ -403,28 +367,13 @@ static int check_encodable(const svc_msg *m)
     return check_msg(KVCR_EINVAL, m);
 }
 
-/* msgpack_sbuffer_write that stops at SVC_FRAME_MAX, so an oversized
- * message fails early instead of growing the buffer. */
-static int write_bounded(void *data, const char *buf, size_t len)
-{
-    msgpack_sbuffer *sb = data;
-    if (len > SVC_FRAME_MAX - sb->size) return -1;
-    return msgpack_sbuffer_write(data, buf, len);
-}
-
-static int pack_str(msgpack_packer *pk, const char *s)
-{
-    size_t n = strlen(s);
-    return msgpack_pack_str(pk, n) || msgpack_pack_str_body(pk, s, n);
-}
-
 static int pack_pools(msgpack_packer *pk, const svc_msg *m)
 {
     uint32_t w = pool_width(m->type);
     if (msgpack_pack_array(pk, m->n_pools)) return -1;
     for (uint32_t i = 0; i < m->n_pools; i++) {
         const svc_pool *p = &m->pools[i];
-        if (msgpack_pack_array(pk, w) || pack_str(pk, p->name) ||
+        if (msgpack_pack_array(pk, w) || mpmap_pack_cstr(pk, p->name) ||
             msgpack_pack_uint64(pk, p->block_size) ||
             (w == 4 && (msgpack_pack_uint64(pk, p->offset) || msgpack_pack_uint64(pk, p->size))))
             return -1;
@@ -432,25 +381,25 @@ static int pack_pools(msgpack_packer *pk, const svc_msg *m)
     return 0;
 }
 
-static int pack_field(msgpack_packer *pk, const svc_msg *m, int f)
+static int pack_value(msgpack_packer *pk, const void *msg, int f)
 {
-    if (pack_str(pk, field_names[f])) return -1;
+    const svc_msg *m = msg;
     switch (f) {
     case F_V: return msgpack_pack_uint32(pk, SVC_PROTOCOL_VERSION);
-    case F_TYPE: return pack_str(pk, shapes[m->type].name);
+    case F_TYPE: return mpmap_pack_cstr(pk, shapes[m->type].name);
     case F_GUARD: return msgpack_pack_uint32(pk, m->guard_index);
-    case F_DIGEST: return pack_str(pk, m->digest);
-    case F_AGENT: return pack_str(pk, m->agent);
+    case F_DIGEST: return mpmap_pack_cstr(pk, m->digest);
+    case F_AGENT: return mpmap_pack_cstr(pk, m->agent);
     case F_POOLS: return pack_pools(pk, m);
-    case F_HOST: return pack_str(pk, m->control_host);
+    case F_HOST: return mpmap_pack_cstr(pk, m->control_host);
     case F_PORT: return msgpack_pack_uint32(pk, m->control_port);
     case F_GEN: return msgpack_pack_uint64(pk, m->generation);
     case F_MAPPING: return msgpack_pack_uint64(pk, m->mapping_bytes);
     case F_JOURNAL: return msgpack_pack_uint64(pk, m->journal_bytes);
     case F_RECOVERED: return msgpack_pack_uint64(pk, m->recovered);
-    case F_ACTIVATED: return m->activated ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    case F_ACTIVATED: return mpmap_pack_bool(pk, m->activated);
     case F_MESSAGE:
-    case F_TEXT: return pack_str(pk, m->text);
+    case F_TEXT: return mpmap_pack_cstr(pk, m->text);
     }
     return -1;
 }
@@ -462,20 +411,11 @@ int svc_encode(const svc_msg *m, uint8_t **out, size_t *len)
     int rc = check_encodable(m);
     if (rc) return rc;
     uint32_t f = COMMON | shapes[m->type].fields;
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, write_bounded);
-    rc = msgpack_pack_map(&pk, (size_t)__builtin_popcount(f));
-    for (int i = 0; i < N_FIELDS && rc == 0; i++)
-        if (f & 1u << i) rc = pack_field(&pk, m, i);
-    if (rc != 0) {
-        /* Every field is bounded, so only the buffer can fail here. */
-        msgpack_sbuffer_destroy(&sb);
+    void *buf;
+    /* Every field is bounded, so only the buffer can fail here. */
+    if (mpmap_pack(f, field_names, N_FIELDS, pack_value, m, SVC_FRAME_MAX, &buf, len) != 0)
         return kvcr_fail(KVCR_ENOMEM, "encoding a %s: out of memory", shapes[m->type].name);
-    }
-    *len = sb.size;
-    *out = (uint8_t *)msgpack_sbuffer_release(&sb);
+    *out = buf;
     return 0;
 }
 
