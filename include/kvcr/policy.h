@@ -45,7 +45,17 @@ typedef struct kvcr_placement_failure {
     uint32_t failure_count;
 } kvcr_placement_failure;
 
+/* The layout of kvcr_policy_ops this header declares. Like iVersion first
+ * in sqlite3_vfs: a table says which version it is, later versions only
+ * append hooks, and the library reads a hook only from tables whose
+ * version has it (the arguments hooks receive, kvcr_block_meta and the
+ * rest, are in that version's layout too). A table whose version the
+ * library does not read (0, or newer than the library) is refused by
+ * kvcr_create with KVCR_EINVAL. */
+#define KVCR_POLICY_VERSION 1
+
 typedef struct kvcr_policy_ops {
+    uint32_t version;        /* first, in every version: KVCR_POLICY_VERSION */
     const char *name;
     unsigned required_tiers; /* KVCR_TIER_BIT()s that must be configured */
 
@@ -73,7 +83,9 @@ typedef struct kvcr_policy_ops {
 } kvcr_policy_ops;
 
 /* Built-in policies, by the reference's names: "fifo", "lru", and (with the
- * G3 tier) "g3_fifo", "g3_lru". NULL for an unknown name. */
+ * G3 tier) "g3_fifo", "g3_lru". NULL for an unknown name. The tables are
+ * static, of this library's KVCR_POLICY_VERSION (a copy keeps that
+ * version). */
 const kvcr_policy_ops *kvcr_policy_builtin(const char *name);
 
 #ifdef __cplusplus

@@ -10,6 +10,10 @@
 int conf_build(const kvcr_config *cfg, kvcr_conf *out);
 void conf_destroy(kvcr_conf *c);
 
+/* Fills *cfg (this header's layout) with kvcr_config_init's defaults,
+ * version 0: api/abi.c sets the version. */
+void kvcr__config_defaults(kvcr_config *cfg);
+
 /* The local DRAM memory configured for the named pool, or NULL. */
 const kvcr_dram_pool *dram_pool_for(const kvcr_config *cfg, const char *name);
 

@@ -52,6 +52,7 @@ static int lru_score(void *ud, const kvcr_block_meta *meta, kvcr_tier source, do
 }
 
 static const kvcr_policy_ops fifo_policy = {
+    .version = KVCR_POLICY_VERSION,
     .name = "fifo",
     .decide_ingest = keep_on_ingest,
     .eviction_score = fifo_score,
@@ -59,6 +60,7 @@ static const kvcr_policy_ops fifo_policy = {
 };
 
 static const kvcr_policy_ops lru_policy = {
+    .version = KVCR_POLICY_VERSION,
     .name = "lru",
     .decide_ingest = keep_on_ingest,
     .eviction_score = lru_score,
@@ -66,6 +68,7 @@ static const kvcr_policy_ops lru_policy = {
 };
 
 static const kvcr_policy_ops g3_fifo_policy = {
+    .version = KVCR_POLICY_VERSION,
     .name = "g3_fifo",
     .required_tiers = KVCR_TIER_BIT(KVCR_TIER_G3),
     .decide_ingest = keep_on_ingest,
@@ -74,6 +77,7 @@ static const kvcr_policy_ops g3_fifo_policy = {
 };
 
 static const kvcr_policy_ops g3_lru_policy = {
+    .version = KVCR_POLICY_VERSION,
     .name = "g3_lru",
     .required_tiers = KVCR_TIER_BIT(KVCR_TIER_G3),
     .decide_ingest = keep_on_ingest,

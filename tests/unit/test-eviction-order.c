@@ -180,8 +180,9 @@ static void c_removed(void *ud, const kvcr_block_meta *m)
 static void test_custom_policy_scores_and_decisions_are_honoured(void **state)
 {
     (void)state;
-    static const kvcr_policy_ops ops = {.name = "custom", .decide_ingest = c_ingest,
-                                        .eviction_score = c_score, .decide_eviction = c_evict,
+    static const kvcr_policy_ops ops = {.version = KVCR_POLICY_VERSION, .name = "custom",
+                                        .decide_ingest = c_ingest, .eviction_score = c_score,
+                                        .decide_eviction = c_evict,
                                         .on_ingest = c_ingested, .on_remove = c_removed};
     custom c = {0};
     rig r;
