@@ -30,7 +30,7 @@ typedef enum kvcr_tier {
 
 #define KVCR_TIER_BIT(t) (1u << (unsigned)(t))
 
-const char *kvcr_tier_name(kvcr_tier tier); /* "DRAM", "G3", ... or "" */
+const char *kvcr_tier_name(kvcr_tier tier); /* "DRAM", "G3", ... or "": static */
 
 typedef enum kvcr_query_status {
     KVCR_QUERY_MISS = 0,
@@ -44,6 +44,7 @@ typedef struct kvcr_query_result {
     kvcr_tier tier; /* KVCR_TIER_NONE on a miss */
 } kvcr_query_result;
 
+/* "HIT", "MISS", ...: static strings, as every *_name function returns. */
 const char *kvcr_query_status_name(kvcr_query_status status);
 
 /* Framework memory: a registered region of equal elements. */
