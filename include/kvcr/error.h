@@ -22,7 +22,8 @@ enum {
     KVCR_ESYS = -7,        /* a system call failed (the message has errno) */
     KVCR_EPROTO = -8,      /* a peer or the service sent bytes that break the protocol */
     KVCR_EREFUSED = -9,    /* the KVCR service refused the request (the message says why) */
-    KVCR_ELIMIT = -10      /* a configured limit (kvcr_limits) is reached; the message names it */
+    KVCR_ELIMIT = -10,     /* a configured limit (kvcr_limits) is reached; the message names it */
+    KVCR_EUNAVAIL = -11    /* the KVCR service is not reachable (guard mode; the message says why) */
 };
 
 /* A short, static description of an error code ("invalid argument"). */

@@ -23,20 +23,20 @@ evicted from KVCR DRAM spill to disk (the default policy is then
 G3LRUPolicy, libkvcr's "g3_lru"); query reports them (FETCHABLE, G3),
 deliver and fetch read them back, a new KVCR on the same files finds them
 again, and a copy that fails its checksum fails its entry ("CORRUPT").
-G3FIFOPolicy / G3LRUPolicy without G3 raise ValueError("G3LRUPolicy
-requires configured G3").
+G3FIFOPolicy / G3LRUPolicy without G3 raise ValueError("g3_lru requires
+configured G3").
 
 Guard mode: a KVCRGuardConfig(kvcr_service_socket_path, guard_index,
 compatibility_digest) as KVCR's fourth argument takes KVCR DRAM from a pool
 group of the node's KVCR service (`kvcr service`) instead of local_dram
-(both together: ValueError "guard_config conflicts with
-backend_configs.local_dram"). Committed blocks are journalled for the
-group's Guard, which keeps them (and serves them to peers on this worker's
-control endpoint) when the process dies; the next KVCR claiming the group
-recovers them.
+(both together: ValueError "guard mode conflicts with local_dram: ...").
+Committed blocks are journalled for the group's Guard, which keeps them
+(and serves them to peers on this worker's control endpoint) when the
+process dies; the next KVCR claiming the group recovers them.
 
-Errors: configuration and argument rules raise ValueError / TypeError before
-anything starts (libkvcr's KVCR_EINVAL text); parts not built raise
+Errors: configuration and argument rules raise ValueError (libkvcr's
+KVCR_EINVAL text: libkvcr checks the values) / TypeError (a field of the
+wrong type, checked in Python) before anything starts; parts not built raise
 NotImplementedError (a RuntimeError); a guard-mode claim the service refuses
 raises KVCRServiceError, one that cannot reach it KVCRSocketError, a broken
 service answer KVCRGuardProtocolError (all RuntimeError subclasses); other

@@ -12,7 +12,9 @@
  * Results are built from objects made once: the (QueryStatus, CacheTier)
  * pairs and the OpEntryResult of every (status, reason) that carries no
  * handle or slots are cached, so query and poll allocate little. The Python
- * package (kvcr/api.py) validates configuration and shapes everything else.
+ * package (kvcr/api.py, kvcr/config.py) checks the types of the
+ * configuration and shapes everything else; libkvcr checks the values, and
+ * its message is the exception's (raise_rc).
  * The G3 tier needs nothing of its own here: its options arrive as one
  * tuple (parse_g3), and its inventory events, query results (FETCHABLE, G3)
  * and entry reasons (CORRUPT) use the shared tables below.
@@ -30,7 +32,7 @@
  * Guard mode arrives as one tuple (socket path, guard_index, digest) that
  * fills kvcr_config.guard; kvcr_create then claims the pool group itself.
  * Its failures are raised as kvcr.control_channels' service errors (see
- * raise_kvcr). */
+ * raise_rc). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -39,7 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/testing.h"
+#include "kvcr/testing.h"
 #include "kvcr/kvcr.h"
 
 #define N_STATUS 4  /* kvcr_query_status */
@@ -56,7 +58,7 @@ static PyObject *g_entry[N_ENTRY][N_REASON]; /* shared plain OpEntryResults */
 static PyObject *s_end_point, *s_label, *s_index; /* interned attribute names */
 /* kvcr.control_channels' service errors (NULL until init: RuntimeError). */
 static PyObject *g_err_service; /* KVCR_EREFUSED: the service refused */
-static PyObject *g_err_socket;  /* KVCR_ESYS of a guard-mode start: not reachable */
+static PyObject *g_err_socket;  /* KVCR_EUNAVAIL: the service is not reachable */
 static PyObject *g_err_proto;   /* KVCR_EPROTO: the service broke the claim protocol */
 
 typedef struct {
@@ -79,11 +81,10 @@ typedef struct {
     bool closed;
 } Instance;
 
-/* The exception for a libkvcr error. Only the KVCR service's code returns
- * KVCR_EREFUSED and KVCR_EPROTO; `guard` marks a guard-mode kvcr_create,
- * whose KVCR_ESYS means the service could not be reached (libkvcr has no
- * separate code for it). */
-static PyObject *raise_kvcr(int rc, int guard)
+/* The exception for a libkvcr error, with kvcr_last_error() as its
+ * message. Only the KVCR service's code returns KVCR_EREFUSED,
+ * KVCR_EUNAVAIL and KVCR_EPROTO. */
+static PyObject *raise_rc(int rc)
 {
     const char *msg = kvcr_last_error();
     if (msg == NULL || msg[0] == '\0') msg = kvcr_strerror(rc);
@@ -92,14 +93,9 @@ static PyObject *raise_kvcr(int rc, int guard)
     else if (rc == KVCR_ENOTSUP) type = PyExc_NotImplementedError; /* "... is not built yet" */
     else if (rc == KVCR_EREFUSED && g_err_service) type = g_err_service;
     else if (rc == KVCR_EPROTO && g_err_proto) type = g_err_proto;
-    else if (rc == KVCR_ESYS && guard && g_err_socket) type = g_err_socket;
+    else if (rc == KVCR_EUNAVAIL && g_err_socket) type = g_err_socket;
     PyErr_SetString(type, msg);
     return NULL;
-}
-
-static PyObject *raise_rc(int rc)
-{
-    return raise_kvcr(rc, 0);
 }
 
 static int ready(void)
@@ -552,6 +548,7 @@ static int set_policy(Instance *self, PyObject *policy, kvcr_config *cfg)
     }
     snprintf(self->policy_name, sizeof self->policy_name, "%s", n);
     self->ops = (kvcr_policy_ops){
+        .version = KVCR_POLICY_VERSION,
         .name = self->policy_name,
         .required_tiers = (unsigned)mask,
         .decide_ingest = hook_ingest,
@@ -595,12 +592,12 @@ static int parse_g3(PyObject *g3, kvcr_g3_options *out, const char ***paths, PyO
     return 0;
 }
 
-/* CURVE keys: None (off) or (secret, public or None, allowed keys). The
- * keys themselves are checked by libkvcr, whose message the caller sees. */
+/* CURVE keys: (secret or None, public or None, allowed keys); no secret
+ * means CURVE off. The keys are checked by libkvcr, whose message the
+ * caller sees. */
 static int parse_curve(PyObject *curve, kvcr_curve_options *out, const char ***keys,
                        PyObject *keep)
 {
-    if (curve == Py_None) return 0;
     PyObject *secret, *pub, *allowed;
     if (!PyArg_ParseTuple(curve, "OOO!", &secret, &pub, &PyTuple_Type, &allowed)) return -1;
     size_t n = (size_t)PyTuple_GET_SIZE(allowed);
@@ -609,11 +606,40 @@ static int parse_curve(PyObject *curve, kvcr_curve_options *out, const char ***k
         if (((*keys)[i] = str_of(PyTuple_GET_ITEM(allowed, (Py_ssize_t)i), keep,
                                  "curve allowed key")) == NULL)
             return -1;
-    if ((out->secret_key = str_of(secret, keep, "curve secret key")) == NULL ||
+    if ((secret != Py_None &&
+         (out->secret_key = str_of(secret, keep, "curve secret key")) == NULL) ||
         (pub != Py_None && (out->public_key = str_of(pub, keep, "curve public key")) == NULL))
         return -1;
-    out->allowed_keys = *keys;
+    out->allowed_keys = n ? *keys : NULL; /* libkvcr: keys without a secret are refused */
     out->n_allowed_keys = n;
+    return 0;
+}
+
+/* remote: (eager, opportunistic, retry_ms, backend, curve, endpoint), the
+ * options libkvcr checks with the peer tier on or off; endpoint (bind host,
+ * port 0..65535 as kvcr/config.py checked it, advertise host) turns it on,
+ * None leaves it off. */
+static int parse_remote(PyObject *remote, kvcr_remote_options *out, const char ***curve_keys,
+                        PyObject *keep)
+{
+    int eager, opportunistic;
+    unsigned int retry_ms, port;
+    PyObject *backend, *curve, *endpoint, *host, *adv;
+    if (!PyArg_ParseTuple(remote, "ppIOOO", &eager, &opportunistic, &retry_ms, &backend, &curve,
+                          &endpoint) ||
+        parse_curve(curve, &out->curve, curve_keys, keep) != 0 ||
+        (out->backend = str_of(backend, keep, "remote backend")) == NULL)
+        return -1;
+    out->eager_ctrl_connect = eager != 0;
+    out->opportunistic_query = opportunistic != 0;
+    out->metadata_retry_interval_ms = retry_ms;
+    if (endpoint == Py_None) return 0;
+    if (!PyArg_ParseTuple(endpoint, "OIO", &host, &port, &adv) ||
+        (out->control_host = str_of(host, keep, "control host")) == NULL ||
+        (out->advertise_host = str_of(adv, keep, "advertise host")) == NULL)
+        return -1;
+    out->control_port = (uint16_t)port;
+    out->enabled = true;
     return 0;
 }
 
@@ -676,29 +702,8 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     cfg.capacity_low_watermark_percent = watermark;
     cfg.enable_telemetry = telemetry != 0;
     cfg.copy_threads = threads;
-    if (remote != Py_None) {
-        /* (eager, opportunistic, retry_ms, backend, host, port, advertise, curve) */
-        int eager, opportunistic;
-        unsigned int retry_ms, port;
-        PyObject *rb, *host, *adv, *curve;
-        if (!PyArg_ParseTuple(remote, "ppIOOIOO", &eager, &opportunistic, &retry_ms, &rb, &host,
-                              &port, &adv, &curve) ||
-            parse_curve(curve, &cfg.remote.curve, &curve_keys, keep) != 0)
-            goto out;
-        if (port > 65535) {
-            PyErr_SetString(PyExc_ValueError, "control port must be between 1 and 65535");
-            goto out;
-        }
-        cfg.remote.enabled = true;
-        cfg.remote.eager_ctrl_connect = eager != 0;
-        cfg.remote.opportunistic_query = opportunistic != 0;
-        cfg.remote.metadata_retry_interval_ms = retry_ms;
-        cfg.remote.control_port = (uint16_t)port;
-        if ((cfg.remote.backend = str_of(rb, keep, "remote backend")) == NULL ||
-            (cfg.remote.control_host = str_of(host, keep, "control host")) == NULL ||
-            (cfg.remote.advertise_host = str_of(adv, keep, "advertise host")) == NULL)
-            goto out;
-    }
+    if (remote != Py_None && parse_remote(remote, &cfg.remote, &curve_keys, keep) != 0)
+        goto out;
     if (g3 != Py_None && parse_g3(g3, &cfg.g3, &g3_paths, keep) != 0) goto out;
     if (guard != Py_None) {
         /* (service socket path, guard_index, compatibility digest) */
@@ -745,7 +750,7 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
     err = kvcr_create(&cfg, &kv);
     Py_END_ALLOW_THREADS
     if (err != 0) {
-        raise_kvcr(err, cfg.guard.service_socket_path != NULL);
+        raise_rc(err);
         Py_CLEAR(self->policy);
         Py_CLEAR(self->inventory);
         Py_CLEAR(self->capacity);
@@ -1373,7 +1378,7 @@ static PyObject *Instance_stats(Instance *self, PyObject *args)
         size_t len = 0;
         int r = kvcr_stats_render_prometheus(s, &text, &len);
         prom = r == 0 ? PyUnicode_FromStringAndSize(text, (Py_ssize_t)len) : raise_rc(r);
-        free(text);
+        kvcr_prometheus_free(text);
         ok = prom != NULL;
     } else if (ok) {
         prom = Py_NewRef(Py_None);
@@ -1454,7 +1459,7 @@ static PyObject *Instance_discard_hint(Instance *self, PyObject *rid_o)
 }
 
 /* For tests and diagnostics: (source, hashes, failed) of the hint stored for
- * a request, or None (libkvcr's test hook, src/core/testing.h). */
+ * a request, or None (libkvcr's test hook, kvcr/testing.h). */
 static PyObject *Instance_hint(Instance *self, PyObject *rid_o)
 {
     const char *rid, *source = NULL;
@@ -1535,8 +1540,8 @@ static PyTypeObject InstanceType = {
 
 /* init(query_statuses, tiers, memory_ref_type, service_errors=None): the
  * Python values of the C enums, by C value (tiers[0] is None, for
- * KVCR_TIER_NONE), and the exception types for KVCR_EREFUSED, KVCR_ESYS of a
- * guard-mode start and KVCR_EPROTO (without them: RuntimeError). */
+ * KVCR_TIER_NONE), and the exception types for KVCR_EREFUSED, KVCR_EUNAVAIL
+ * and KVCR_EPROTO (without them: RuntimeError). */
 static PyObject *mod_init(PyObject *mod, PyObject *args)
 {
     (void)mod;

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from . import _native
-from .config import (KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig, check_config, check_g3,
-                     check_guard, check_local_dram, check_policy_tiers, check_regions,
-                     check_remote)
+from .config import (KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig, config_args, g3_args,
+                     guard_args, local_dram_args, region_args, remote_args)
 from .config import control_endpoint as control_endpoint_of
 from .control_channels import (KVCRGuardProtocolError, KVCRServiceError, KVCRSocketError,
                                ZmqPeerControlChannel)
@@ -38,12 +37,11 @@ _ACTIONS = (PlacementAction.KEEP, PlacementAction.DROP, PlacementAction.COPY_TO,
             PlacementAction.MOVE_TO)
 _ACTION_INT = {a: i for i, a in enumerate(_ACTIONS)}
 _LOG_LEVELS = (logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)
-_MEM_TYPES = {"DRAM": 0, "VRAM": 1}
 _RESILIENCE_STATES = ("uncertain", "quiesced", "stalled")  # kvcr_resilience_state
 _U64 = 2**64
 
-# libkvcr's service errors, for kvcr._native: KVCR_EREFUSED, KVCR_ESYS of a
-# guard-mode start, KVCR_EPROTO.
+# libkvcr's service errors, for kvcr._native: KVCR_EREFUSED, KVCR_EUNAVAIL,
+# KVCR_EPROTO.
 _native.init(_QUERY, _TIERS, MemoryRef,
              (KVCRServiceError, KVCRSocketError, KVCRGuardProtocolError))
 
@@ -467,8 +465,8 @@ class KVCR:
     entry fails with reason "CORRUPT" and the block leaves G3.
     With a guard_config (KVCRGuardConfig), guard mode: KVCR DRAM is the pool
     group guard_index of the node's KVCR service (`kvcr service`), claimed
-    when KVCR starts (backend_configs.local_dram must be unset: ValueError
-    "guard_config conflicts with backend_configs.local_dram", raised before
+    when KVCR starts (backend_configs.local_dram must be unset: libkvcr's
+    ValueError "guard mode conflicts with local_dram: ...", raised before
     anything is contacted). Committed blocks are journalled for the group's
     Guard; a later KVCR claiming the same group recovers them (query HIT,
     announced to the inventory sink again), and with a framework_control the
@@ -478,7 +476,13 @@ class KVCR:
     themselves). close() gives the group back. A claim that fails raises
     KVCRServiceError (refused: digest mismatch, guard_index out of range,
     group held by another worker, endpoint that cannot be moved),
-    KVCRSocketError (service not reachable) or KVCRGuardProtocolError.
+    KVCRSocketError (service not reachable: KVCR_EUNAVAIL) or
+    KVCRGuardProtocolError.
+
+    Configuration errors: libkvcr checks every value before anything starts
+    and its message is raised (KVCR_EINVAL: ValueError; KVCR_ENOTSUP:
+    NotImplementedError); a field of the wrong type raises TypeError first
+    (kvcr.config).
 
     Callbacks (inventory sink, capacity callback, pin callbacks, resilience
     events, log) run only inside poll_completed() or close() on the calling
@@ -507,18 +511,16 @@ class KVCR:
         builtin = native_builtin(policy)
         adapter = _PolicyAdapter(policy) if policy is not None and builtin is None else None
         self._telemetry = bool(config.enable_telemetry) and bindings.stats_factory is not None
-        remote = args.pop("remote")
+        peer = bindings.framework_control is not None  # the peer-to-peer tier is on
         self._pins = (_PinBridge(bindings)
-                      if remote is not None and bindings.request_pin is not None else None)
+                      if peer and bindings.request_pin is not None else None)
         self._sink = (_ResilienceSink(bindings.on_resilience_event)
-                      if remote is not None and bindings.on_resilience_event is not None
-                      else None)
+                      if peer and bindings.on_resilience_event is not None else None)
         self._stats = bindings.stats_factory() if self._telemetry else None
         self._warned_dropped = False
         pool_names = [name for name, _ in config.pool_layouts]
         native = _native.Instance(
             **args,
-            watermark_percent=float(config.capacity_low_watermark_percent),
             telemetry=self._telemetry,
             policy=adapter if adapter is not None else builtin,
             inventory=(_inventory_callback(bindings.inventory_sink)
@@ -527,9 +529,8 @@ class KVCR:
                       if bindings.capacity_needed_callback is not None else None),
             log=_log_from_native,
             make_entry=_entry_factory(config.nixl_agent_name, pool_names),
-            remote=remote,
             key_hash=(_key_hash_callback(bindings.key_adapter)
-                      if remote is not None and bindings.key_adapter is not None else None),
+                      if peer and bindings.key_adapter is not None else None),
             pins=self._pins,
             resilience=self._sink.event if self._sink is not None else None,
         )
@@ -561,10 +562,13 @@ class KVCR:
                     raise KVCRStartupError(str(exc)) from exc
             raise
 
-    # ---- validation (api_spec §3, §5.1), before anything starts -----------
+    # ---- arguments for kvcr._native, before anything starts -----------------
 
     @staticmethod
     def _validate(config, bindings, backends, guard) -> dict:
+        """kvcr._native.Instance's arguments, with the types checked (and what
+        libkvcr cannot see, kvcr.config): libkvcr checks the values when the
+        instance is created, before anything starts."""
         if not isinstance(config, KVCRConfig):
             raise TypeError("config must be a KVCRConfig")
         if not isinstance(bindings, KVCRBindings):
@@ -573,34 +577,16 @@ class KVCR:
             raise TypeError("backend_configs must be a KVCRBackendConfigs")
         if guard is not None and not isinstance(guard, KVCRGuardConfig):
             raise TypeError("guard_config must be a KVCRGuardConfig or None")
-        check_config(config)  # rules 1-8, agent name, listen port
-        local, g3 = backends.local_dram, backends.g3
-        guard_args = None
-        if guard is not None:  # §5.1 2a: nothing is contacted before these pass
-            if local is not None:
-                raise ValueError("guard_config conflicts with backend_configs.local_dram")
-            guard_args = check_guard(guard)
-        # The service's pool group is the KVCR DRAM of guard mode.
-        has_dram = local is not None or guard is not None
-        layouts = list(config.pool_layouts)
-        if g3 is not None and len(layouts) > 1:
-            raise ValueError("G3 does not support multiple pools")  # rule 9
+        args = config_args(config)
         policy = bindings.policy
         if policy is not None and not isinstance(policy, KVCachePolicy):
             raise TypeError("bindings.policy must be a KVCachePolicy")
-        if policy is not None:
-            check_policy_tiers(policy, has_dram, g3 is not None)  # rule 10
-        if g3 is not None and not has_dram:
-            raise ValueError("G3 requires configured local DRAM")  # rule 11
-        regions = check_regions(backends)  # rule 12: backend records
-        pools = check_local_dram(local, layouts) if local is not None else None
-        check_remote(backends.remote_fw_dram)
-        g3_args = check_g3(g3, layouts) if g3 is not None else None
-        if not has_dram and bindings.framework_control is None:
-            raise ValueError("at least one DRAM backend must be configured")  # rule 13
-        remote = None
+        local, g3 = backends.local_dram, backends.g3
+        pools, local_backend = local_dram_args(local) if local is not None else (None, "UCX")
+        regions = region_args(backends)
+        endpoint = None
         if bindings.framework_control is not None:
-            host, port, advertise = control_endpoint_of(bindings.framework_control)
+            endpoint = control_endpoint_of(bindings.framework_control)
             pins = (bindings.request_pin, bindings.poll_pin_results, bindings.release_pin)
             if any(p is not None for p in pins) and not all(callable(p) for p in pins):
                 raise TypeError("request_pin, poll_pin_results and release_pin must be "
@@ -614,32 +600,21 @@ class KVCR:
             if bindings.on_resilience_event is not None and not callable(
                     bindings.on_resilience_event):
                 raise TypeError("on_resilience_event must be callable or None")
-            opts = backends.remote_fw_dram
-            curve = None
-            if opts.curve_secret_key is not None:
-                curve = (opts.curve_secret_key, opts.curve_public_key,
-                         tuple(opts.curve_allowed_keys))
-            remote = (bool(opts.eager_ctrl_connect), bool(opts.opportunistic_query),
-                      opts.metadata_retry_interval_ms, opts.backend, host, port, advertise, curve)
-        # Everything below is valid but needs a part that is not built.
+        remote = remote_args(backends.remote_fw_dram, endpoint)
+        block_size = args["pool_layouts"][0][1] if args["pool_layouts"] else 0
+        # Valid or not, this build has no part for it.
         if backends.framework_dram is not None:
             raise NotImplementedError(
                 "framework_dram (a raw address range) is not supported by this build: "
                 "register framework_regions of RegionDescriptor instead")
         return dict(
-            agent_name=config.nixl_agent_name,
-            pool_layouts=layouts,
+            args,
             local_dram=pools,
-            local_backend=local.backend if local is not None else "UCX",
-            regions=[(r.addr, r.size, r.count, r.stride, r.label, _MEM_TYPES[r.mem_type],
-                      r.device_Id) for r in regions],
-            operation_timeout_ms=config.operation_timeout_ms,
-            abandon_timeout_ms=config.abandon_timeout_ms,
-            copy_threads=config.copy_threads,
-            limits=config.limits.as_tuple(),
+            local_backend=local_backend,
+            regions=regions,
             remote=remote,
-            g3=g3_args,
-            guard=guard_args,
+            g3=g3_args(g3, block_size) if g3 is not None else None,
+            guard=guard_args(guard) if guard is not None else None,
         )
 
     # ---- the API ----------------------------------------------------------

@@ -1,25 +1,25 @@
-"""Configuration records (frozen dataclasses) with the reference's fields,
-defaults and messages.
+"""Configuration records (frozen dataclasses): fields and defaults.
 
-The records themselves do not validate: `KVCR(...)` checks everything, in
-the reference's order, before anything starts (api_spec §3.1). Rules that
-libkvcr knows are checked by libkvcr again with the same messages; the
-ones it cannot see (the guard, the NIXL listen port, Python types, G3 path
-spelling) are checked only here, and some G3 rules only by libkvcr (see
-check_g3)."""
+The records themselves do not validate: `KVCR(...)` checks them before
+anything starts. libkvcr checks the values, and its message is the one
+raised (ValueError, or NotImplementedError for what this build lacks);
+this module checks the types (TypeError) and what libkvcr cannot see (see
+"arguments for kvcr._native" below)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Tuple
 
 from . import _native
-from .types import BlockKey, CacheTier, InventoryEvent, RegionDescriptor
+from .types import BlockKey, InventoryEvent, RegionDescriptor
 
 _U32_MAX = 2**32 - 1
 _U64_MAX = 2**64 - 1
-FRAMEWORK_MEMORY_TYPES = frozenset({"DRAM", "VRAM"})
+_KVCR_MEM_TYPE = {"DRAM": 0, "VRAM": 1}  # RegionDescriptor.mem_type -> kvcr_mem_type
+FRAMEWORK_MEMORY_TYPES = frozenset(_KVCR_MEM_TYPE)
 
 
 @dataclass(frozen=True)
@@ -31,15 +31,15 @@ class KVCRConfig:
     abandon_timeout_ms: int = 5000
     capacity_low_watermark_percent: float = 0
     nixl_listen_port: Optional[int] = None
-    # Not in the reference: libkvcr's copy threads (1..64).
+    # KVCR's own: libkvcr's copy threads (1..64).
     copy_threads: int = 2
-    # Not in the reference: libkvcr's resource limits (see KVCRLimits).
+    # KVCR's own: libkvcr's resource limits (see KVCRLimits).
     limits: "KVCRLimits" = field(default_factory=lambda: KVCRLimits())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KVCRLimits:
-    """Not in the reference: libkvcr's bounds (kvcr_limits), so that a
+    """KVCR's own: libkvcr's bounds (kvcr_limits), so that a
     flooding peer or a caller that stops polling meets a clear refusal
     instead of exhausting memory; defaults from libkvcr, ranges checked by
     libkvcr (ValueError naming the limit).
@@ -54,7 +54,7 @@ class KVCRLimits:
     deposit/deliver/fetch are refused while that many operations are
     pending or completed and not yet collected by poll_completed (no
     completion is ever dropped). Refusals raise RuntimeError with libkvcr's
-    message and are counted in telemetry (kvcr_limit_refusals{limit})."""
+    message and are counted in telemetry (kvcr_limit_refusals_total{limit})."""
 
     max_source_writes_per_peer: int = _native.LIMIT_DEFAULTS["max_source_writes_per_peer"]
     max_source_writes: int = _native.LIMIT_DEFAULTS["max_source_writes"]
@@ -73,15 +73,25 @@ class KVCRLimits:
 
 @dataclass(frozen=True)
 class LocalDramOptions:
+    """KVCR-owned DRAM: one (pool name, address, size) per pool_layouts
+    entry, in any order. `backend` is a compatibility name: any non-empty
+    name is accepted and none changes anything (KVCR's copy threads move
+    the bytes; libkvcr's kvcr_config.local_dram_backend)."""
+
     pools: list  # [(pool_name, address, size_bytes)], one per pool_layouts entry
     backend: str = "UCX"
 
 
 @dataclass(frozen=True)
 class RemoteFWDramOptions:
-    """Not in the reference: `curve_secret_key` turns CURVE on for the
-    control channel (libkvcr's kvcr_curve_options; keys are 40-character
-    Z85 strings, `kvcr keygen` prints a pair). `curve_public_key` may be left
+    """Options of the peer-to-peer tier, which a framework_control turns on;
+    libkvcr checks them with the tier on or off. `backend` names the
+    transport: "UCX", the only one, is accepted (any other non-empty name
+    only while the tier is off; then it is a compatibility name).
+
+    KVCR's own: `curve_secret_key` turns CURVE on for the control channel
+    (libkvcr's kvcr_curve_options; keys are 40-character Z85 strings,
+    `kvcr keygen` prints a pair). `curve_public_key` may be left
     None (derived); `curve_allowed_keys` lists the peers' public keys. The
     control endpoint then ends in "#curve=<public key>", and only listed
     peers are talked to. libkvcr checks the keys (ValueError with its
@@ -104,12 +114,13 @@ class G3Options:
     `paths` (str or os.PathLike, expanded and resolved) name one slot file
     each; missing files and directories are created, existing ones are
     found again (warm restart). `capacity_bytes_per_file` is the data
-    capacity of each file, in whole slots. `backend` may be any non-empty
-    name (the reference's "GDS_MT", "GDS", "POSIX", ...): libkvcr serves
-    every one with io_uring. `backend_options` must map str to str; io_uring
-    takes no options, so a non-empty mapping is logged as ignored.
+    capacity of each file, in whole slots. `backend` is a compatibility
+    name: any non-empty name ("GDS_MT", "GDS", "POSIX", ...) is accepted and
+    libkvcr serves every one with io_uring. `backend_options` must map str
+    to str; io_uring takes no options, so a non-empty mapping is logged as
+    ignored.
 
-    Not in the reference (libkvcr's kvcr_g3_options, defaults from libkvcr):
+    KVCR's own (libkvcr's kvcr_g3_options, defaults from libkvcr):
     `queue_depth` — I/O requests in flight (1..1024); `max_staging_bytes` —
     DRAM held by spills while they are written (> 0)."""
 
@@ -141,7 +152,7 @@ class KVCRBackendConfigs:
 
 @dataclass(frozen=True)
 class KVCRGuardConfig:
-    """Guard mode (api_spec §3.3): KVCR DRAM comes from pool group
+    """Guard mode: KVCR DRAM comes from pool group
     `guard_index` of the node's KVCR service (`kvcr service`), claimed over
     its Unix socket `kvcr_service_socket_path`, instead of local_dram.
     Every committed block is journalled for the group's Guard: when this
@@ -152,10 +163,10 @@ class KVCRGuardConfig:
     `compatibility_digest` must equal the service's
     --compatibility-digest byte for byte: change it whenever the model or
     the KV layout changes. Like the other records it is checked by
-    `KVCR(...)` (check_guard), before anything is contacted: the socket
-    path a non-empty str (or os.PathLike of str) of at most 107 bytes
-    without NUL, guard_index an int in [0, 2**32), the digest a str of
-    1..256 bytes without NUL."""
+    `KVCR(...)` before anything is contacted: the socket path a str (or
+    os.PathLike of str) of 1..107 bytes without NUL, guard_index an int in
+    [0, 2**32), the digest a str of 1..256 bytes without NUL (the types
+    here, the lengths by libkvcr)."""
 
     kvcr_service_socket_path: str
     guard_index: int
@@ -185,154 +196,147 @@ class TelemetryStats(Protocol):
 InventorySink = Callable[[InventoryEvent], None]
 
 
-# ---- validation (called by KVCR before anything starts) --------------------
+# ---- arguments for kvcr._native (built by KVCR before anything starts) ------
+#
+# Each rule has one home. libkvcr checks the values (src/api/config.c,
+# src/service/client.c) and its kvcr_last_error() text is the message
+# raised. Here: the types of the fields, values a C field cannot hold, the
+# fields libkvcr does not have (nixl_listen_port, framework_dram, the
+# framework_control endpoint), memory type names, and G3 path spelling.
 
-def _is_int(value: Any) -> bool:
-    return type(value) is int  # bool is rejected on purpose
+_I32_MIN, _I32_MAX = -2**31, 2**31 - 1
 
 
-def check_config(config: KVCRConfig) -> None:
-    """api_spec §3.1 rules 1-8, plus the agent name and the listen port."""
-    name = config.nixl_agent_name
-    if not isinstance(name, str) or not name:
-        raise ValueError("nixl_agent_name must be a non-empty string")
-    if len(name.encode()) >= 128 or "\0" in name:
-        raise ValueError("nixl_agent_name must be shorter than 128 bytes, without NUL")
+def _int(name: str, value: Any) -> int:
+    if type(value) is not int:  # bool is refused on purpose
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    return value
+
+
+def _c_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """`value` for a C integer field that holds lo..hi, where every such
+    value reaches libkvcr's rule (or is valid)."""
+    if not lo <= _int(name, value) <= hi:
+        raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _c_uint(name: str, value: Any, top: int, clamp: bool = False) -> int:
+    """`value` for a C unsigned field of 0..`top` whose libkvcr rule refuses
+    0: a negative becomes 0, so that libkvcr names the rule it breaks. Over
+    `top`: with `clamp` (the field's rule refuses `top` as well, without
+    quoting the value) `top`, for the same reason; else ValueError here,
+    since only Python sees a value the field cannot hold."""
+    if _int(name, value) > top and not clamp:
+        raise ValueError(f"{name} must be at most {top}")
+    return min(max(value, 0), top)
+
+
+def _c_str(name: str, value: Any) -> str:
+    """A str for a C string: its length and content rules are libkvcr's, but
+    a NUL would end it early."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{name} must not contain NUL")
+    return value
+
+
+def _c_float(name: str, value: Any) -> float:
+    if type(value) not in (int, float):
+        raise TypeError(f"{name} must be an int or float, not {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf  # outside every range libkvcr accepts
+
+
+def config_args(config: KVCRConfig) -> dict:
+    """KVCRConfig as kvcr._native.Instance's arguments; nixl_listen_port,
+    which libkvcr has no field for, is checked here."""
     layouts = config.pool_layouts
-    if not isinstance(layouts, (list, tuple)) or not layouts:
-        raise ValueError("pool_layouts must contain at least one pool")
-    for entry in layouts:
-        if not isinstance(entry, tuple) or len(entry) != 2:
-            raise ValueError("pool_layouts entries must be (pool name, block size) tuples")
-        if not isinstance(entry[0], str):
-            raise ValueError("pool_layouts pool name must be a string")
-        if len(entry[0].encode()) >= 128 or "\0" in entry[0]:
-            raise ValueError("pool_layouts pool name must be shorter than 128 bytes, without NUL")
-    for _, size in layouts:
-        if not _is_int(size) or size <= 0:
-            raise ValueError("pool_layouts block size must be a positive integer")
-    names = [n for n, _ in layouts]
-    if len(set(names)) != len(names):
-        raise ValueError("pool_layouts pool names must be unique")
-    if len(names) > 1 and "" in names:
-        raise ValueError("pool_layouts cannot use an empty name with multiple pools")
-    if len(names) > 64:
-        raise ValueError("pool_layouts may hold at most 64 pools")
-    op = config.operation_timeout_ms
-    if not _is_int(op) or op <= 0:
-        raise ValueError("operation_timeout_ms must be positive")
-    if op > _U32_MAX:
-        raise ValueError(f"operation_timeout_ms must be at most {_U32_MAX}")
-    ab = config.abandon_timeout_ms
-    if not _is_int(ab) or ab < 2 * op:
-        raise ValueError("abandon_timeout_ms must be at least twice operation_timeout_ms")
-    if ab > _U32_MAX:
-        raise ValueError(f"abandon_timeout_ms must be at most {_U32_MAX}")
-    w = config.capacity_low_watermark_percent
-    if type(w) not in (int, float) or not (0 <= w <= 100):  # NaN fails the range
-        raise ValueError("capacity_low_watermark_percent must be between 0 and 100")
+    if not isinstance(layouts, (list, tuple)) or not all(
+            isinstance(e, tuple) and len(e) == 2 for e in layouts):
+        raise TypeError("pool_layouts must be a list of (pool name, block size) tuples")
     port = config.nixl_listen_port
-    if port is not None and (not _is_int(port) or not 1 <= port <= 65535):
+    if port is not None and (type(port) is not int or not 1 <= port <= 65535):
         raise ValueError("nixl_listen_port must be between 1 and 65535")
-    if not _is_int(config.copy_threads) or not 1 <= config.copy_threads <= 64:
-        raise ValueError("copy_threads must be between 1 and 64")
     limits = config.limits
     if not isinstance(limits, KVCRLimits):
         raise TypeError("limits must be a KVCRLimits")
-    for name, value in zip(KVCRLimits.__slots__, limits.as_tuple()):
-        if not _is_int(value) or not 0 <= value <= _U32_MAX:  # ranges: libkvcr's message
-            raise ValueError(f"limits.{name} must be an int of 0..{_U32_MAX}")
+    return dict(
+        agent_name=_c_str("nixl_agent_name", config.nixl_agent_name),
+        pool_layouts=[(_c_str("pool_layouts pool name", name),
+                       _c_uint("pool_layouts block size", size, _U64_MAX))
+                      for name, size in layouts],
+        operation_timeout_ms=_c_uint("operation_timeout_ms", config.operation_timeout_ms,
+                                     _U32_MAX),
+        abandon_timeout_ms=_c_uint("abandon_timeout_ms", config.abandon_timeout_ms, _U32_MAX),
+        watermark_percent=_c_float("capacity_low_watermark_percent",
+                                   config.capacity_low_watermark_percent),
+        copy_threads=_c_uint("copy_threads", config.copy_threads, _U32_MAX, clamp=True),
+        # libkvcr's messages quote these values: they reach it as given or not at all.
+        limits=tuple(_c_int(f"limits.{name}", value, 0, _U32_MAX)
+                     for name, value in zip(KVCRLimits.__slots__, limits.as_tuple())),
+    )
 
 
-def check_local_dram(local: LocalDramOptions, layouts: list) -> list:
-    """LocalDramOptions rules (api_spec §3.2), in the reference's order.
-    Returns the pools in pool_layouts order, as libkvcr wants them."""
+def local_dram_args(local: LocalDramOptions) -> tuple:
+    """(pools, backend name) for kvcr._native.Instance."""
     if not isinstance(local, LocalDramOptions):
         raise TypeError("backend_configs.local_dram must be a LocalDramOptions")
-    if not isinstance(local.backend, str) or not local.backend:
-        raise ValueError("local DRAM NIXL backend must be non-empty")
     pools = local.pools
     if not isinstance(pools, (list, tuple)) or not all(
             isinstance(p, tuple) and len(p) == 3 for p in pools):
         raise TypeError("local DRAM pools must be (name, address, size) tuples")
-    if not all(isinstance(p[0], str) for p in pools):
-        raise ValueError("local DRAM pool name must be a string")
-    names = [p[0] for p in pools]
-    if len(set(names)) != len(names):
-        raise ValueError("local DRAM pool names must be unique")
-    if set(names) != {n for n, _ in layouts}:
-        raise ValueError("local DRAM pool names must exactly match pool_layouts")
-    for _, address, size in pools:
-        if not _is_int(address) or address <= 0:
-            raise ValueError("local DRAM address must be a positive integer")
-        if not _is_int(size) or size <= 0:
-            raise ValueError("local DRAM pool size must be a positive integer")
-    spans = sorted((a, a + s) for _, a, s in pools)
-    if any(prev[1] > nxt[0] for prev, nxt in zip(spans, spans[1:])):
-        raise ValueError("local DRAM pool memory regions must not overlap")
-    by_name = {p[0]: p for p in pools}
-    for name, block in layouts:
-        size = by_name[name][2]
-        if size % block:
-            raise ValueError(f"local DRAM pool '{name}' size must contain complete blocks")
-        if size // block == 0:
-            raise ValueError(f"local DRAM pool '{name}' must hold at least one block")
-    return [by_name[name] for name, _ in layouts]
+    return ([(_c_str("local DRAM pool name", name),
+              _c_uint("local DRAM address", address, _U64_MAX),
+              _c_uint("local DRAM pool size", size, _U64_MAX)) for name, address, size in pools],
+            _c_str("local DRAM backend", local.backend))
 
 
-def check_region(region: Any) -> RegionDescriptor:
-    """The record-level rules for one framework region. Labels naming a
-    pool, duplicates and overlaps are libkvcr's (same messages)."""
+def _region(region: Any) -> tuple:
     if not isinstance(region, RegionDescriptor):
         raise TypeError("framework_regions must contain RegionDescriptor values")
-    if not _is_int(region.addr) or region.addr <= 0:
-        raise ValueError("framework region address must be a positive integer")
-    if not _is_int(region.size) or region.size <= 0:
-        raise ValueError("framework region size must be a positive integer")
-    if not _is_int(region.count) or region.count <= 0:
-        raise ValueError("framework region count must be a positive integer")
-    if not _is_int(region.stride) or (region.stride != 0 and region.stride < region.size):
-        raise ValueError("framework region stride must be 0 or at least its size")
-    if region.mem_type not in FRAMEWORK_MEMORY_TYPES:
+    if region.mem_type not in _KVCR_MEM_TYPE:
         raise ValueError("framework region mem_type must be one of ['DRAM', 'VRAM'], "
-                         f"got '{region.mem_type}'")
-    if not _is_int(region.device_Id) or region.device_Id < 0:
-        raise ValueError("framework region device_id must be a non-negative int")
-    if not isinstance(region.label, str) or len(region.label.encode()) >= 128 \
-            or "\0" in region.label:
-        raise ValueError("framework region label must be a string shorter than 128 bytes")
-    span = (region.stride or region.size) * (region.count - 1) + region.size
-    if region.addr + span > 2**64:
-        raise ValueError("framework region does not fit in the address space")
-    return region
+                         f"got {region.mem_type!r}")
+    return (_c_uint("framework region address", region.addr, _U64_MAX),
+            _c_uint("framework region size", region.size, _U64_MAX),
+            _c_uint("framework region count", region.count, _U64_MAX),
+            _c_int("framework region stride", region.stride, 0, _U64_MAX),
+            _c_str("framework region label", region.label),
+            _KVCR_MEM_TYPE[region.mem_type],
+            _c_int("framework region device_id", region.device_Id, _I32_MIN, _I32_MAX))
 
 
-def check_regions(backends: KVCRBackendConfigs) -> list:
+def region_args(backends: KVCRBackendConfigs) -> list:
+    """framework_regions as kvcr._native.Instance's tuples (addr, size,
+    count, stride, label, kvcr_mem_type, device)."""
     if backends.framework_dram is not None and backends.framework_regions:
         raise ValueError("configure either framework_dram or framework_regions, not both")
     regions = backends.framework_regions
     if isinstance(regions, (str, bytes)) or not hasattr(regions, "__iter__"):
         raise TypeError("framework_regions must contain RegionDescriptor values")
-    return [check_region(r) for r in regions]
+    return [_region(r) for r in regions]
 
 
-def check_remote(remote: RemoteFWDramOptions) -> None:
+def remote_args(remote: RemoteFWDramOptions, endpoint: Optional[tuple]) -> tuple:
+    """(eager, opportunistic, retry_ms, backend, curve, endpoint) for
+    kvcr._native.Instance: libkvcr checks these options with the tier on or
+    off; `endpoint` (control_endpoint's triple, or None) turns it on."""
     if not isinstance(remote, RemoteFWDramOptions):
         raise TypeError("backend_configs.remote_fw_dram must be a RemoteFWDramOptions")
-    if not _is_int(remote.metadata_retry_interval_ms) or remote.metadata_retry_interval_ms <= 0:
-        raise ValueError("metadata_retry_interval_ms must be positive")
-    if remote.metadata_retry_interval_ms > _U32_MAX:
-        raise ValueError(f"metadata_retry_interval_ms must be at most {_U32_MAX}")
-    if not isinstance(remote.backend, str) or not remote.backend:
-        raise ValueError("remote framework DRAM NIXL backend must be non-empty")
     for name in ("curve_secret_key", "curve_public_key"):
         if not isinstance(getattr(remote, name), (str, type(None))):
             raise TypeError(f"{name} must be a str (Z85) or None")
     allowed = remote.curve_allowed_keys
     if isinstance(allowed, (str, bytes)) or not all(isinstance(k, str) for k in allowed):
         raise TypeError("curve_allowed_keys must be a sequence of str (Z85 public keys)")
-    if remote.curve_secret_key is None and (remote.curve_public_key is not None or allowed):
-        raise ValueError("curve_public_key or curve_allowed_keys given without curve_secret_key")
+    curve = (remote.curve_secret_key, remote.curve_public_key, tuple(allowed))
+    return (bool(remote.eager_ctrl_connect), bool(remote.opportunistic_query),
+            _c_uint("metadata_retry_interval_ms", remote.metadata_retry_interval_ms, _U32_MAX),
+            _c_str("remote backend", remote.backend), curve, endpoint)
 
 
 def control_endpoint(control: Any) -> Tuple[str, int, str]:
@@ -356,122 +360,72 @@ def control_endpoint(control: Any) -> Tuple[str, int, str]:
         advertise = getattr(control, "advertise_host", None) or host
     if not isinstance(host, str) or not host or not isinstance(advertise, str):
         raise ValueError("framework_control hosts must be non-empty strings")
-    if not _is_int(port) or not 0 <= port <= 65535:
+    if type(port) is not int or not 0 <= port <= 65535:
         raise ValueError("control port must be between 1 and 65535 (or 0: any free port)")
     return host, port, advertise
 
 
-def _c_range(value: int, top: int) -> int:
-    """`value` clamped into [0, top], so that a C field can hold it. libkvcr's
-    rule for the field then refuses an out-of-range value with its own
-    message: a negative becomes 0, which breaks every lower bound, and the
-    caller picks `top` to break the upper bound where there is one
-    (max_staging_bytes has none: more than a u64 is just "unbounded")."""
-    return min(max(value, 0), top)
-
-
 def _g3_path(i: int, p: Any) -> str:
+    """Path `i` expanded (~) and resolved (realpath), as libkvcr gets it; ""
+    stays "" (libkvcr refuses it, naming the path)."""
     if isinstance(p, (str, os.PathLike)):
         s = os.fspath(p)
         if isinstance(s, str):
-            if not s:
-                raise ValueError(f"G3 file path {i} must be a non-empty string")
-            if "\0" in s:
-                raise ValueError(f"G3 file path {i} must not contain NUL")
-            return os.path.expanduser(s)
+            _c_str(f"G3 file path {i}", s)
+            return os.path.realpath(os.path.expanduser(s)) if s else s
     raise TypeError(f"G3 file paths must be str or os.PathLike of str, not {type(p).__name__}")
 
 
-def check_g3(g3: G3Options, layouts: list) -> tuple:
-    """The G3 rules that need no file system (api_spec §3.2), and the
-    arguments of kvcr._native.Instance(g3=...): (resolved paths,
+def g3_args(g3: G3Options, block_size: int) -> tuple:
+    """G3Options as kvcr._native.Instance(g3=...): (resolved paths,
     capacity, backend, queue_depth, max_staging_bytes).
 
-    Here: types; paths empty, duplicated ("G3 file paths must be unique")
-    or resolving to one file ("... must not alias the same file") — with
-    the reference's messages and before anything touches the disk. Paths
-    are expanded (~) and resolved (realpath) as the reference does, and
-    handed to libkvcr resolved. libkvcr checks the rest when KVCR(...)
-    opens the files, with its messages: the slot size ("G3 slot size must
-    be positive and page aligned"), the capacity ("G3 file capacity must
-    contain complete slots", "... at most 2^56 bytes"), an empty backend,
-    queue_depth and max_staging_bytes, hard links to one file, file
-    systems without O_DIRECT (tmpfs), files in use or of another layout."""
+    The paths are expanded and resolved here, so two spellings of one file
+    are refused here ("G3 file paths must be unique", "... must not alias
+    the same file") before anything touches the disk. libkvcr checks the
+    rest (an empty path list or path, the slot size, the capacity, an empty
+    backend name, queue_depth and max_staging_bytes) before it opens the
+    files, then hard links to one file, file systems without O_DIRECT
+    (tmpfs), files in use or of another layout. `block_size` is the single
+    pool's (as passed to libkvcr)."""
     if not isinstance(g3, G3Options):
         raise TypeError("backend_configs.g3 must be a G3Options")
     paths = g3.paths
     if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, (list, tuple)):
         raise TypeError("G3 paths must be a tuple (or list) of file paths, not "
                         f"{type(paths).__name__}")
-    if not paths:
-        raise ValueError("G3 requires at least one file path")
-    expanded = [_g3_path(i, p) for i, p in enumerate(paths)]
-    if len(set(expanded)) != len(expanded):
+    resolved = [_g3_path(i, p) for i, p in enumerate(paths)]
+    spelled = [os.path.expanduser(os.fspath(p)) for p in paths]
+    if len(set(spelled)) != len(spelled):
         raise ValueError("G3 file paths must be unique")
-    resolved = [os.path.realpath(p) for p in expanded]
     if len(set(resolved)) != len(resolved):
         raise ValueError("G3 file paths must not alias the same file")
-    for name in ("capacity_bytes_per_file", "queue_depth", "max_staging_bytes"):
-        if not _is_int(getattr(g3, name)):
-            raise TypeError(f"G3 {name} must be an int, not "
-                            f"{type(getattr(g3, name)).__name__}")
-    if not isinstance(g3.backend, str):
-        raise TypeError(f"G3 backend must be a str, not {type(g3.backend).__name__}")
-    if "\0" in g3.backend:
+    backend = g3.backend
+    if not isinstance(backend, str):
+        raise TypeError(f"G3 backend must be a str, not {type(backend).__name__}")
+    if "\0" in backend:
         raise ValueError("G3 backend must not contain NUL")
     opts = g3.backend_options
     if not isinstance(opts, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
         raise TypeError("G3 backend_options must map str to str")
-    slot = layouts[0][1]
     # The largest whole number of slots a u64 holds breaks libkvcr's 2^56 bound.
-    capacity = _c_range(g3.capacity_bytes_per_file, _U64_MAX // slot * slot)
-    return (tuple(resolved), capacity, g3.backend, _c_range(g3.queue_depth, _U32_MAX),
-            _c_range(g3.max_staging_bytes, _U64_MAX))
+    top = _U64_MAX // block_size * block_size if block_size > 0 else _U64_MAX
+    return (tuple(resolved),
+            _c_uint("G3 capacity_bytes_per_file", g3.capacity_bytes_per_file, top, clamp=True),
+            backend, _c_uint("G3 queue_depth", g3.queue_depth, _U32_MAX, clamp=True),
+            # More than a u64 is just "unbounded".
+            _c_uint("G3 max_staging_bytes", g3.max_staging_bytes, _U64_MAX, clamp=True))
 
 
-_SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
-_DIGEST_MAX = 256    # the service's limit on compatibility digests
-
-
-def check_guard(guard: KVCRGuardConfig) -> tuple:
-    """The KVCRGuardConfig field rules; returns (socket path, guard_index,
-    digest) for kvcr._native.Instance(guard=...). libkvcr checks the path
-    and digest lengths again; the service checks the rest (index range,
-    digest match)."""
+def guard_args(guard: KVCRGuardConfig) -> tuple:
+    """(socket path, guard_index, digest) for kvcr._native.Instance(guard=...).
+    libkvcr checks the path and digest lengths, and the conflict with
+    local_dram, before it contacts the service; the service checks the rest
+    (index range, digest match)."""
     path = guard.kvcr_service_socket_path
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
-    if not isinstance(path, str):
-        raise TypeError("guard_config.kvcr_service_socket_path must be a str, not "
-                        f"{type(guard.kvcr_service_socket_path).__name__}")
-    if not path or "\0" in path or len(path.encode()) > _SUN_PATH_MAX:
-        raise ValueError("guard_config.kvcr_service_socket_path must be a Unix socket path of "
-                         f"1..{_SUN_PATH_MAX} bytes without NUL")
-    index = guard.guard_index
-    if not _is_int(index):
-        raise TypeError(f"guard_config.guard_index must be an int, not {type(index).__name__}")
-    if not 0 <= index <= _U32_MAX:
-        raise ValueError(f"guard_config.guard_index must be between 0 and {_U32_MAX}, "
-                         f"got {index}")
-    digest = guard.compatibility_digest
-    if not isinstance(digest, str):
-        raise TypeError("guard_config.compatibility_digest must be a str, not "
-                        f"{type(digest).__name__}")
-    if not digest or "\0" in digest or len(digest.encode()) > _DIGEST_MAX:
-        raise ValueError(f"guard_config.compatibility_digest must be 1..{_DIGEST_MAX} bytes "
-                         "without NUL")
-    return path, index, digest
-
-
-def check_policy_tiers(policy: Any, has_local_dram: bool, has_g3: bool) -> None:
-    """api_spec §7.1: "<PolicyClassName> requires configured <values>"."""
-    configured = set()
-    if has_local_dram:
-        configured.add(CacheTier.LOCAL_G2)
-    if has_g3:
-        configured.add(CacheTier.G3)
-    missing = set(getattr(policy, "required_tiers", ())) - configured
-    if missing:
-        values = ", ".join(sorted(t.value for t in missing))
-        raise ValueError(f"{type(policy).__name__} requires configured {values}")
+    return (_c_str("guard_config.kvcr_service_socket_path", path),
+            _c_int("guard_config.guard_index", guard.guard_index, 0, _U32_MAX),
+            _c_str("guard_config.compatibility_digest", guard.compatibility_digest))

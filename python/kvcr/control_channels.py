@@ -17,8 +17,8 @@ It also holds the KVCR service's exceptions (api_spec §1.1), raised by
   a compatibility digest that does not match, a guard_index out of range, a
   pool group held by another worker, an endpoint that cannot be moved...
   The message is the service's reason.
-* KVCRSocketError — the service could not be reached (KVCR_ESYS during a
-  guard-mode start: no socket, connection refused or closed, a timeout).
+* KVCRSocketError — the service could not be reached (KVCR_EUNAVAIL: no
+  socket, connection refused or closed, a timeout).
 * KVCRGuardProtocolError — the service's answer breaks the claim protocol
   or does not fit the claim (KVCR_EPROTO).
 * KVCRMsgFramingError — a malformed length-prefixed frame. libkvcr reports

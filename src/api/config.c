@@ -1,4 +1,5 @@
 #include "api/config.h"
+#include "api/abi.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -9,15 +10,13 @@
 #include "net/control.h"
 #include "net/json.h"
 #include "net/wire.h"
-#include "util/api.h"
 
 _Static_assert(KVCR_MAX_CONTROL_MESSAGE == WIRE_MAX_MESSAGE, "the public bound is the decoder's");
 _Static_assert(KVCR_MAX_HINT_TEXT == JSON_MAX_TEXT, "the public bound is the JSON reader's");
 _Static_assert(KVCR_CURVE_KEY_LEN == CTL_KEY_LEN, "the public key length is the channel's");
 
-KVCR_API void kvcr_config_init(kvcr_config *cfg)
+void kvcr__config_defaults(kvcr_config *cfg)
 {
-    if (cfg == NULL) return;
     memset(cfg, 0, sizeof *cfg);
     cfg->local_dram_backend = "UCX";
     cfg->remote.eager_ctrl_connect = true;
@@ -124,6 +123,8 @@ static int check_limits(const kvcr_limits *l)
  * value as the reference's message does ("DRAM, G3"). */
 static int check_policy(const kvcr_config *cfg, const kvcr_policy_ops *p)
 {
+    int rc = kvcr__policy_check(p); /* its version says which fields it has */
+    if (rc != 0) return rc;
     if (p->decide_ingest == NULL || p->eviction_score == NULL || p->decide_eviction == NULL)
         return kvcr_fail(KVCR_EINVAL,
                          "policy '%s' must provide decide_ingest, eviction_score and "
@@ -166,12 +167,7 @@ static int check_g3(const kvcr_config *cfg)
 /* The secret key is never quoted in a message; public keys may be. */
 static int check_curve(const kvcr_curve_options *k)
 {
-    if (k->secret_key == NULL) {
-        if (k->public_key != NULL || k->n_allowed_keys != 0 || k->allowed_keys != NULL)
-            return kvcr_fail(KVCR_EINVAL, "remote curve: public_key or allowed_keys given without "
-                                          "secret_key (CURVE is on only with a secret key)");
-        return 0;
-    }
+    if (k->secret_key == NULL) return 0; /* CURVE off */
     if (!zmq_has("curve"))
         return kvcr_fail(KVCR_ENOTSUP, "remote curve requested, but this libzmq was built "
                                        "without CURVE support (libsodium)");
@@ -221,15 +217,23 @@ static int copy_curve(const kvcr_curve_options *k, kvcr_conf *out)
     return 0;
 }
 
+/* The options' own rules hold with the tier off as well, so a value is
+ * refused wherever it is given (the Python package passes them always);
+ * what needs the tier (the transport, keys, hosts) only with it on. */
 static int check_remote(const kvcr_remote_options *r)
 {
-    if (!r->enabled) return 0;
-    int rc = check_curve(&r->curve);
-    if (rc != 0) return rc;
     if (r->metadata_retry_interval_ms == 0)
         return kvcr_fail(KVCR_EINVAL, "metadata_retry_interval_ms must be positive");
     if (r->backend == NULL || r->backend[0] == '\0')
-        return kvcr_fail(KVCR_EINVAL, "remote framework DRAM NIXL backend must be non-empty");
+        return kvcr_fail(KVCR_EINVAL, "remote backend name must be non-empty");
+    const kvcr_curve_options *k = &r->curve;
+    if (k->secret_key == NULL &&
+        (k->public_key != NULL || k->n_allowed_keys != 0 || k->allowed_keys != NULL))
+        return kvcr_fail(KVCR_EINVAL, "remote curve: public_key or allowed_keys given without "
+                                      "secret_key (CURVE is on only with a secret key)");
+    if (!r->enabled) return 0;
+    int rc = check_curve(k);
+    if (rc != 0) return rc;
     if (strcmp(r->backend, "UCX") != 0)
         return kvcr_fail(KVCR_ENOTSUP, "remote backend '%s' is not supported (only \"UCX\")",
                          r->backend);
@@ -271,7 +275,7 @@ static int check_local_dram(const kvcr_config *cfg)
     if (cfg->local_dram == NULL || cfg->n_local_dram == 0)
         return kvcr_fail(KVCR_EINVAL, "local_dram and n_local_dram must be set together");
     if (cfg->local_dram_backend == NULL || cfg->local_dram_backend[0] == '\0')
-        return kvcr_fail(KVCR_EINVAL, "local DRAM NIXL backend must be non-empty");
+        return kvcr_fail(KVCR_EINVAL, "local DRAM backend name must be non-empty");
     const kvcr_dram_pool *d = cfg->local_dram;
     size_t n = cfg->n_local_dram;
     for (size_t i = 0; i < n; i++)
@@ -331,7 +335,9 @@ static int check_one_region(const kvcr_config *cfg, const kvcr_region *r)
         region_span(r) > UINTPTR_MAX - (uintptr_t)r->addr)
         return kvcr_fail(KVCR_EINVAL, "framework region does not fit in the address space");
     if (r->mem_type != KVCR_MEM_DRAM && r->mem_type != KVCR_MEM_VRAM)
-        return kvcr_fail(KVCR_EINVAL, "framework region mem_type must be one of ['DRAM', 'VRAM']");
+        return kvcr_fail(KVCR_EINVAL,
+                         "framework region mem_type must be KVCR_MEM_DRAM or KVCR_MEM_VRAM (got %d)",
+                         (int)r->mem_type);
     if (r->device_id < 0)
         return kvcr_fail(KVCR_EINVAL, "framework region device_id must be a non-negative int");
     if (!name_ok(r->label))
@@ -384,7 +390,7 @@ static int check_regions(const kvcr_config *cfg, bool *dup)
                 size_t lolen = a < b ? alen : blen, hilen = a < b ? blen : alen;
                 return kvcr_fail(KVCR_EINVAL,
                                  "framework regions must not overlap: [%#zx, %#zx) and "
-                                 "[%#zx, %#zx) on ('DRAM', %d)",
+                                 "[%#zx, %#zx) (DRAM of device %d)",
                                  (size_t)lo, (size_t)(lo + lolen), (size_t)hi,
                                  (size_t)(hi + hilen), r[i].device_id);
             }
@@ -470,6 +476,7 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
     out->n_pools = (uint32_t)cfg->n_pool_layouts;
     out->has_local_dram = cfg->n_local_dram > 0;
     out->remote = cfg->remote;
+    out->remote.backend = "UCX"; /* the only transport; the caller's name was checked */
     if (cfg->g3.n_paths > 0 && (rc = copy_g3(cfg, out)) != 0) {
         conf_destroy(out);
         return rc;
@@ -481,7 +488,6 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
                  cfg->remote.advertise_host ? cfg->remote.advertise_host : host);
         out->remote.control_host = out->control_host;
         out->remote.advertise_host = out->advertise_host;
-        out->remote.backend = "UCX";
         if ((rc = copy_curve(&cfg->remote.curve, out)) != 0) {
             conf_destroy(out);
             return rc;

@@ -44,17 +44,19 @@ int svc_check_guard(const kvcr_config *cfg)
 {
     const kvcr_guard_options *g = &cfg->guard;
     struct sockaddr_un sa;
+    /* The conflict first: it is the mistake in the configuration's shape. */
+    if (cfg->local_dram != NULL || cfg->n_local_dram != 0)
+        return kvcr_fail(KVCR_EINVAL,
+                         "guard mode conflicts with local_dram: the KVCR service provides the pools");
     if (g->service_socket_path[0] == '\0' ||
         strlen(g->service_socket_path) >= sizeof sa.sun_path)
-        return kvcr_fail(KVCR_EINVAL, "guard service_socket_path must be 1..%zu bytes",
+        return kvcr_fail(KVCR_EINVAL,
+                         "guard service_socket_path must be a Unix socket path of 1..%zu bytes",
                          sizeof sa.sun_path - 1);
     if (g->compatibility_digest == NULL || g->compatibility_digest[0] == '\0' ||
         strlen(g->compatibility_digest) > SVC_DIGEST_MAX)
         return kvcr_fail(KVCR_EINVAL, "guard compatibility_digest must be 1..%d bytes",
                          SVC_DIGEST_MAX);
-    if (cfg->local_dram != NULL || cfg->n_local_dram != 0)
-        return kvcr_fail(KVCR_EINVAL,
-                         "guard mode conflicts with local_dram: the KVCR service provides the pools");
     if (cfg->n_pool_layouts == 0 || cfg->n_pool_layouts > KVCR_MAX_POOLS)
         return kvcr_fail(KVCR_EINVAL, "pool_layouts must list 1..%d pools", KVCR_MAX_POOLS);
     return 0;
@@ -187,6 +189,14 @@ static int take_grant(svc_hold *h, const svc_msg *g)
     return 0;
 }
 
+/* A claim that never got an answer from the service — no socket, connection
+ * refused, the conversation broken off or timed out (KVCR_ESYS of the frame
+ * layer) — is KVCR_EUNAVAIL, with the failing step's message. */
+static int unreachable(int rc)
+{
+    return rc == KVCR_ESYS ? KVCR_EUNAVAIL : rc;
+}
+
 static int refused(const svc_msg *m)
 {
     return kvcr_fail(KVCR_EREFUSED, "the KVCR service refused the claim: %s",
@@ -203,12 +213,12 @@ static int exchange(svc_hold *h, const kvcr_config *cfg, svc_msg *g)
     int rc = svc_send(h->sock, claim, &pidfd, pidfd >= 0 ? 1 : 0);
     if (pidfd >= 0) close(pidfd);
     free(claim);
-    if (rc != 0) return rc;
+    if (rc != 0) return unreachable(rc);
     int fds[SVC_MAX_FDS];
     size_t n_fds = 0;
     rc = svc_recv(h->sock, g, fds, SVC_MAX_FDS, &n_fds, CLAIM_TIMEOUT_MS);
-    if (rc == 1) return kvcr_fail(KVCR_ESYS, "the KVCR service closed the claim socket");
-    if (rc != 0) return rc;
+    if (rc == 1) return kvcr_fail(KVCR_EUNAVAIL, "the KVCR service closed the claim socket");
+    if (rc != 0) return unreachable(rc);
     if (n_fds > 0) h->pool_fd = fds[0];
     if (n_fds > 1) h->listener = fds[1];
     if (g->type == SVC_ERROR) return refused(g);
@@ -232,7 +242,7 @@ int svc_claim(const kvcr_config *cfg, svc_hold **out)
     }
     h->sock = h->pool_fd = h->listener = -1;
     kvcr_logger_init(&h->log, cfg->agent_name, cfg->callbacks.log, cfg->callbacks.ud);
-    rc = svc_connect(cfg->guard.service_socket_path, &h->sock);
+    rc = unreachable(svc_connect(cfg->guard.service_socket_path, &h->sock));
     bool granted = false;
     if (rc == 0) rc = exchange(h, cfg, g);
     granted = rc == 0 || (g->type == SVC_GRANTED);

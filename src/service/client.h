@@ -20,7 +20,7 @@ int svc_check_guard(const kvcr_config *cfg);
  * process's pidfd), waits for the grant, checks it against cfg, maps the
  * pool, reads the recovered blocks from the journal the Guard compacted and
  * attaches to it as its producer. The service refusing gives
- * KVCR_EREFUSED with its reason; an unreachable service KVCR_ESYS; a grant
+ * KVCR_EREFUSED with its reason; an unreachable service KVCR_EUNAVAIL; a grant
  * that does not fit the request KVCR_EPROTO (the claim is then released
  * as never activated). */
 int svc_claim(const kvcr_config *cfg, svc_hold **out);

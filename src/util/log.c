@@ -104,6 +104,7 @@ KVCR_API const char *kvcr_strerror(int err)
     case KVCR_EPROTO: return "protocol error";
     case KVCR_EREFUSED: return "refused by the KVCR service";
     case KVCR_ELIMIT: return "a configured limit is reached";
+    case KVCR_EUNAVAIL: return "the KVCR service is not reachable";
     default: return "unknown error";
     }
 }

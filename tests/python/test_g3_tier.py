@@ -240,9 +240,9 @@ def refused(exc, config, bindings, backends):
 
 
 # (G3Options fields, exception, exact message). Python checks the types and
-# the path rules (the reference's messages, before anything touches the
-# disk); libkvcr checks slot size, capacity, backend, queue depth and
-# staging bound (its messages, before any file is opened).
+# the path spelling (NUL, duplicates, aliases after resolving); libkvcr
+# checks the rest (its messages, before any file is opened): the path list
+# and paths, slot size, capacity, backend, queue depth and staging bound.
 G3_CASES = [
     (dict(paths=()), ValueError, "G3 requires at least one file path"),
     (dict(paths=[]), ValueError, "G3 requires at least one file path"),
@@ -300,10 +300,10 @@ def test_g3_rules_about_the_rest_of_the_configuration(g3_dir, parts):
     opts = g3opts(g3_dir)
     two_pools = dataclasses.replace(config, pool_layouts=[("k", BLOCK), ("v", BLOCK)])
     assert refused(ValueError, two_pools, bindings, dataclasses.replace(backends, g3=opts)) == \
-        "G3 does not support multiple pools"
+        "G3 supports exactly one pool layout"
     assert refused(ValueError, config, bindings,
                    dataclasses.replace(backends, local_dram=None, g3=opts)) == \
-        "G3 requires configured local DRAM"
+        "G3 requires local DRAM"
     assert refused(TypeError, config, bindings, dataclasses.replace(backends, g3="g3.bin")) == \
         "backend_configs.g3 must be a G3Options"
     small = dataclasses.replace(config, pool_layouts=[("", 16)])

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -267,8 +268,39 @@ def test_a_missing_socket_raises_a_socket_error(service, rigs):
         rigs(dead).start()
 
 
+def test_a_service_that_hangs_up_raises_a_socket_error(tmp_path, rigs):
+    """A listener that takes the whole claim and closes without answering:
+    the service is not reachable (libkvcr's KVCR_EUNAVAIL), not a protocol
+    error."""
+    path = str(tmp_path / "hangup.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        listener.settimeout(START_SECONDS)
+
+        def take_the_claim_and_hang_up():
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(START_SECONDS)
+                head = conn.recv(4, socket.MSG_WAITALL)  # the frame's length, then the frame
+                left = int.from_bytes(head, "big")
+                while left > 0:  # all of it: unread bytes would reset the connection
+                    chunk = conn.recv(left)
+                    assert chunk, "the claim ended early"
+                    left -= len(chunk)
+
+        t = threading.Thread(target=take_the_claim_and_hang_up)
+        t.start()
+        try:
+            with pytest.raises(kvcr.KVCRSocketError, match="closed the claim socket") as info:
+                rigs(path).start()
+        finally:
+            t.join(START_SECONDS)
+        assert isinstance(info.value, kvcr.KVCRServiceError)
+
+
 def test_guard_config_with_local_dram_is_refused_before_anything_is_contacted(tmp_path, rigs):
-    """Reference wording (api_spec §5.1 2a); a listening socket in place of
+    """libkvcr refuses it before the claim; a listening socket in place of
     the service proves that nobody connected."""
     path = str(tmp_path / "claim.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
@@ -279,7 +311,8 @@ def test_guard_config_with_local_dram_is_refused_before_anything_is_contacted(tm
         local = kvcr.LocalDramOptions(pools=[("", address_of(pool), len(pool))])
         with pytest.raises(ValueError) as info:
             rigs(path, local_dram=local).start()
-        assert str(info.value) == "guard_config conflicts with backend_configs.local_dram"
+        assert str(info.value) == \
+            "guard mode conflicts with local_dram: the KVCR service provides the pools"
         # A bad guard field is refused before the socket is touched as well.
         with pytest.raises(ValueError, match="guard_index"):
             rigs(path, guard_index=-1).start()

@@ -39,7 +39,7 @@ def test_out_of_range_is_refused_with_libkvcr_s_message(rig_factory, field, valu
 def test_limits_must_be_a_record_of_u32(rig_factory):
     with pytest.raises(TypeError, match="limits must be a KVCRLimits"):
         rig_factory(limits=(1, 2))
-    with pytest.raises(ValueError, match="limits.max_hint_bytes must be an int"):
+    with pytest.raises(ValueError, match="limits.max_hint_bytes must be between 0 and 4294967295"):
         rig_factory(limits=dataclasses.replace(kvcr.KVCRLimits(), max_hint_bytes=2**32))
 
 

@@ -270,7 +270,7 @@ def test_constructor_errors_come_in_the_seeds_order(g3_dir):
         (dict(control_ports=[0]), ValueError, "control_ports must be between 1 and 65535"),
         (dict(control_ports=[free_port()]), ValueError,
          "secondary_g2_slots must be non-negative"),
-        (dict(secondary_g2_slots=0), ValueError, "G3 requires configured local DRAM"),
+        (dict(secondary_g2_slots=0), ValueError, "G3 requires local DRAM"),
     ]
     for change, exc, message in steps:
         if change == "self-describing":
@@ -296,8 +296,8 @@ def test_constructor_errors_come_in_the_seeds_order(g3_dir):
     (dict(kvcr_service_socket_path="/var/tmp/kvcr-never-made/claim.sock",
           compatibility_digest="d"), kvcr.KVCRSocketError,
      "KVCR service at /var/tmp/kvcr-never-made/claim.sock is not reachable"),
-    (dict(policy="g3_lru"), ValueError, "G3LRUPolicy requires configured G3"),
-    (dict(policy="g3_fifo"), ValueError, "G3FIFOPolicy requires configured G3"),
+    (dict(policy="g3_lru"), ValueError, "g3_lru requires configured G3"),
+    (dict(policy="g3_fifo"), ValueError, "g3_fifo requires configured G3"),
     (dict(g3={"paths": [], "capacity_bytes_per_file": 4 * ROW}), ValueError,
      "G3 requires at least one file path"),
     (dict(g3={"paths": ["/var/tmp/kvcr-never-made"], "capacity": 1}), TypeError, "capacity"),

@@ -62,7 +62,7 @@ static void watermark_high(setup *s) { s->cfg.capacity_low_watermark_percent = 1
 static void watermark_nan(setup *s) { s->cfg.capacity_low_watermark_percent = NAN; }
 static void zero_copy_threads(setup *s) { s->cfg.copy_threads = 0; }
 static void g3_policy(setup *s) { static kvcr_policy_ops p; p = *kvcr_policy_builtin("lru"); p.name = "G3LRUPolicy"; p.required_tiers = KVCR_TIER_BIT(KVCR_TIER_G3); s->cfg.policy = &p; }
-static void hookless_policy(setup *s) { static kvcr_policy_ops p = {.name = "half"}; s->cfg.policy = &p; }
+static void hookless_policy(setup *s) { static kvcr_policy_ops p = {.version = KVCR_POLICY_VERSION, .name = "half"}; s->cfg.policy = &p; }
 static void remote_bad_interval(setup *s) { s->cfg.remote.enabled = true; s->cfg.remote.metadata_retry_interval_ms = 0; }
 static void remote_empty_backend(setup *s) { s->cfg.remote.enabled = true; s->cfg.remote.backend = ""; }
 static void remote_other_backend(setup *s) { s->cfg.remote.enabled = true; s->cfg.remote.backend = "LIBFABRIC"; }
@@ -113,11 +113,11 @@ static const rule rules[] = {
     {"policy tiers", g3_policy, KVCR_EINVAL, "G3LRUPolicy requires configured G3"},
     {"policy hooks", hookless_policy, KVCR_EINVAL, "policy 'half' must provide decide_ingest, eviction_score and decide_eviction"},
     {"retry interval", remote_bad_interval, KVCR_EINVAL, "metadata_retry_interval_ms must be positive"},
-    {"remote backend", remote_empty_backend, KVCR_EINVAL, "remote framework DRAM NIXL backend must be non-empty"},
+    {"remote backend", remote_empty_backend, KVCR_EINVAL, "remote backend name must be non-empty"},
     {"remote backend kind", remote_other_backend, KVCR_ENOTSUP, "remote backend 'LIBFABRIC' is not supported (only \"UCX\")"},
     {"control host", remote_bad_host, KVCR_EINVAL, "remote control_host 'tcp://x' must be a host name or IPv4 address"},
     {"advertise host", remote_bad_advertise, KVCR_EINVAL, "remote advertise_host 'a b' must be a host name or IPv4 address"},
-    {"dram backend", dram_empty_backend, KVCR_EINVAL, "local DRAM NIXL backend must be non-empty"},
+    {"dram backend", dram_empty_backend, KVCR_EINVAL, "local DRAM backend name must be non-empty"},
     {"dram unique", dram_dup_names, KVCR_EINVAL, "local DRAM pool names must be unique"},
     {"dram names", dram_names_differ, KVCR_EINVAL, "local DRAM pool names must exactly match pool_layouts"},
     {"dram addr", dram_null_addr, KVCR_EINVAL, "local DRAM address must be a positive integer"},
@@ -129,7 +129,7 @@ static const rule rules[] = {
     {"region size", region_zero_size, KVCR_EINVAL, "framework region size must be a positive integer"},
     {"region count", region_zero_count, KVCR_EINVAL, "framework region count must be a positive integer"},
     {"region stride", region_small_stride, KVCR_EINVAL, "framework region stride must be 0 or at least its size"},
-    {"region type", region_bad_type, KVCR_EINVAL, "framework region mem_type must be one of ['DRAM', 'VRAM']"},
+    {"region type", region_bad_type, KVCR_EINVAL, "framework region mem_type must be KVCR_MEM_DRAM or KVCR_MEM_VRAM (got 7)"},
     {"region device", region_bad_device, KVCR_EINVAL, "framework region device_id must be a non-negative int"},
     {"region label", region_unknown_label, KVCR_EINVAL, "framework region label 'nope' must name a configured pool"},
     {"region vram", region_vram, KVCR_ENOTSUP, "VRAM framework regions need a CUDA build of KVCR; this build copies host memory only"},
@@ -166,7 +166,7 @@ static void test_overlapping_regions_message_names_both_spans(void **state)
     assert_int_equal(kvcr_create(&s.cfg, &kv), KVCR_EINVAL);
     /* The refusal ranks 'no DRAM backend' after the region rules. */
     assert_non_null(strstr(kvcr_last_error(), "framework regions must not overlap: [0x"));
-    assert_non_null(strstr(kvcr_last_error(), "on ('DRAM', 0)"));
+    assert_non_null(strstr(kvcr_last_error(), "(DRAM of device 0)"));
     free(s.mem);
 }
 
