@@ -3,7 +3,8 @@
 # build of it:
 #   (a) includes go one way: util <- net <- core <- tiers <- api, the
 #       daemon beside (src/service: service, guard, mirror, metrics_http)
-#       reaching the library only through api/boot.h;
+#       reaching the library only through api/boot.h; the Python extension
+#       includes include/ alone, the tool only the src/ modules it links;
 #   (b) the symbol rule: every global symbol that libkvcr.a and libkvcr.so
 #       define starts with kvcr_ (public) or kvcr__ (internal);
 #   (c) no source file over 1,500 lines.
@@ -95,6 +96,20 @@ while IFS= read -r path; do
   f=${path#src/}
   for inc in $(src_includes "$path"); do check_include "$f" "$inc"; done
 done < <(find src -name '*.[ch]' | sort)
+
+# Programs of the library: the Python extension includes include/ alone; the
+# `kvcr` tool, besides include/, only the modules it links itself
+# (tools/CMakeLists.txt): the daemon, the G3 store and the logging.
+TOOL_SRC_HEADERS=" service/service.h tiers/g3_store.h util/log.h "
+while IFS= read -r path; do
+  for inc in $(src_includes "$path"); do
+    case "$path:$TOOL_SRC_HEADERS" in
+      tools/*" $inc "*) ;;
+      tools/*) violation "$path includes \"$inc\": the tool includes from src/ only$TOOL_SRC_HEADERS" ;;
+      *) violation "$path includes \"$inc\": the Python extension includes include/ alone" ;;
+    esac
+  done
+done < <(find tools python -name '*.[ch]' | sort)
 
 # ---- (b) the symbol rule ---------------------------------------------------------
 
