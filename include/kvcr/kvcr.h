@@ -104,13 +104,16 @@ typedef struct kvcr_curve_options {
 #define KVCR_CURVE_MAX_KEYS 4096 /* allowed_keys */
 
 /* Peer-to-peer (REMOTE_G2) options: the control endpoint this instance
- * binds (ZeroMQ PULL) and advertises to peers, and how hints connect. */
+ * binds (ZeroMQ PULL) and advertises to peers, and how hints connect. The
+ * interval, backend name and keys without a secret are checked even when
+ * `enabled` is false. */
 typedef struct kvcr_remote_options {
     bool enabled;
     bool eager_ctrl_connect;            /* default true: a hint's source is contacted at once */
     bool opportunistic_query;           /* default false: any key of a hinted request is FETCHABLE */
     uint32_t metadata_retry_interval_ms; /* default 100, > 0 */
-    const char *backend;                /* default "UCX", non-empty; tuning through UCX_* variables */
+    const char *backend;                /* default "UCX", the only transport (another name:
+                                         * KVCR_ENOTSUP when enabled); tuning through UCX_* */
     const char *control_host;           /* address to bind; default "127.0.0.1" */
     uint16_t control_port;              /* 0: any free port (see kvcr_control_endpoint) */
     const char *advertise_host;         /* host peers are told; default control_host */
@@ -127,8 +130,8 @@ typedef struct kvcr_g3_options {
     const char *const *paths;         /* one slot file per path (striped); NULL: no G3 */
     size_t n_paths;
     uint64_t capacity_bytes_per_file; /* data bytes per file: whole slots */
-    const char *backend;              /* default "io_uring" (the reference's names are
-                                       * accepted and served by io_uring) */
+    const char *backend;              /* a compatibility name: any non-empty one ("GDS_MT",
+                                       * "POSIX", ...) is served by io_uring; default "io_uring" */
     uint32_t queue_depth;             /* I/O in flight per store; default 16, 1..1024 */
     uint64_t max_staging_bytes;       /* spills held in DRAM while written; default 64 MiB */
 } kvcr_g3_options;
@@ -252,7 +255,8 @@ typedef struct kvcr_config {
 
     const kvcr_dram_pool *local_dram;       /* KVCR-owned DRAM, one per pool (any order), or NULL */
     size_t n_local_dram;
-    const char *local_dram_backend;         /* default "UCX"; copies are memcpy */
+    const char *local_dram_backend;         /* a compatibility name: any non-empty one (default
+                                             * "UCX"); KVCR's copy threads memcpy */
 
     const kvcr_region *framework_regions;   /* framework memory, or NULL */
     size_t n_framework_regions;
