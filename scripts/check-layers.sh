@@ -105,7 +105,7 @@ while IFS= read -r path; do
   for inc in $(src_includes "$path"); do
     case "$path:$TOOL_SRC_HEADERS" in
       tools/*" $inc "*) ;;
-      tools/*) violation "$path includes \"$inc\": the tool includes from src/ only$TOOL_SRC_HEADERS" ;;
+      tools/*) violation "$path includes \"$inc\": the tool includes from src/ only${TOOL_SRC_HEADERS% }" ;;
       *) violation "$path includes \"$inc\": the Python extension includes include/ alone" ;;
     esac
   done
