@@ -77,12 +77,15 @@ setup(
     ext_modules=[
         Extension(
             "kvcr._native",
-            sources=["python/kvcr/_native.c"],
+            sources=["python/kvcr/_native.c", "python/kvcr/_native_config.c",
+                     "python/kvcr/_native_policy.c", "python/kvcr/_native_callbacks.c",
+                     "python/kvcr/_native_values.c", "python/kvcr/_native_instance.c"],
             # The public headers and the test interface (kvcr/testing.h: the
             # hint introspection hook), nothing of src/.
             include_dirs=["include"],
-            depends=["include/kvcr/kvcr.h", "include/kvcr/types.h", "include/kvcr/policy.h",
-                     "include/kvcr/stats.h", "include/kvcr/error.h", "include/kvcr/testing.h"],
+            depends=["python/kvcr/_native.h", "include/kvcr/kvcr.h", "include/kvcr/types.h",
+                     "include/kvcr/policy.h", "include/kvcr/stats.h", "include/kvcr/error.h",
+                     "include/kvcr/testing.h"],
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wextra",
                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
         )
