@@ -359,11 +359,13 @@ static void test_connections_are_bounded(void **state)
     free(reply);
     close(extra);
     /* Each idle client leaves without finishing a request; the service
-     * closes it without an answer, which frees its place. */
+     * closes it without an answer (or a 408 past the head deadline, on a
+     * slow runner), which frees its place. */
     for (int i = 0; i < IDLE_BOUND; i++) {
         shutdown(idle[i], SHUT_WR);
         reply = read_to_close(idle[i]);
-        if (reply[0] != '\0' && status_of(reply) != 503) fail_msg("idle answered: %s", reply);
+        if (reply[0] != '\0' && status_of(reply) != 503 && status_of(reply) != 408)
+            fail_msg("an idle connection was answered: %s", reply);
         free(reply);
         close(idle[i]);
     }
