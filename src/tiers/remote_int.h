@@ -69,7 +69,7 @@ enum pull_state {
     PULL_FINISHED
 };
 
-/* Work a pull owes the main side (remote_main). */
+/* Work a pull owes the main side (target_main, from the tier's settle). */
 enum pull_main {
     PM_DISCARD = 1u << 0,   /* a fetch's deadline passed: fail its waiters now */
     PM_UNCERTAIN = 1u << 1, /* abandoned: report its destinations uncertain */
@@ -245,7 +245,7 @@ void rcb_free(rcb *cb);
 /* ---- the tier ------------------------------------------------------------- */
 
 struct remote {
-    kvcr_t *kv;
+    kvcr_t *kv;                   /* the instance, reached through core/host.h */
     pthread_t thread;
     bool thread_started;
     int wake_fd;                  /* eventfd: work for the progress thread */

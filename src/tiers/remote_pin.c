@@ -1,4 +1,4 @@
-/* Framework pins of the peer tier's source side (p2p_spec §4.5–4.6).
+/* Framework pins of the peer tier's source side.
  *
  * A source write whose keys only the framework holds asks for them with
  * request_pin (one pending request per key at a time, at most

@@ -356,7 +356,7 @@ void remote_wake(remote *r)
 /* ---- the loop ------------------------------------------------------------- */
 
 /* The source stalls if a turn came too late: its writes could outlive the
- * deadlines its peers were promised (p2p_spec §5.6). */
+ * deadlines its peers were promised. */
 static void check_stall(remote *r, uint64_t now)
 {
     uint64_t gap = now - r->last_turn_ns;

@@ -1,4 +1,4 @@
-/* Source side of the peer tier (p2p_spec §4.4–4.8, §5.3–5.4, §6).
+/* Source side of the peer tier.
  *
  * A start_write is checked and fenced on the progress thread, which claims
  * the keys READY in KVCR DRAM at once (the fast path). Keys only the
@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "tiers/remote_int.h"
 #include "util/clock.h"
@@ -410,7 +409,7 @@ static void on_metadata(remote *r, const wire_msg *m)
     reply(r, m, &ack);
 }
 
-/* p2p_spec §5.4: fence the write, say whether it can still happen. A probe
+/* A probe: fence the write, say whether it can still happen. A probe
  * for a retired incarnation is answered with its death, which frees the
  * target's memory at once instead of never. */
 static void on_probe(remote *r, const wire_msg *m)
@@ -588,7 +587,7 @@ void source_stop(remote *r)
 
 /* ---- the main side (polling thread, locked) ------------------------------ */
 
-/* p2p_spec §4.5: claim what KVCR DRAM has, reuse pins, join pending pin
+/* Claim what KVCR DRAM has, reuse pins, join pending pin
  * requests, ask for the rest; once nothing is pending, fix the sources. */
 void source_resume(remote *r, swrite *sw)
 {

@@ -1,7 +1,7 @@
-/* Target side of the peer tier: pulls (p2p_spec §4.2–4.3, §4.9–4.10, §5.2,
- * §5.5). A pull is created on the caller's thread under the lock, sent as
+/* Target side of the peer tier: pulls. A pull is built on the caller's
+ * thread under the lock (the core's begin/read/end of core/tier.h), sent as
  * one start_write by the progress thread, and settled back on the caller's
- * thread in kvcr_poll(). Its destinations (framework blocks of a deliver,
+ * thread in kvcr_poll() (the tier's settle). Its destinations (framework blocks of a deliver,
  * KVCR slots of a fetch) are never given back while the source may still
  * write them: past the deadline the pull waits for terminal evidence, past
  * the abandon deadline it is reported uncertain and kept until the source
@@ -9,14 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "tiers/remote_int.h"
 #include "util/clock.h"
 
 #define MS 1000000ull
 
-/* ---- hints (p2p_spec §3.4) ------------------------------------------------ */
+/* ---- hints ---------------------------------------------------------------- */
 
 static bool has_hash(const hint *h, uint64_t x)
 {
