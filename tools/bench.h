@@ -7,6 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvcr/kvcr.h"
+#include "tool_util.h" /* tool_now, whole reads and writes, the "k<i>" key adapter */
+
 typedef struct bench_out {
     const char *bench; /* "local", ... */
     bool json;
@@ -32,12 +35,22 @@ double bench_gbs(uint64_t bytes, double seconds);
 void bench_fill_block(uint8_t *p, size_t len, uint64_t seed);
 bool bench_has_block(const uint8_t *p, size_t len, uint64_t seed);
 
-/* Seconds on a monotonic clock. */
-double bench_now(void);
-
 /* Prints a figure: a table row, or with --json one object per line whose
  * ratio (when a baseline exists) is always "higher is better". */
 void bench_report(bench_out *o, const bench_figure *f);
+
+/* Polls kv until op completes, sleeping on fd (its kvcr_fd) in between so
+ * that the copy threads keep the CPUs, for at most limit_s seconds; each of
+ * its n entries must be a success, or the bench fails with a message that
+ * starts with what. Results of other operations are dropped. Returns the
+ * poll's results (for kvcr_results_free) with *mine, unless mine is NULL,
+ * at op's. */
+kvcr_op_result *bench_wait_op(kvcr_t *kv, int fd, kvcr_op_handle op, size_t n, const char *what,
+                              double limit_s, const kvcr_op_result **mine);
+
+/* handler for SIGINT, SIGTERM and SIGHUP (a bench's clean-up on ^C, kill
+ * or a closed terminal). */
+void bench_trap_signals(void (*handler)(int));
 
 /* Exits 1 with the library's message when rc is an error. */
 void bench_check(int rc, const char *what);

@@ -109,12 +109,7 @@ static void setup_dir(void)
     g_owner = getpid();
     g_have_dir = 1;
     atexit(cleanup);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    bench_trap_signals(on_signal);
 }
 
 static uint64_t free_bytes(void)
@@ -236,7 +231,7 @@ static double drive_pass(drive *d, bool write, uint64_t first, size_t n, uint64_
     d->err = 0;
     d->mismatch = false;
     size_t submitted = 0;
-    double t0 = bench_now(), until = t0 + PASS_LIMIT_S;
+    double t0 = tool_now(), until = t0 + PASS_LIMIT_S;
     while (d->done < n) {
         while (submitted < n && d->n_free > 0) {
             uint32_t k = d->free_idx[--d->n_free];
@@ -260,7 +255,7 @@ static double drive_pass(drive *d, bool write, uint64_t first, size_t n, uint64_
             bench_check(rc, write ? "g3_store_write" : "g3_store_read");
             submitted++;
         }
-        double left = until - bench_now();
+        double left = until - tool_now();
         if (left <= 0)
             bench_fail("%s: %zu of %zu requests done after %.0f s", what, d->done, n,
                        PASS_LIMIT_S);
@@ -274,7 +269,7 @@ static double drive_pass(drive *d, bool write, uint64_t first, size_t n, uint64_
             bench_fail("%s: slot %llu read back other bytes than were written", what,
                        (unsigned long long)d->bad_slot);
     }
-    return bench_now() - t0;
+    return tool_now() - t0;
 }
 
 static kvcr_logger g_log; /* the store's warnings go to stderr */
@@ -319,9 +314,9 @@ static void run_capture(char *const argv[], char *out, size_t cap, double limit_
     }
     g_child = pid;
     size_t got = 0;
-    double until = bench_now() + limit_s;
+    double until = tool_now() + limit_s;
     for (;;) {
-        double left = until - bench_now();
+        double left = until - tool_now();
         if (left <= 0) bench_fail("%s did not finish within %.0f s", argv[0], limit_s);
         struct pollfd pf = {p[0], POLLIN, 0};
         int n = poll(&pf, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
@@ -341,7 +336,7 @@ static void run_capture(char *const argv[], char *out, size_t cap, double limit_
         pid_t w = waitpid(pid, &status, WNOHANG);
         if (w == pid) break;
         if (w < 0 && errno != EINTR) bench_fail("waitpid %s: %s", argv[0], strerror(errno));
-        if (bench_now() > until) bench_fail("%s did not exit within %.0f s", argv[0], limit_s);
+        if (tool_now() > until) bench_fail("%s did not exit within %.0f s", argv[0], limit_s);
         usleep(1000);
     }
     g_child = 0;
@@ -530,8 +525,8 @@ static void bench_bw(bench_out *o, const sizes *z, unsigned qd, const uint8_t *p
     /* Each side goes first in every other repetition. The store reads only
      * right after its own writes (no fio write in between); fio reads
      * whatever was last written, the store's bytes. */
-    double until = bench_now() + CASE_BUDGET_S;
-    for (int rep = 0; rep < z->reps && (rep == 0 || bench_now() < until); rep++) {
+    double until = tool_now() + CASE_BUDGET_S;
+    for (int rep = 0; rep < z->reps && (rep == 0 || tool_now() < until); rep++) {
         if (rep % 2 == 0) {
             fio_write(&fj, f);
             store_write(&d, z, f);
@@ -610,42 +605,17 @@ static double gauge(inst *in, const char *name)
     bench_fail("no gauge %s in kvcr_stats_take", name);
 }
 
-/* Polls until op completes, sleeping on the instance's fd; every entry must
- * succeed. No other operation is pending while this runs. */
+/* Polls until op completes; every entry must succeed. */
 static void wait_op(inst *in, kvcr_op_handle op, size_t n, const char *what)
 {
-    double until = bench_now() + WAIT_LIMIT_S;
-    for (;;) {
-        kvcr_op_result *res;
-        size_t n_res;
-        bench_check(kvcr_poll(in->kv, &res, &n_res), "kvcr_poll");
-        bool done = false;
-        for (size_t i = 0; i < n_res; i++) {
-            if (res[i].op != op) bench_fail("%s: a result for another operation", what);
-            if (res[i].n_entries != n)
-                bench_fail("%s: %zu entries answered for %zu blocks", what, res[i].n_entries, n);
-            for (size_t j = 0; j < n; j++) {
-                const kvcr_entry_result *e = &res[i].entries[j];
-                if (e->status != KVCR_ENTRY_SUCCESS)
-                    bench_fail("%s: entry %zu of %zu is %s (%s)", what, j, n,
-                               kvcr_entry_status_name(e->status), kvcr_reason_name(e->reason));
-            }
-            done = true;
-        }
-        kvcr_results_free(res);
-        if (done) return;
-        double left = until - bench_now();
-        if (left <= 0) bench_fail("%s did not complete within %.0f s", what, WAIT_LIMIT_S);
-        struct pollfd p = {in->fd, POLLIN, 0};
-        poll(&p, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
-    }
+    kvcr_results_free(bench_wait_op(in->kv, in->fd, op, n, what, WAIT_LIMIT_S, NULL));
 }
 
 /* Polls (which settles finished spills) until at most `most` spills are
  * still being written. */
 static void wait_stores(inst *in, double most, const char *what)
 {
-    double until = bench_now() + WAIT_LIMIT_S;
+    double until = tool_now() + WAIT_LIMIT_S;
     for (;;) {
         kvcr_op_result *res;
         size_t n_res;
@@ -654,7 +624,7 @@ static void wait_stores(inst *in, double most, const char *what)
         if (n_res) bench_fail("%s: an unexpected operation result", what);
         double pending = gauge(in, "g3_pending_stores");
         if (pending <= most) return;
-        double left = until - bench_now();
+        double left = until - tool_now();
         if (left <= 0)
             bench_fail("%s: %.0f spills still pending after %.0f s", what, pending, WAIT_LIMIT_S);
         struct pollfd p = {in->fd, POLLIN, 0};
@@ -706,7 +676,7 @@ static void e2e_round(const sizes *z, int round, uint8_t *fw, uint8_t *pool, dou
      * outrun the disk, the next deposit waits until its evictions fit. */
     double most = (double)(cfg.g3.max_staging_bytes / BIG) - (double)z->batch;
     if (most < 0) bench_fail("a batch of %zu blocks does not fit in the G3 staging", z->batch);
-    double t0 = bench_now();
+    double t0 = tool_now();
     for (size_t first = 0; first < n; first += z->batch) {
         size_t k = n - first < z->batch ? n - first : z->batch;
         wait_stores(&in, most, "spill");
@@ -715,7 +685,7 @@ static void e2e_round(const sizes *z, int round, uint8_t *fw, uint8_t *pool, dou
         wait_op(&in, op, k, "kvcr_deposit");
     }
     wait_stores(&in, 0, "spill");
-    *spill = bench_gbs(z->spilled * BIG, bench_now() - t0);
+    *spill = bench_gbs(z->spilled * BIG, tool_now() - t0);
 
     /* Every evicted block is in G3 (none dropped), the rest in KVCR DRAM. */
     bench_check(kvcr_query(in.kv, qkeys, n, NULL, q), "kvcr_query");
@@ -736,10 +706,10 @@ static void e2e_round(const sizes *z, int round, uint8_t *fw, uint8_t *pool, dou
     size_t shift = (size_t)round + 1;
     for (size_t i = 0; i < z->spilled; i++) refs[i].index = (i + shift) % n;
     kvcr_op_handle op;
-    t0 = bench_now();
+    t0 = tool_now();
     bench_check(kvcr_deliver(in.kv, blocks, z->spilled, NULL, &op), "kvcr_deliver");
     wait_op(&in, op, z->spilled, "kvcr_deliver");
-    *deliver = bench_gbs(z->spilled * BIG, bench_now() - t0);
+    *deliver = bench_gbs(z->spilled * BIG, tool_now() - t0);
     for (size_t i = 0; i < z->spilled; i++)
         if (!bench_has_block(fw + refs[i].index * BIG, BIG, salt + i + 1))
             bench_fail("block %zu delivered from G3 holds other bytes than were deposited", i);
@@ -757,8 +727,8 @@ static void bench_e2e(bench_out *o, const sizes *z, const bw_figures *qd16)
     size_t n = z->spilled + z->pool;
     uint8_t *fw = bench_xalloc(n * BIG), *pool = bench_xalloc(z->pool * BIG);
     memset(pool, 0, z->pool * BIG);
-    double spill = 0, deliver = 0, until = bench_now() + CASE_BUDGET_S;
-    for (int r = 0; r < z->rounds && (r == 0 || bench_now() < until); r++) {
+    double spill = 0, deliver = 0, until = tool_now() + CASE_BUDGET_S;
+    for (int r = 0; r < z->rounds && (r == 0 || tool_now() < until); r++) {
         double s, d;
         e2e_round(z, r, fw, pool, &s, &d);
         if (s > spill) spill = s;
@@ -803,12 +773,12 @@ static void bench_restart(bench_out *o, const sizes *z, bool quick)
     kvcr_block *blocks = calloc(RESTART_SAMPLE, sizeof *blocks);
     uint64_t *slot_of = calloc(RESTART_SAMPLE, sizeof *slot_of);
     if (!keys || !refs || !blocks || !slot_of) bench_fail("out of memory");
-    double best = 1e30, until = bench_now() + CASE_BUDGET_S;
-    for (int rep = 0; rep < z->restart_reps && (rep == 0 || bench_now() < until); rep++) {
+    double best = 1e30, until = tool_now() + CASE_BUDGET_S;
+    for (int rep = 0; rep < z->restart_reps && (rep == 0 || tool_now() < until); rep++) {
         inst in;
-        double t0 = bench_now();
+        double t0 = tool_now();
         inst_start(&in, &cfg); /* open, scan, index rebuild */
-        double s = bench_now() - t0;
+        double s = tool_now() - t0;
         if (s < best) best = s;
 
         double alloc = gauge(&in, "g3_allocated_slots");

@@ -132,51 +132,19 @@ static void batch_set(batch *b, const inst *in, uint64_t round, size_t first, si
     }
 }
 
-/* Polls until op completes, sleeping on the instance's fd in between so the
- * copy threads keep both CPUs. Every entry must be a success. Returns the
- * poll's allocation (for kvcr_results_free) and sets *mine to op's result. */
-static kvcr_op_result *wait_op(inst *in, kvcr_op_handle op, size_t n, const char *what,
-                               const kvcr_op_result **mine)
-{
-    double until = bench_now() + WAIT_LIMIT_S;
-    for (;;) {
-        kvcr_op_result *res;
-        size_t n_res;
-        bench_check(kvcr_poll(in->kv, &res, &n_res), "kvcr_poll");
-        for (size_t i = 0; i < n_res; i++) {
-            if (res[i].op != op) continue;
-            if (res[i].n_entries != n)
-                bench_fail("%s: %zu entries answered for %zu blocks", what, res[i].n_entries, n);
-            for (size_t j = 0; j < n; j++) {
-                const kvcr_entry_result *e = &res[i].entries[j];
-                if (e->status != KVCR_ENTRY_SUCCESS)
-                    bench_fail("%s: entry %zu of %zu is %s (%s)", what, j, n,
-                               kvcr_entry_status_name(e->status), kvcr_reason_name(e->reason));
-            }
-            *mine = &res[i];
-            return res;
-        }
-        kvcr_results_free(res);
-        double left = until - bench_now();
-        if (left <= 0) bench_fail("%s did not complete within %.0f s", what, WAIT_LIMIT_S);
-        struct pollfd p = {in->fd, POLLIN, 0};
-        poll(&p, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
-    }
-}
-
 /* Runs one deposit or deliver of the batch to completion; returns the
  * seconds from submission to the last result. */
 static double run_op(inst *in, enum op_kind kind, const batch *b)
 {
     const char *what = kind == DEPOSIT ? "kvcr_deposit" : "kvcr_deliver";
     kvcr_op_handle op;
-    double t0 = bench_now();
+    double t0 = tool_now();
     bench_check(kind == DEPOSIT ? kvcr_deposit(in->kv, b->blocks, b->n, 0, &op)
                                 : kvcr_deliver(in->kv, b->blocks, b->n, NULL, &op),
                 what);
     const kvcr_op_result *mine;
-    kvcr_op_result *res = wait_op(in, op, b->n, what, &mine);
-    double s = bench_now() - t0;
+    kvcr_op_result *res = bench_wait_op(in->kv, in->fd, op, b->n, what, WAIT_LIMIT_S, &mine);
+    double s = tool_now() - t0;
     kvcr_results_free(res);
     return s;
 }
@@ -227,16 +195,16 @@ static void bench_query(bench_out *o, const query_case *c, bool quick)
                 bench_fail("resident key %zu answered %s", k * QUERY_BATCH + j,
                            kvcr_query_status_name(out[j].status));
     }
-    double best = 1e30, until = bench_now() + CASE_BUDGET_S;
+    double best = 1e30, until = tool_now() + CASE_BUDGET_S;
     size_t hits = 0, done = 0;
-    for (int rep = 0; rep < QUERY_REPS && (rep == 0 || bench_now() < until); rep++) {
-        double t0 = bench_now();
+    for (int rep = 0; rep < QUERY_REPS && (rep == 0 || tool_now() < until); rep++) {
+        double t0 = tool_now();
         for (size_t k = 0; k < calls; k++) {
             bench_check(kvcr_query(in.kv, q + k * QUERY_BATCH, QUERY_BATCH, NULL, out),
                         "kvcr_query");
             hits += out[k % QUERY_BATCH].status == KVCR_QUERY_HIT;
         }
-        double ns = (bench_now() - t0) * 1e9 / (double)n_keys;
+        double ns = (tool_now() - t0) * 1e9 / (double)n_keys;
         if (ns < best) best = ns;
         done += calls;
     }
@@ -265,14 +233,14 @@ static void bench_query(bench_out *o, const query_case *c, bool quick)
  * buffers, element i to slot i (or back), best of the rounds. */
 static double memcpy_gbs(inst *in, int rounds, bool to_pool)
 {
-    double best = 0, until = bench_now() + CASE_BUDGET_S;
-    for (int r = 0; r < rounds && (r == 0 || bench_now() < until); r++) {
-        double t0 = bench_now();
+    double best = 0, until = tool_now() + CASE_BUDGET_S;
+    for (int r = 0; r < rounds && (r == 0 || tool_now() < until); r++) {
+        double t0 = tool_now();
         for (size_t i = 0; i < in->n_fw; i++) {
             uint8_t *f = in->fw + i * in->block, *p = in->pool + i * in->block;
             memcpy(to_pool ? p : f, to_pool ? f : p, in->block);
         }
-        double v = bench_gbs(in->n_fw * in->block, bench_now() - t0);
+        double v = bench_gbs(in->n_fw * in->block, tool_now() - t0);
         if (v > best) best = v;
     }
     return best;
@@ -287,7 +255,8 @@ static void check_pool(inst *in, const batch *b)
     kvcr_op_handle op;
     bench_check(kvcr_fetch(in->kv, keys, b->n, NULL, NULL, 0, &op), "kvcr_fetch");
     const kvcr_op_result *mine;
-    kvcr_op_result *res = wait_op(in, op, b->n, "kvcr_fetch", &mine);
+    kvcr_op_result *res =
+        bench_wait_op(in->kv, in->fd, op, b->n, "kvcr_fetch", WAIT_LIMIT_S, &mine);
     kvcr_release_handle *rh = xmalloc(b->n * sizeof *rh);
     bool *released = xmalloc(b->n * sizeof *released);
     for (size_t i = 0; i < b->n; i++) {
@@ -345,9 +314,9 @@ static void bench_bandwidth(bench_out *o, uint32_t threads, bool quick)
 
     /* The pool holds nothing yet, so the baseline may write it. */
     double base_in = memcpy_gbs(&in, rounds, true);
-    double dep = 0, until = bench_now() + CASE_BUDGET_S;
+    double dep = 0, until = tool_now() + CASE_BUDGET_S;
     uint64_t round = 0;
-    while (round < (uint64_t)rounds && (round == 0 || bench_now() < until)) {
+    while (round < (uint64_t)rounds && (round == 0 || tool_now() < until)) {
         /* New keys each round: LRU evicts the previous round's blocks. */
         batch_set(&b, &in, ++round, 0, n, 0);
         double v = bench_gbs(bytes, run_op(&in, DEPOSIT, &b));
@@ -358,8 +327,8 @@ static void bench_bandwidth(bench_out *o, uint32_t threads, bool quick)
     /* From here the baseline only reads KVCR's slots. */
     double base_out = memcpy_gbs(&in, rounds, false);
     double del = 0;
-    until = bench_now() + CASE_BUDGET_S;
-    for (int r = 0; r < rounds && (r == 0 || bench_now() < until); r++) {
+    until = tool_now() + CASE_BUDGET_S;
+    for (int r = 0; r < rounds && (r == 0 || tool_now() < until); r++) {
         /* A new destination each round, so a deliver that copied nothing
          * would leave the wrong bytes behind for check_region. */
         batch_set(&b, &in, round, 0, n, (size_t)r + 1);

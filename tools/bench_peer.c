@@ -100,36 +100,6 @@ static const char *size_name(const job *j)
 
 /* ---- pipes ----------------------------------------------------------------- */
 
-static bool read_full(int fd, void *buf, size_t len, double until)
-{
-    size_t got = 0;
-    while (got < len) {
-        double left = until - bench_now();
-        if (left <= 0) return false;
-        struct pollfd p = {fd, POLLIN, 0};
-        int rc = poll(&p, 1, (int)(left * 1000) + 1);
-        if (rc < 0 && errno == EINTR) continue;
-        if (rc <= 0) return false;
-        ssize_t r = read(fd, (char *)buf + got, len - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        got += (size_t)r;
-    }
-    return true;
-}
-
-static bool write_full(int fd, const void *buf, size_t len)
-{
-    size_t put = 0;
-    while (put < len) {
-        ssize_t r = write(fd, (const char *)buf + put, len - put);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        put += (size_t)r;
-    }
-    return true;
-}
-
 /* Messages are a u32 length and that many bytes. */
 /* One write for the length and the bytes (as far as the pipe allows), so
  * a reader never sees a message's length without its bytes. */
@@ -137,20 +107,20 @@ static bool msg_send(int fd, const void *buf, uint32_t len)
 {
     uint8_t small[4 + 256];
     if (len > sizeof small - sizeof len)
-        return write_full(fd, &len, sizeof len) && write_full(fd, buf, len);
+        return tool_write_full(fd, &len, sizeof len) == 0 && tool_write_full(fd, buf, len) == 0;
     memcpy(small, &len, sizeof len);
     memcpy(small + sizeof len, buf, len);
-    return write_full(fd, small, sizeof len + len);
+    return tool_write_full(fd, small, sizeof len + len) == 0;
 }
 
 /* Returns the length, or -1 on timeout, end of file or a message longer
  * than cap. */
 static long msg_recv(int fd, void *buf, uint32_t cap, double timeout_s)
 {
-    double until = bench_now() + timeout_s;
+    double until = tool_now() + timeout_s;
     uint32_t len;
-    if (!read_full(fd, &len, sizeof len, until) || len > cap) return -1;
-    if (!read_full(fd, buf, len, until)) return -1;
+    if (tool_read_full(fd, &len, sizeof len, until) != 0 || len > cap) return -1;
+    if (tool_read_full(fd, buf, len, until) != 0) return -1;
     return (long)len;
 }
 
@@ -259,7 +229,7 @@ static bool child_reap(child *c, double timeout_s, int *status)
     close(c->to);
     close(c->from);
     live_drop(c);
-    double until = bench_now() + timeout_s;
+    double until = tool_now() + timeout_s;
     for (;;) {
         pid_t r = waitpid(c->pid, status, WNOHANG);
         if (r == c->pid) return WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
@@ -267,7 +237,7 @@ static bool child_reap(child *c, double timeout_s, int *status)
             *status = -1;
             return false;
         }
-        if (bench_now() > until) {
+        if (tool_now() > until) {
             kill_reap(c->pid);
             *status = -1;
             return false;
@@ -404,12 +374,12 @@ static void raw_wait(raw_side *s, void *req, const char *what)
 {
     if (req == NULL) return;
     if (UCS_PTR_IS_ERR(req)) ucs_check(UCS_PTR_STATUS(req), s, what);
-    double until = bench_now() + WAIT_LIMIT_S;
+    double until = tool_now() + WAIT_LIMIT_S;
     ucs_status_t st;
     unsigned spins = 0, idle = 0;
     while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS) {
         raw_progress(s, &idle);
-        if ((++spins & 1023) == 0 && bench_now() > until) {
+        if ((++spins & 1023) == 0 && tool_now() > until) {
             ucp_request_cancel(s->worker, req);
             bench_fail("%s: %s did not complete within %.0f s", s->who, what, WAIT_LIMIT_S);
         }
@@ -454,14 +424,14 @@ static void raw_target(const job *j, int in, int out)
     ucp_rkey_buffer_release(rkey);
     up_send(out, &h, (uint32_t)(offsetof(raw_hello, bytes) + addr_len + rkey_len), who);
 
-    double until = bench_now() + CHILD_LIMIT_S;
+    double until = tool_now() + CHILD_LIMIT_S;
     unsigned idle = 0;
     for (unsigned spins = 1;; spins++) {
         raw_progress(&s, &idle);
         if ((spins & 255) != 0) continue;
         struct pollfd p = {in, POLLIN, 0};
         if (poll(&p, 1, 0) > 0) break;
-        if (bench_now() > until) bench_fail("%s: the source did not finish", who);
+        if (tool_now() > until) bench_fail("%s: the source did not finish", who);
     }
     uint64_t shift;
     if (down_recv(in, &shift, sizeof shift, 1.0, who) != sizeof shift)
@@ -500,11 +470,11 @@ static void raw_source(const job *j, int in, int out)
 
     ucp_request_param_t put = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH, .memh = s.memh};
     ucp_request_param_t flush = {.op_attr_mask = 0};
-    double best = 0, until = bench_now() + CASE_BUDGET_S;
+    double best = 0, until = tool_now() + CASE_BUDGET_S;
     uint64_t shift = 0;
-    for (int r = 0; r < j->rounds && (r == 0 || bench_now() < until); r++) {
+    for (int r = 0; r < j->rounds && (r == 0 || tool_now() < until); r++) {
         shift = (uint64_t)r + 1;
-        double t0 = bench_now();
+        double t0 = tool_now();
         for (size_t first = 0; first < j->n; first += j->batch) {
             size_t end = first + j->batch < j->n ? first + j->batch : j->n;
             for (size_t i = first; i < end; i++) {
@@ -516,7 +486,7 @@ static void raw_source(const job *j, int in, int out)
             raw_wait(&s, ucp_ep_flush_nbx(ep, &flush), "ucp_ep_flush_nbx");
             if (g_raw_ep_failed) bench_fail("%s: the endpoint failed", who);
         }
-        double v = bench_gbs(j->n * j->block, bench_now() - t0);
+        double v = bench_gbs(j->n * j->block, tool_now() - t0);
         if (v > best) best = v;
     }
     ucp_rkey_destroy(rkey);
@@ -527,20 +497,6 @@ static void raw_source(const job *j, int in, int out)
 }
 
 /* ---- (c) KVCR: two instances, a router hint, deliver ------------------------ */
-
-/* Keys are "k<i>" and their router hash is i. */
-static int key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
-{
-    (void)ud;
-    if (key->len < 2 || key->len > 21 || key->data[0] != 'k') return -1;
-    uint64_t x = 0;
-    for (size_t i = 1; i < key->len; i++) {
-        if (key->data[i] < '0' || key->data[i] > '9') return -1;
-        x = x * 10 + (uint64_t)(key->data[i] - '0');
-    }
-    *hash = x;
-    return 0;
-}
 
 typedef struct kv_side {
     kvcr_t *kv;
@@ -587,7 +543,7 @@ static void kv_start(kv_side *s, const char *who, const job *j, bool source)
     cfg.remote.enabled = true;
     cfg.remote.control_host = "127.0.0.1";
     cfg.remote.control_port = 0;
-    cfg.callbacks.key_hash = key_hash;
+    cfg.callbacks.key_hash = tool_key_hash;
     cfg.operation_timeout_ms = OP_TIMEOUT_MS;
     cfg.abandon_timeout_ms = 2 * OP_TIMEOUT_MS;
     const char *other[1];
@@ -627,34 +583,12 @@ static size_t kv_batch(kv_side *s, const job *j, size_t first, uint64_t shift)
     return end - first;
 }
 
-/* Sleeps on the instance's fd and polls until op completes; every entry
- * must be a success. */
+/* Polls until op completes; every entry must be a success. */
 static void kv_wait(kv_side *s, kvcr_op_handle op, size_t n, const char *what)
 {
-    double until = bench_now() + WAIT_LIMIT_S;
-    for (;;) {
-        kvcr_op_result *res;
-        size_t n_res;
-        kv_check(kvcr_poll(s->kv, &res, &n_res), s, "kvcr_poll");
-        for (size_t i = 0; i < n_res; i++) {
-            if (res[i].op != op) continue;
-            if (res[i].n_entries != n)
-                bench_fail("%s: %s: %zu entries answered for %zu blocks", s->who, what,
-                           res[i].n_entries, n);
-            for (size_t e = 0; e < n; e++)
-                if (res[i].entries[e].status != KVCR_ENTRY_SUCCESS)
-                    bench_fail("%s: %s: entry %zu of %zu is %s (%s)", s->who, what, e, n,
-                               kvcr_entry_status_name(res[i].entries[e].status),
-                               kvcr_reason_name(res[i].entries[e].reason));
-            kvcr_results_free(res);
-            return;
-        }
-        kvcr_results_free(res);
-        double left = until - bench_now();
-        if (left <= 0) bench_fail("%s: %s did not complete within %.0f s", s->who, what, WAIT_LIMIT_S);
-        struct pollfd p = {s->fd, POLLIN, 0};
-        poll(&p, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
-    }
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s: %s", s->who, what);
+    kvcr_results_free(bench_wait_op(s->kv, s->fd, op, n, msg, WAIT_LIMIT_S, NULL));
 }
 
 /* Deposits the set into its KVCR DRAM, tells the parent its control
@@ -677,7 +611,7 @@ static void kv_source(const job *j, int in, int out)
     if (ep == NULL) bench_fail("%s: kvcr_control_endpoint is NULL with the remote tier on", s.who);
     up_send(out, ep, (uint32_t)strlen(ep), s.who);
 
-    double until = bench_now() + CHILD_LIMIT_S;
+    double until = tool_now() + CHILD_LIMIT_S;
     for (;;) {
         struct pollfd fds[2] = {{in, POLLIN, 0}, {s.fd, POLLIN, 0}};
         poll(fds, 2, 5);
@@ -692,7 +626,7 @@ static void kv_source(const job *j, int in, int out)
             msg_recv(in, &stop, 1, 1.0);
             break; /* stop, or the parent is gone */
         }
-        if (bench_now() > until) bench_fail("%s: not told to stop within %.0f s", s.who, CHILD_LIMIT_S);
+        if (tool_now() > until) bench_fail("%s: not told to stop within %.0f s", s.who, CHILD_LIMIT_S);
     }
     kv_stop(&s);
 }
@@ -728,24 +662,24 @@ static void kv_target(const job *j, int in, int out)
     if (at < cap) at += (size_t)snprintf(json + at, cap - at, "]}}]}");
     if (at >= cap) bench_fail("%s: internal: hint longer than %zu bytes", s.who, cap);
 
-    double best = 0, until = bench_now() + CASE_BUDGET_S;
+    double best = 0, until = tool_now() + CASE_BUDGET_S;
     double *times = malloc((size_t)j->rounds * sizeof *times);
     if (times == NULL) bench_fail("%s: out of memory", s.who);
     uint64_t shift = 0;
     int r = 0;
-    for (; r < j->rounds && (r == 0 || bench_now() < until); r++) {
+    for (; r < j->rounds && (r == 0 || tool_now() < until); r++) {
         shift = (uint64_t)r + 1;
         char request[32];
         snprintf(request, sizeof request, "bench-%d", r);
         kv_check(kvcr_submit_hint(s.kv, request, json, at), &s, "kvcr_submit_hint");
-        double t0 = bench_now();
+        double t0 = tool_now();
         for (size_t first = 0; first < j->n; first += j->batch) {
             size_t n = kv_batch(&s, j, first, shift);
             kvcr_op_handle op;
             kv_check(kvcr_deliver(s.kv, s.blocks, n, request, &op), &s, "kvcr_deliver");
             kv_wait(&s, op, n, "kvcr_deliver");
         }
-        times[r] = bench_now() - t0;
+        times[r] = tool_now() - t0;
         double v = bench_gbs(j->n * j->block, times[r]);
         if (v > best) best = v;
         kv_check(kvcr_discard_hint(s.kv, request), &s, "kvcr_discard_hint");
@@ -872,7 +806,7 @@ static redisContext *redis_start(void)
         _exit(127);
     }
     g_redis = pid;
-    double until = bench_now() + REDIS_START_S;
+    double until = tool_now() + REDIS_START_S;
     for (;;) {
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) {
@@ -883,7 +817,7 @@ static redisContext *redis_start(void)
         }
         redisContext *c = redis_connect(port);
         if (c) return c;
-        if (bench_now() > until) {
+        if (tool_now() > until) {
             redis_log_tail();
             bench_fail("redis-server on port %u did not answer PING within %.0f s", port,
                        REDIS_START_S);
@@ -896,10 +830,10 @@ static void redis_stop(redisContext *c)
 {
     redisFree(c);
     kill(g_redis, SIGTERM);
-    double until = bench_now() + 5.0;
+    double until = tool_now() + 5.0;
     int status;
     while (waitpid(g_redis, &status, WNOHANG) != g_redis) {
-        if (bench_now() > until) {
+        if (tool_now() > until) {
             kill_reap(g_redis);
             break;
         }
@@ -954,11 +888,11 @@ static double redis_get(redisContext *c, const job *j)
     uint8_t *dst = bench_xalloc(j->n * j->block);
     memset(dst, 0, j->n * j->block);
     char key[32];
-    double best = 0, until = bench_now() + CASE_BUDGET_S;
+    double best = 0, until = tool_now() + CASE_BUDGET_S;
     uint64_t shift = 0;
-    for (int r = 0; r < j->rounds && (r == 0 || bench_now() < until); r++) {
+    for (int r = 0; r < j->rounds && (r == 0 || tool_now() < until); r++) {
         shift = (uint64_t)r + 1;
-        double t0 = bench_now();
+        double t0 = tool_now();
         for (size_t first = 0; first < j->n; first += j->batch) {
             size_t end = first + j->batch < j->n ? first + j->batch : j->n;
             for (size_t i = first; i < end; i++) {
@@ -974,7 +908,7 @@ static double redis_get(redisContext *c, const job *j)
                 freeReplyObject(rep);
             }
         }
-        double v = bench_gbs(j->n * j->block, bench_now() - t0);
+        double v = bench_gbs(j->n * j->block, tool_now() - t0);
         if (v > best) best = v;
     }
     check_dest(dst, j, shift, "redis");

@@ -105,38 +105,6 @@ static kvcr_key key_of(const char *s)
     return (kvcr_key){(const uint8_t *)s, strlen(s)};
 }
 
-/* The key adapter of every instance here: key "k<i>" has router hash i. */
-static int key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
-{
-    (void)ud;
-    if (key->len < 2 || key->len > 21 || key->data[0] != 'k') return -1;
-    uint64_t x = 0;
-    for (size_t i = 1; i < key->len; i++) {
-        if (key->data[i] < '0' || key->data[i] > '9') return -1;
-        x = x * 10 + (uint64_t)(key->data[i] - '0');
-    }
-    *hash = x;
-    return 0;
-}
-
-static bool read_full(int fd, void *buf, size_t len, double until)
-{
-    size_t got = 0;
-    while (got < len) {
-        double left = until - bench_now();
-        if (left <= 0) return false;
-        struct pollfd p = {fd, POLLIN, 0};
-        int rc = poll(&p, 1, (int)(left * 1000) + 1);
-        if (rc < 0 && errno == EINTR) continue;
-        if (rc <= 0) return false;
-        ssize_t r = read(fd, (char *)buf + got, len - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        got += (size_t)r;
-    }
-    return true;
-}
-
 static double median(const double *v, int n)
 {
     double s[MAX_REPS * LIVE_SAMPLES];
@@ -162,36 +130,12 @@ typedef struct eng {
     const char *who;
 } eng;
 
-/* Polls until op completes, sleeping on the instance's fd; every entry must
- * succeed. No other operation is in flight meanwhile. */
+/* Polls until op completes; every entry must succeed. */
 static void eng_wait(eng *e, kvcr_op_handle op, size_t n, const char *what)
 {
-    double until = bench_now() + WAIT_LIMIT_S;
-    for (;;) {
-        kvcr_op_result *res;
-        size_t n_res;
-        bench_check(kvcr_poll(e->kv, &res, &n_res), "kvcr_poll");
-        bool done = false;
-        for (size_t i = 0; i < n_res; i++) {
-            if (res[i].op != op) bench_fail("%s: %s: a result for another operation", e->who, what);
-            if (res[i].n_entries != n)
-                bench_fail("%s: %s: %zu entries answered for %zu blocks", e->who, what,
-                           res[i].n_entries, n);
-            for (size_t j = 0; j < n; j++)
-                if (res[i].entries[j].status != KVCR_ENTRY_SUCCESS)
-                    bench_fail("%s: %s: entry %zu is %s (%s)", e->who, what, j,
-                               kvcr_entry_status_name(res[i].entries[j].status),
-                               kvcr_reason_name(res[i].entries[j].reason));
-            done = true;
-        }
-        kvcr_results_free(res);
-        if (done) return;
-        double left = until - bench_now();
-        if (left <= 0)
-            bench_fail("%s: %s did not complete within %.0f s", e->who, what, WAIT_LIMIT_S);
-        struct pollfd p = {e->fd, POLLIN, 0};
-        poll(&p, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
-    }
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s: %s", e->who, what);
+    kvcr_results_free(bench_wait_op(e->kv, e->fd, op, n, msg, WAIT_LIMIT_S, NULL));
 }
 
 /* Deposits k0..k<n-1> from framework elements 0..n-1, DEPOSIT_WINDOW
@@ -209,7 +153,7 @@ static void eng_deposit_all(eng *e)
     kvcr_op_handle ops[DEPOSIT_WINDOW];
     size_t n_ops = 0;
     uint32_t next = 0, done = 0;
-    double until = bench_now() + ENGINE_START_S;
+    double until = tool_now() + ENGINE_START_S;
     while (done < e->n) {
         while (next < e->n && n_ops < DEPOSIT_WINDOW) {
             uint32_t k = e->n - next < DEPOSIT_BATCH ? e->n - next : DEPOSIT_BATCH;
@@ -235,7 +179,7 @@ static void eng_deposit_all(eng *e)
         }
         kvcr_results_free(res);
         if (n_res > 0) continue;
-        double left = until - bench_now();
+        double left = until - tool_now();
         if (left <= 0)
             bench_fail("%s: %u of %u deposits done after %.0f s", e->who, done, e->n,
                        ENGINE_START_S);
@@ -347,19 +291,19 @@ static int engine_main(int argc, char **argv)
     cfg.guard.compatibility_digest = DIGEST;
     cfg.operation_timeout_ms = ENGINE_OP_MS;
     cfg.abandon_timeout_ms = 2 * ENGINE_OP_MS;
-    cfg.callbacks.key_hash = key_hash;
+    cfg.callbacks.key_hash = tool_key_hash;
 
     engine_report rep;
     memset(&rep, 0, sizeof rep);
-    double t0 = bench_now();
+    double t0 = tool_now();
     bench_check(kvcr_create(&cfg, &e.kv), "engine: kvcr_create");
-    rep.create_s = bench_now() - t0;
+    rep.create_s = tool_now() - t0;
     e.fd = kvcr_fd(e.kv);
     if (e.fd < 0) bench_check(e.fd, "engine: kvcr_fd");
     if (r == ROLE_DEPOSIT) {
-        t0 = bench_now();
+        t0 = tool_now();
         eng_deposit_all(&e);
-        rep.deposit_s = bench_now() - t0;
+        rep.deposit_s = tool_now() - t0;
     } else if (r == ROLE_RECOVER) {
         rep.hits = eng_count_hits(&e);
         rep.good = eng_check_sample(&e, sample, seed, &rep.sampled);
@@ -370,8 +314,8 @@ static int engine_main(int argc, char **argv)
 
     /* Serve (peers pull from this instance) until told to stop, the parent
      * goes away, or the life bound passes. */
-    double until = bench_now() + ENGINE_LIFE_S;
-    while (bench_now() < until) {
+    double until = tool_now() + ENGINE_LIFE_S;
+    while (tool_now() < until) {
         struct pollfd fds[2] = {{STDIN_FILENO, POLLIN, 0}, {e.fd, POLLIN, 0}};
         poll(fds, 2, 5);
         kvcr_op_result *res;
@@ -522,37 +466,15 @@ static void install_cleanup(void)
 {
     g_owner = getpid();
     atexit(cleanup);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    bench_trap_signals(on_signal);
     signal(SIGPIPE, SIG_IGN); /* a dead engine's pipe is an error, not a signal */
-}
-
-/* A metric of the service by its full name with labels; -1 when absent or
- * the service does not answer. */
-static double svc_metric(const char *name)
-{
-    char *text = NULL;
-    if (svc_fetch_metrics(g_sock, &text) != 0) return -1;
-    double v = -1;
-    size_t len = strlen(name);
-    for (char *line = text; line && *line;) {
-        if (strncmp(line, name, len) == 0 && line[len] == ' ') v = atof(line + len + 1);
-        char *nl = strchr(line, '\n');
-        line = nl ? nl + 1 : NULL;
-    }
-    free(text);
-    return v;
 }
 
 static double guard_metric(const char *what, uint32_t guard)
 {
     char name[128];
     snprintf(name, sizeof name, "%s{guard=\"%u\"}", what, guard);
-    return svc_metric(name);
+    return tool_svc_metric(g_sock, name);
 }
 
 static const char *exit_text(char *buf, size_t cap, int status)
@@ -602,7 +524,7 @@ static void service_start(uint64_t slots)
                     "--compatibility-digest", DIGEST, "--journal-mb", journal,
                     "--log-level", "warn", NULL};
     g_service = spawn_self(argv, -1, -1, g_log);
-    double until = bench_now() + SERVICE_START_S;
+    double until = tool_now() + SERVICE_START_S;
     for (int i = 0; i < 100000; i++) {
         char *text = NULL;
         if (svc_fetch_metrics(g_sock, &text) == 0) {
@@ -615,7 +537,7 @@ static void service_start(uint64_t slots)
             char s[48];
             bench_fail("the service exited at start-up (%s)", exit_text(s, sizeof s, status));
         }
-        if (bench_now() > until) break;
+        if (tool_now() > until) break;
         sleep_ms(10);
     }
     bench_fail("the service did not answer on %s within %.0f s: %s", g_sock, SERVICE_START_S,
@@ -628,9 +550,9 @@ static void service_stop(void)
     pid_t pid = g_service;
     kill(pid, SIGTERM);
     int status = 0;
-    double until = bench_now() + SERVICE_STOP_S;
+    double until = tool_now() + SERVICE_STOP_S;
     pid_t r;
-    while ((r = waitpid(pid, &status, WNOHANG)) == 0 && bench_now() < until) sleep_ms(10);
+    while ((r = waitpid(pid, &status, WNOHANG)) == 0 && tool_now() < until) sleep_ms(10);
     if (r != pid) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
@@ -660,9 +582,9 @@ static int exec_service(int argc, char **argv)
 static _Noreturn void engine_failed(engine *e, const char *doing)
 {
     int status = 0;
-    double until = bench_now() + 3.0;
+    double until = tool_now() + 3.0;
     pid_t r;
-    while ((r = waitpid(e->pid, &status, WNOHANG)) == 0 && bench_now() < until) sleep_ms(10);
+    while ((r = waitpid(e->pid, &status, WNOHANG)) == 0 && tool_now() < until) sleep_ms(10);
     if (r != e->pid) {
         kill(e->pid, SIGKILL);
         waitpid(e->pid, NULL, 0);
@@ -696,7 +618,7 @@ static void engine_start(engine *e, uint32_t guard, uint32_t n, role r, uint64_t
     close(up[1]);
     e->to = down[1];
     e->from = up[0];
-    if (!read_full(e->from, rep, sizeof *rep, bench_now() + ENGINE_START_S)) {
+    if (tool_read_full(e->from, rep, sizeof *rep, tool_now() + ENGINE_START_S) != 0) {
         close(e->to);
         close(e->from);
         engine_failed(e, "starting");
@@ -726,9 +648,9 @@ static void engine_stop(engine *e)
     close(e->to);
     close(e->from);
     int status = 0;
-    double until = bench_now() + ENGINE_STOP_S;
+    double until = tool_now() + ENGINE_STOP_S;
     pid_t r;
-    while ((r = waitpid(e->pid, &status, WNOHANG)) == 0 && bench_now() < until) sleep_ms(5);
+    while ((r = waitpid(e->pid, &status, WNOHANG)) == 0 && tool_now() < until) sleep_ms(5);
     if (r != e->pid) {
         kill(e->pid, SIGKILL);
         waitpid(e->pid, NULL, 0);
@@ -744,15 +666,7 @@ static void engine_stop(engine *e)
 /* Waits until `guard` serves for the promotions-th time (bounded). */
 static void wait_serving(uint32_t guard, double promotions)
 {
-    char phase[128];
-    snprintf(phase, sizeof phase, "kvcr_guard_phase{guard=\"%u\",phase=\"serving\"}", guard);
-    double until = bench_now() + SERVING_WAIT_S;
-    for (int i = 0; i < 100000 && bench_now() < until; i++) {
-        if (svc_metric(phase) == 1 &&
-            guard_metric("kvcr_guard_promotions_total", guard) == promotions)
-            return;
-        sleep_ms(5);
-    }
+    if (tool_wait_serving(g_sock, guard, promotions, SERVING_WAIT_S) >= 0) return;
     bench_fail("guard %u did not start serving within %.0f s of its owner's death", guard,
                SERVING_WAIT_S);
 }
@@ -800,7 +714,7 @@ static void puller_start(puller *p)
     cfg.remote.control_host = "127.0.0.1";
     cfg.operation_timeout_ms = PEER_OP_MS;
     cfg.abandon_timeout_ms = 2 * PEER_OP_MS;
-    cfg.callbacks.key_hash = key_hash;
+    cfg.callbacks.key_hash = tool_key_hash;
     bench_check(kvcr_create(&cfg, &p->kv), "kvcr_create (the peer)");
     p->fd = kvcr_fd(p->kv);
     if (p->fd < 0) bench_check(p->fd, "kvcr_fd");
@@ -833,7 +747,7 @@ static bool pull_one(puller *p, const char *source, uint32_t x)
     kvcr_block b = {key_of(key), &ref, 1};
     kvcr_op_handle op;
     bench_check(kvcr_deliver(p->kv, &b, 1, req, &op), "kvcr_deliver");
-    double until = bench_now() + WAIT_LIMIT_S;
+    double until = tool_now() + WAIT_LIMIT_S;
     int status = -1;
     while (status < 0) {
         kvcr_op_result *res;
@@ -847,7 +761,7 @@ static bool pull_one(puller *p, const char *source, uint32_t x)
         }
         kvcr_results_free(res);
         if (status >= 0) break;
-        double left = until - bench_now();
+        double left = until - tool_now();
         if (left <= 0)
             bench_fail("the peer: a delivery did not complete within %.0f s", WAIT_LIMIT_S);
         struct pollfd pf = {p->fd, POLLIN, 0};
@@ -865,10 +779,10 @@ static bool pull_one(puller *p, const char *source, uint32_t x)
  * which then republishes its metadata), and after a restart. */
 static void pull_until_success(puller *p, const char *source, uint32_t x, const char *when)
 {
-    double until = bench_now() + FIRST_BLOCK_LIMIT_S;
+    double until = tool_now() + FIRST_BLOCK_LIMIT_S;
     for (p->refusals = 0; p->refusals < MAX_ATTEMPTS; p->refusals++) {
         if (pull_one(p, source, x)) return;
-        if (bench_now() > until) break;
+        if (tool_now() > until) break;
         sleep_ms(1);
     }
     bench_fail("%s: no delivery from %s succeeded in %d attempts / %.0f s (last: %s)", when,
@@ -913,16 +827,16 @@ static failover_figures bench_failover(int reps)
         pull_until_success(&p, endpoint, x, "before the kill"); /* meets the new owner */
         for (int k = 0; k < LIVE_SAMPLES; k++) {
             uint32_t y = (x + 1 + (uint32_t)k) % FAILOVER_BLOCKS;
-            double t0 = bench_now();
+            double t0 = tool_now();
             if (!pull_one(&p, endpoint, y))
                 bench_fail("a delivery from the live engine failed: %s",
                            kvcr_reason_name(p.last_reason));
-            live[n_live++] = bench_now() - t0;
+            live[n_live++] = tool_now() - t0;
         }
         engine_kill(&e);
-        double t0 = bench_now();
+        double t0 = tool_now();
         pull_until_success(&p, endpoint, x, "after the kill");
-        first[rep] = bench_now() - t0;
+        first[rep] = tool_now() - t0;
         if (p.refusals < f.min_refused) f.min_refused = p.refusals;
         if (p.refusals > f.max_refused) f.max_refused = p.refusals;
         wait_serving(G_FAILOVER, rep + 1);

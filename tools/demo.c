@@ -249,10 +249,10 @@ static bool collect(cluster *c, int i, bool block)
  * child that is dying (its pipes already closed) finish first. */
 static void kill_all(cluster *c, double grace)
 {
-    for (double until = demo_now() + grace;; usleep(10000)) {
+    for (double until = tool_now() + grace;; usleep(10000)) {
         int left = 0;
         for (int i = 0; i < c->n; i++) left += c->pid[i] > 0 && !collect(c, i, false);
-        if (left == 0 || demo_now() >= until) break;
+        if (left == 0 || tool_now() >= until) break;
     }
     for (int i = 0; i < c->n; i++) {
         if (c->pid[i] <= 0 || collect(c, i, false)) continue;
@@ -265,14 +265,14 @@ static void kill_all(cluster *c, double grace)
  * seconds. 0 when every child exited 0 by itself; others are named. */
 static int reap_all(cluster *c, double patience)
 {
-    double until = demo_now() + patience;
+    double until = tool_now() + patience;
     int bad = 0;
     for (;;) {
         int left = 0;
         for (int i = 0; i < c->n; i++)
             if (c->pid[i] > 0 && !collect(c, i, c->killed[i])) left++;
         if (left == 0) break;
-        if (demo_now() > until) {
+        if (tool_now() > until) {
             for (int i = 0; i < c->n; i++)
                 if (c->pid[i] > 0 && !c->killed[i]) {
                     fprintf(stderr, "kvcr demo: %s did not stop within %.0f s\n", who(i), patience);
@@ -463,7 +463,7 @@ typedef struct driver {
 
 static bool sending(const driver *d)
 {
-    return d->chaos ? demo_now() < d->end : d->sent < d->o->requests;
+    return d->chaos ? tool_now() < d->end : d->sent < d->o->requests;
 }
 
 static int send_req(driver *d, int conv_no, const uint64_t *h, int n, int target)
@@ -565,7 +565,7 @@ static int next_message(driver *d, double until, uint32_t *type, uint8_t *msg, s
 {
     for (;;) {
         if (d->chaos && !d->stopping && chaos_step(d) != 0) return -1;
-        double now = demo_now(), wake = until;
+        double now = tool_now(), wake = until;
         if (d->chaos && !d->stopping && demo_chaos_due(d->chaos) < wake)
             wake = demo_chaos_due(d->chaos);
         if (now >= until) return 0;
@@ -584,7 +584,7 @@ static int next_message(driver *d, double until, uint32_t *type, uint8_t *msg, s
 
 static int wait_ready(driver *d, uint8_t *msg, size_t cap)
 {
-    double ready_by = demo_now() + 30 < d->deadline ? demo_now() + 30 : d->deadline;
+    double ready_by = tool_now() + 30 < d->deadline ? tool_now() + 30 : d->deadline;
     for (int hellos = 0; hellos <= d->o->engines; hellos++) { /* their HELLOs, then READY */
         uint32_t type = 0;
         size_t len = 0;
@@ -608,14 +608,14 @@ static int drive(driver *d)
     static uint8_t msg[DEMO_MSG_MAX];
     if (wait_ready(d, msg, sizeof msg - 1) != 0) return 1;
     if (d->chaos) {
-        d->end = demo_now() + d->o->duration_s;
+        d->end = tool_now() + d->o->duration_s;
         demo_chaos_begin(d->chaos);
     }
     for (;;) {
         if (send_more(d) != 0) return 1;
         bool settled = d->chaos ? !sending(d) && demo_chaos_settle(d->chaos, d->cl) : true;
         if (!sending(d) && d->in_flight == 0 && settled) return 0;
-        if (demo_now() > d->deadline) {
+        if (tool_now() > d->deadline) {
             demo_progress(d->o, d->t, true);
             fprintf(stderr,
                     "kvcr demo: the time limit of %.0f s passed with %" PRIu64
@@ -625,7 +625,7 @@ static int drive(driver *d)
         }
         uint32_t type;
         size_t len;
-        int r = next_message(d, d->chaos ? demo_now() + 0.1 : d->deadline, &type, msg,
+        int r = next_message(d, d->chaos ? tool_now() + 0.1 : d->deadline, &type, msg,
                              sizeof msg - 1, &len);
         if (r < 0 || (r > 0 && on_message(d, type, msg, len) != 0)) return 1;
     }
@@ -637,7 +637,7 @@ static int stop_and_collect(driver *d)
     static uint8_t msg[DEMO_MSG_MAX];
     d->stopping = true;
     if (demo_send(d->cl->to_router, MSG_STOP, NULL, 0, NULL, 0) != 0) return 1;
-    double until = demo_now() + 60; /* each engine waits at most 30 s (DRAIN_LIMIT_S) */
+    double until = tool_now() + 60; /* each engine waits at most 30 s (DRAIN_LIMIT_S) */
     for (;;) {
         uint32_t type;
         size_t len;
@@ -686,7 +686,7 @@ int cmd_demo(int argc, char **argv)
     demo_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc != 0) return rc < 0 ? 0 : rc; /* -1: --help */
-    double t0 = demo_now(), deadline = t0 + o.time_limit_s;
+    double t0 = tool_now(), deadline = t0 + o.time_limit_s;
     signal(SIGPIPE, SIG_IGN);
     if (!o.json && o.chaos)
         printf("kvcr demo --chaos: %d engines + a router + the KVCR service for %.0f s, "
@@ -721,7 +721,7 @@ int cmd_demo(int argc, char **argv)
         for (int i = 0; i < o.conversations; i++) conv_new(&w, &w.c[i]);
         rc = drive(&d);
     }
-    double wall = demo_now() - t0;
+    double wall = tool_now() - t0;
     if (rc == 0) rc = stop_and_collect(&d);
     if (rc == 0) {
         /* engines close within their abandon timeout */

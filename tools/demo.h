@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "tool_util.h" /* tool_now, whole reads and writes */
+
 enum {
     DEMO_MAX_ENGINES = 16,
     DEMO_MAX_BLOCKS = 64,     /* blocks per request = the engine's "GPU KV buffer" */
@@ -113,7 +115,7 @@ typedef struct demo_result {
     uint32_t resilience; /* uncertain / stalled transfer events seen by the engine */
     uint64_t verified_blocks, wrong_bytes;
     uint64_t peer_bytes;
-    double peer_t0; /* demo_now() (CLOCK_MONOTONIC, host-wide) at its submit */
+    double peer_t0; /* tool_now() (CLOCK_MONOTONIC, host-wide) at its submit */
     double peer_s;  /* submit to completion of the peer deliver */
     double local_s; /* same for the local deliver */
     double wall_s;  /* the whole request inside the engine */
@@ -160,7 +162,6 @@ typedef struct totals {
 
 /* ---- demo_common.c ---------------------------------------------------------- */
 
-double demo_now(void);
 uint64_t demo_mix(uint64_t x);
 /* hash_i from hash_{i-1} and chunk i's content id. */
 uint64_t demo_chain(uint64_t prev, uint64_t chunk);
@@ -173,7 +174,7 @@ uint64_t demo_verify(const uint8_t *p, size_t size, uint64_t hash);
 /* Writes one message (header + two parts); 0 or -1 (peer gone, errno). */
 int demo_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, size_t blen);
 /* Reads one message into buf (cap bytes), waiting at most until deadline
- * (demo_now seconds). 0, or -1 with errno: EPIPE at end of file, ETIMEDOUT,
+ * (tool_now seconds). 0, or -1 with errno: EPIPE at end of file, ETIMEDOUT,
  * EMSGSIZE for a message larger than cap. */
 int demo_recv(int fd, uint32_t *type, void *buf, size_t cap, size_t *len, double deadline);
 
@@ -262,7 +263,7 @@ typedef struct demo_chaos_figures {
 int demo_chaos_start(demo_opts *o, demo_chaos **out);
 /* The workload runs (every engine up): the faults begin. */
 void demo_chaos_begin(demo_chaos *c);
-/* The time (demo_now) of the next fault or repair. */
+/* The time (tool_now) of the next fault or repair. */
 double demo_chaos_due(const demo_chaos *c);
 /* Runs the faults and repairs due (restarted engines die at deadline).
  * *probe_engine >= 0 asks the driver to send a one-block request for

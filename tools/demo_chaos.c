@@ -153,7 +153,7 @@ static int service_start(const demo_opts *o)
     }
     if (pid < 0) return -1;
     env.service = pid;
-    for (double until = demo_now() + SERVICE_WAIT_S; demo_now() < until; usleep(10000)) {
+    for (double until = tool_now() + SERVICE_WAIT_S; tool_now() < until; usleep(10000)) {
         char *text = NULL;
         if (svc_fetch_metrics(env.sock, &text) == 0) {
             free(text);
@@ -178,10 +178,10 @@ static int service_start(const demo_opts *o)
 static bool reap(pid_t pid, int sig_first, double patience, int *status)
 {
     if (sig_first) kill(pid, sig_first);
-    for (double until = demo_now() + patience; demo_now() < until; usleep(5000))
+    for (double until = tool_now() + patience; tool_now() < until; usleep(5000))
         if (waitpid(pid, status, WNOHANG) == pid) return true;
     kill(pid, SIGKILL);
-    for (double until = demo_now() + REAP_WAIT_S; demo_now() < until; usleep(5000))
+    for (double until = tool_now() + REAP_WAIT_S; tool_now() < until; usleep(5000))
         if (waitpid(pid, status, WNOHANG) == pid) return true;
     return false;
 }
@@ -478,13 +478,9 @@ static int fault(demo_chaos *c, cluster *cl, double now, int *probe, uint64_t *h
 /* Is engine e's Guard serving (the service's metrics)? */
 static bool guard_serving(int e)
 {
-    char *text = NULL, name[96];
-    if (svc_fetch_metrics(env.sock, &text) != 0) return false;
-    int n = snprintf(name, sizeof name, "kvcr_guard_phase{guard=\"%d\",phase=\"serving\"} ", e);
-    const char *at = strstr(text, name);
-    bool serving = at && (at == text || at[-1] == '\n') && atof(at + n) == 1;
-    free(text);
-    return serving;
+    char name[96];
+    snprintf(name, sizeof name, "kvcr_guard_phase{guard=\"%d\",phase=\"serving\"}", e);
+    return tool_svc_metric(env.sock, name) == 1;
 }
 
 /* An engine that died, stopped or came back: its repairs. */
@@ -585,14 +581,14 @@ int demo_chaos_start(demo_opts *o, demo_chaos **out)
 void demo_chaos_begin(demo_chaos *c)
 {
     c->begun = true;
-    c->start = c->kind_since = demo_now();
+    c->start = c->kind_since = tool_now();
     c->next = c->start + uniform(c, FAULT_GAP_MIN_S, FAULT_GAP_MAX_S);
     shuffle(c);
 }
 
 double demo_chaos_due(const demo_chaos *c)
 {
-    return c->begun ? demo_now() + 0.05 : demo_now() + 1; /* repairs are checked often */
+    return c->begun ? tool_now() + 0.05 : tool_now() + 1; /* repairs are checked often */
 }
 
 int demo_chaos_step(demo_chaos *c, cluster *cl, double deadline, int *probe, uint64_t *hash)
@@ -608,7 +604,7 @@ int demo_chaos_step(demo_chaos *c, cluster *cl, double deadline, int *probe, uin
         return -1;
     }
     if (!c->begun) return 0;
-    double now = demo_now();
+    double now = tool_now();
     for (int e = 0; e < c->o->engines; e++)
         if (tend(c, cl, e, now, deadline) != 0) return -1;
     if (c->full_until > 0 && (now >= c->full_until || c->settling)) unfill(c);
@@ -618,7 +614,7 @@ int demo_chaos_step(demo_chaos *c, cluster *cl, double deadline, int *probe, uin
 
 bool demo_chaos_settle(demo_chaos *c, cluster *cl)
 {
-    if (!c->settling) c->f.chaos_s = demo_now() - c->start;
+    if (!c->settling) c->f.chaos_s = tool_now() - c->start;
     c->settling = true;
     bool all_up = true;
     for (int e = 0; e < c->o->engines; e++) {

@@ -12,13 +12,6 @@
 
 #include "demo.h"
 
-double demo_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* splitmix64's finaliser. */
 uint64_t demo_mix(uint64_t x)
 {
@@ -73,19 +66,6 @@ typedef struct hdr {
     uint32_t type, len;
 } hdr;
 
-static int write_full(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int demo_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, size_t blen)
 {
     if (alen + blen > DEMO_MSG_MAX) {
@@ -99,43 +79,18 @@ int demo_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, 
     memcpy(buf, &h, sizeof h);
     if (alen) memcpy(buf + sizeof h, a, alen);
     if (blen) memcpy(buf + sizeof h + alen, b, blen);
-    return write_full(fd, buf, sizeof h + alen + blen);
-}
-
-static int read_full(int fd, void *buf, size_t len, double deadline)
-{
-    char *p = buf;
-    while (len > 0) {
-        double left = deadline - demo_now();
-        if (left <= 0) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
-        struct pollfd pfd = {fd, POLLIN, 0};
-        int r = poll(&pfd, 1, left > 1 ? 1000 : (int)(left * 1000) + 1);
-        if (r < 0 && errno != EINTR) return -1;
-        if (r <= 0) continue;
-        ssize_t n = read(fd, p, len);
-        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (n <= 0) {
-            if (n == 0) errno = EPIPE;
-            return -1;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
+    return tool_write_full(fd, buf, sizeof h + alen + blen);
 }
 
 int demo_recv(int fd, uint32_t *type, void *buf, size_t cap, size_t *len, double deadline)
 {
     hdr h;
-    if (read_full(fd, &h, sizeof h, deadline) != 0) return -1;
+    if (tool_read_full(fd, &h, sizeof h, deadline) != 0) return -1;
     if (h.len > cap) {
         errno = EMSGSIZE;
         return -1;
     }
-    if (h.len > 0 && read_full(fd, buf, h.len, deadline) != 0) return -1;
+    if (h.len > 0 && tool_read_full(fd, buf, h.len, deadline) != 0) return -1;
     *type = h.type;
     *len = h.len;
     return 0;

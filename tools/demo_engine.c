@@ -130,14 +130,14 @@ static void show_state(engine *e)
 /* Polls until every operation in p[0..n) completed (n may be 0). */
 static int wait_ops(engine *e, pending *p, int n)
 {
-    double until = demo_now() + WAIT_LIMIT_S;
+    double until = tool_now() + WAIT_LIMIT_S;
     if (until > e->deadline) until = e->deadline;
     for (;;) {
         kvcr_op_result *res;
         size_t n_res;
         int rc = kvcr_poll(e->kv, &res, &n_res);
         if (rc != 0) return fail(e, "kvcr_poll", rc);
-        double now = demo_now();
+        double now = tool_now();
         for (size_t r = 0; r < n_res; r++)
             for (int k = 0; k < n; k++) {
                 if (p[k].done || res[r].op != p[k].op) continue;
@@ -181,7 +181,7 @@ static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t 
                   const char *rid, pending *p, kvcr_entry_status *st, kvcr_reason *why,
                   const char *what)
 {
-    *p = (pending){.n = n, .st = st, .why = why, .done = n == 0, .what = what, .t0 = demo_now()};
+    *p = (pending){.n = n, .st = st, .why = why, .done = n == 0, .what = what, .t0 = tool_now()};
     if (n == 0) return 0;
     kvcr_mem_ref refs[DEMO_MAX_BLOCKS];
     kvcr_block b[DEMO_MAX_BLOCKS];
@@ -209,7 +209,7 @@ static void timed(demo_result *out, const pending *p, int n)
 static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const char *hint,
                  demo_result *out)
 {
-    double t0 = demo_now();
+    double t0 = tool_now();
     size_t n = rq->n_blocks, bs = e->bs;
     char rid[32];
     snprintf(rid, sizeof rid, "req-%" PRIu32, rq->req_no);
@@ -251,10 +251,10 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     kvcr_entry_status st[2][DEMO_MAX_BLOCKS];
     kvcr_reason why[2][DEMO_MAX_BLOCKS];
     pending p[2];
-    double r0 = demo_now();
+    double r0 = tool_now();
     if (submit(e, true, keys, rem, n_rem, rid, &p[0], st[0], why[0], "a deliver from a peer") != 0)
         return 1;
-    double l0 = demo_now();
+    double l0 = tool_now();
     if (submit(e, true, keys, loc, n_loc, rid, &p[1], st[1], why[1],
                "a deliver from KVCR DRAM and G3") != 0)
         return 1;
@@ -334,7 +334,7 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     if ((rc = kvcr_discard_hint(e->kv, rid)) != 0) return fail(e, "kvcr_discard_hint", rc);
     out->resilience = e->resilience;
     e->resilience = 0;
-    out->wall_s = demo_now() - t0;
+    out->wall_s = tool_now() - t0;
     return 0;
 }
 
@@ -357,10 +357,10 @@ static uint32_t count_of(double v)
  * because the service has not yet seen the old process die. */
 static int create(engine *e, const kvcr_config *cfg)
 {
-    double until = demo_now() + CLAIM_RETRY_S;
+    double until = tool_now() + CLAIM_RETRY_S;
     for (;;) {
         int rc = kvcr_create(cfg, &e->kv);
-        if (rc != KVCR_EREFUSED || !e->o->chaos || demo_now() > until) return rc;
+        if (rc != KVCR_EREFUSED || !e->o->chaos || tool_now() > until) return rc;
         usleep(50000);
     }
 }
@@ -456,7 +456,7 @@ static int start(engine *e)
 static int bye(engine *e)
 {
     demo_bye b = {.engine = e->idx};
-    double until = demo_now() + DRAIN_LIMIT_S;
+    double until = tool_now() + DRAIN_LIMIT_S;
     for (;;) {
         kvcr_op_result *res;
         size_t n_res;
@@ -473,7 +473,7 @@ static int bye(engine *e)
         b.pins = count_of(gauge(s, "framework_pins") + gauge(s, "pinned_keys") +
                           gauge(s, "source_writes_in_flight"));
         kvcr_stats_free(s);
-        if ((b.slots == 0 && b.g3 == 0 && b.ops == 0 && b.pins == 0) || demo_now() > until) break;
+        if ((b.slots == 0 && b.g3 == 0 && b.ops == 0 && b.pins == 0) || tool_now() > until) break;
         usleep(10000);
     }
     return demo_send(e->to_router, MSG_BYE, &b, sizeof b, NULL, 0) != 0;
@@ -494,7 +494,7 @@ static int loop(engine *e)
 {
     static uint8_t msg[DEMO_MSG_MAX];
     for (;;) {
-        if (demo_now() > e->deadline) {
+        if (tool_now() > e->deadline) {
             fprintf(stderr, "kvcr demo: engine %d: the time limit passed\n", e->idx);
             return 1;
         }

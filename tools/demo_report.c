@@ -116,7 +116,7 @@ static double pct(uint64_t a, uint64_t b)
 static void chaos_progress(const demo_opts *o, const totals *t, bool last)
 {
     static double start, shown;
-    double now = demo_now();
+    double now = tool_now();
     if (start == 0) start = shown = now;
     if (!last && now - shown < o->duration_s / 10) return;
     shown = now;
@@ -138,7 +138,7 @@ void demo_progress(const demo_opts *o, const totals *t, bool last)
         return;
     }
     bool tty = isatty(STDERR_FILENO);
-    double now = demo_now();
+    double now = tool_now();
     if (tty) {
         if (!last && now - shown < 0.2) return;
         shown = now;

@@ -340,7 +340,7 @@ int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds
     static uint8_t msg[DEMO_MSG_MAX];
     int rc = 0;
     while (rc == 0 && running(&r)) {
-        if (demo_now() > deadline) {
+        if (tool_now() > deadline) {
             rc = fatal(&r, "router: the time limit passed");
             break;
         }

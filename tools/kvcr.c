@@ -2,6 +2,8 @@
  * so demo, service, stats, bench peer and bench g3 are one line each when
  * their tiers arrive. */
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,13 +18,6 @@
 #include "service_cmd.h"
 
 /* ---- shared benchmark pieces (bench.h) ----------------------------------- */
-
-double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void *bench_xalloc(size_t size)
 {
@@ -48,6 +43,45 @@ bool bench_has_block(const uint8_t *p, size_t len, uint64_t seed)
     for (size_t i = 0; i < len / 8; i++)
         if (w[i] != seed * 0x9E3779B97F4A7C15ull + i) return false;
     return true;
+}
+
+kvcr_op_result *bench_wait_op(kvcr_t *kv, int fd, kvcr_op_handle op, size_t n, const char *what,
+                              double limit_s, const kvcr_op_result **mine)
+{
+    double until = tool_now() + limit_s;
+    for (;;) {
+        kvcr_op_result *res;
+        size_t n_res;
+        bench_check(kvcr_poll(kv, &res, &n_res), "kvcr_poll");
+        for (size_t i = 0; i < n_res; i++) {
+            if (res[i].op != op) continue;
+            if (res[i].n_entries != n)
+                bench_fail("%s: %zu entries answered for %zu blocks", what, res[i].n_entries, n);
+            for (size_t j = 0; j < n; j++) {
+                const kvcr_entry_result *e = &res[i].entries[j];
+                if (e->status != KVCR_ENTRY_SUCCESS)
+                    bench_fail("%s: entry %zu of %zu is %s (%s)", what, j, n,
+                               kvcr_entry_status_name(e->status), kvcr_reason_name(e->reason));
+            }
+            if (mine) *mine = &res[i];
+            return res;
+        }
+        kvcr_results_free(res);
+        double left = until - tool_now();
+        if (left <= 0) bench_fail("%s did not complete within %.0f s", what, limit_s);
+        struct pollfd p = {fd, POLLIN, 0};
+        poll(&p, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
+    }
+}
+
+void bench_trap_signals(void (*handler)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
 }
 
 void bench_check(int rc, const char *what)

@@ -87,11 +87,8 @@ static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **sta
 static void test_hint_without_request_connects_eagerly(void **state)
 {
     (void)state;
-    peer_opts o;
-    peer_opts_init(&o);
-    o.deposit_n = 2;
     peer src;
-    peer_spawn(&src, &o);
+    peer_spawn_source(&src, 2);
     rig r;
     rig_init_remote(&r, BS, 4, 4);
     r.cfg.enable_telemetry = true;

@@ -28,11 +28,8 @@ static void expect_block(rig *r, size_t fw_idx, uint32_t seed)
 static void test_hinted_deliver_and_fetch_move_exact_bytes(void **state)
 {
     (void)state;
-    peer_opts o;
-    peer_opts_init(&o);
-    o.deposit_n = 16;
     peer src;
-    peer_spawn(&src, &o);
+    peer_spawn_source(&src, 16);
 
     rig r;
     rig_init_remote(&r, BS, 32, 32);
@@ -106,11 +103,8 @@ static void test_hinted_deliver_and_fetch_move_exact_bytes(void **state)
 static void test_partial_hit_completes_present_keys_only(void **state)
 {
     (void)state;
-    peer_opts o;
-    peer_opts_init(&o);
-    o.deposit_n = 4;
     peer src;
-    peer_spawn(&src, &o);
+    peer_spawn_source(&src, 4);
     rig r;
     rig_init_remote(&r, BS, 8, 8);
     rig_start(&r);
@@ -184,11 +178,8 @@ static void test_framework_pins_shared_and_released_exactly_once(void **state)
 static void test_second_source_fails_request_closed(void **state)
 {
     (void)state;
-    peer_opts o;
-    peer_opts_init(&o);
-    o.deposit_n = 2;
     peer src;
-    peer_spawn(&src, &o);
+    peer_spawn_source(&src, 2);
     rig r;
     rig_init_remote(&r, BS, 4, 4);
     rig_start(&r);

@@ -226,11 +226,8 @@ static void pack_str(msgpack_packer *pk, const char *s)
 static void test_garbage_from_a_peer_is_dropped_and_counted(void **state)
 {
     (void)state;
-    peer_opts o;
-    peer_opts_init(&o);
-    o.deposit_n = 2;
     peer src;
-    peer_spawn(&src, &o);
+    peer_spawn_source(&src, 2);
 
     void *ctx = zmq_ctx_new();
     void *push = zmq_socket(ctx, ZMQ_PUSH);

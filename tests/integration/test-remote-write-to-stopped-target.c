@@ -64,7 +64,7 @@ static int hold_pin(void *ud, uint64_t req, const kvcr_key *keys, size_t n)
     held[n_held].n = n;
     for (size_t i = 0; i < n; i++) {
         uint64_t k = 0;
-        assert_int_equal(peer_key_hash(NULL, &keys[i], &k), 0);
+        assert_int_equal(tool_key_hash(NULL, &keys[i], &k), 0);
         assert_true(k < KEYS);
         held[n_held].key[i] = (uint32_t)k;
     }

@@ -108,33 +108,12 @@ static void svc_cleanup(svc *s)
     assert_int_equal(system(cmd), 0);
 }
 
-/* A metric of the service, by its full name with labels (-1 if absent). */
-static double svc_metric(const svc *s, const char *name)
-{
-    char *text = NULL;
-    if (svc_fetch_metrics(s->sock, &text) != 0) return -1;
-    double v = -1;
-    size_t len = strlen(name);
-    for (char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
-        if (strncmp(line, name, len) == 0 && line[len] == ' ') v = atof(line + len + 1);
-    free(text);
-    return v;
-}
-
 /* Waits (bounded: 10 s) until guard g is serving; the promotion count. */
 static double wait_serving(const svc *s, int g)
 {
-    char name[96];
-    snprintf(name, sizeof name, "kvcr_guard_phase{guard=\"%d\",phase=\"serving\"}", g);
-    for (int i = 0; i < 1000; i++) {
-        if (svc_metric(s, name) == 1) {
-            snprintf(name, sizeof name, "kvcr_guard_promotions_total{guard=\"%d\"}", g);
-            return svc_metric(s, name);
-        }
-        usleep(10000);
-    }
-    fail_msg("guard %d never started serving", g);
-    return -1;
+    double promotions = tool_wait_serving(s->sock, (uint32_t)g, -1, 10);
+    if (promotions < 0) fail_msg("guard %d never started serving", g);
+    return promotions;
 }
 
 static void engine_spawn_at(peer *p, const svc *s, uint32_t guard, uint32_t deposit_n,
@@ -263,7 +242,7 @@ static void test_claims_are_refused_with_their_reasons(void **state)
     assert_non_null(strstr(kvcr_last_error(), "not reachable"));
     /* A configuration libkvcr refuses is refused before the service is asked. */
     assert_int_equal(try_claim_timeout(&s, NULL, 1, DIGEST, false, 0), KVCR_EINVAL);
-    assert_int_equal(svc_metric(&s, "kvcr_guard_claims_total{guard=\"1\"}"), 0);
+    assert_int_equal(tool_svc_metric(s.sock, "kvcr_guard_claims_total{guard=\"1\"}"), 0);
 
     /* A second owner while the first lives is refused; after the first's
      * clean release the group is claimable again. */
@@ -276,7 +255,7 @@ static void test_claims_are_refused_with_their_reasons(void **state)
     if (strncmp(s.dir, "/dev/shm", 8) == 0) {
         assert_int_equal(try_claim_failing_g3(&s, 1), KVCR_EINVAL);
         assert_non_null(strstr(kvcr_last_error(), "O_DIRECT"));
-        assert_int_equal(svc_metric(&s, "kvcr_guard_claims_total{guard=\"1\"}"), 1);
+        assert_int_equal(tool_svc_metric(s.sock, "kvcr_guard_claims_total{guard=\"1\"}"), 1);
     }
     peer b;
     engine_spawn(&b, &s, 1, 0);
@@ -293,8 +272,8 @@ static void test_claims_are_refused_with_their_reasons(void **state)
     assert_int_equal(v.hits, 4);
     assert_int_equal(v.good, 4);
     peer_stop(&a);
-    assert_true(svc_metric(&s, "kvcr_guard_refusals_total{guard=\"0\"}") >= 2);
-    assert_int_equal(svc_metric(&s, "kvcr_guard_claims_total{guard=\"0\"}"), 2);
+    assert_true(tool_svc_metric(s.sock, "kvcr_guard_refusals_total{guard=\"0\"}") >= 2);
+    assert_int_equal(tool_svc_metric(s.sock, "kvcr_guard_claims_total{guard=\"0\"}"), 2);
     svc_stop(&s);
     svc_cleanup(&s);
 }
@@ -329,7 +308,7 @@ static void test_guard_serves_after_sigkill_and_hands_back_on_restart(void **sta
     peer_verdict v = peer_verify(&a, 32);
     assert_int_equal(v.hits, 16);
     assert_int_equal(v.good, 16);
-    assert_int_equal(svc_metric(&s, "kvcr_guard_phase{guard=\"0\",phase=\"primary\"}"), 1);
+    assert_int_equal(tool_svc_metric(s.sock, "kvcr_guard_phase{guard=\"0\",phase=\"primary\"}"), 1);
     assert_true(pull_all(&r, endpoint, 16, "after"));
     peer_stop(&a);
     rig_stop(&r);
@@ -537,10 +516,9 @@ static void test_corrupt_journal_frame_recovers_nothing(void **state)
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "%s", a.endpoint);
     corrupt_next_frame(&s, 1);
-    for (int i = 0; i < 500 && svc_metric(&s, "kvcr_guard_recovery_lost_total{guard=\"1\"}") < 1;
-         i++)
-        usleep(10000);
-    assert_true(svc_metric(&s, "kvcr_guard_recovery_lost_total{guard=\"1\"}") >= 1);
+    const char *lost = "kvcr_guard_recovery_lost_total{guard=\"1\"}";
+    for (int i = 0; i < 500 && tool_svc_metric(s.sock, lost) < 1; i++) usleep(10000);
+    assert_true(tool_svc_metric(s.sock, lost) >= 1);
     peer_kill(&a);
     wait_serving(&s, 1);
     assert_false(pull_all(&r, endpoint, 8, "cold")); /* refused, never wrong bytes */
@@ -611,7 +589,7 @@ static void test_malformed_frames_are_refused_and_the_service_goes_on(void **sta
     send_raw(&s, not_a_map, sizeof not_a_map);
     send_raw(&s, truncated, sizeof truncated);
     send_raw(&s, unknown_type, sizeof unknown_type);
-    assert_true(svc_metric(&s, "kvcr_service_frames_refused_total") >= 5);
+    assert_true(tool_svc_metric(s.sock, "kvcr_service_frames_refused_total") >= 5);
     peer a; /* and claims still work */
     engine_spawn(&a, &s, 0, 2);
     assert_int_equal(peer_verify(&a, 2).good, 2);

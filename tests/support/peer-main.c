@@ -57,7 +57,7 @@ static int on_request_pin(void *ud, uint64_t req, const kvcr_key *keys, size_t n
     p->n = n;
     for (size_t i = 0; i < n; i++) {
         uint64_t h;
-        p->ok[i] = peer_key_hash(NULL, &keys[i], &h) == 0 && h < c->o.fw_n;
+        p->ok[i] = tool_key_hash(NULL, &keys[i], &h) == 0 && h < c->o.fw_n;
         snprintf(p->names[i], sizeof p->names[i], "%.*s",
                  (int)(keys[i].len < 23 ? keys[i].len : 23), (const char *)keys[i].data);
         p->idx[i] = p->ok[i] ? (uint32_t)h : 0;

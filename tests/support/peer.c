@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -17,19 +16,6 @@
 #include <unistd.h>
 
 /* ---- shared ---------------------------------------------------------------- */
-
-int peer_key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
-{
-    (void)ud;
-    if (key->len < 2 || key->len > 21 || key->data[0] != 'k') return -1;
-    uint64_t x = 0;
-    for (size_t i = 1; i < key->len; i++) {
-        if (key->data[i] < '0' || key->data[i] > '9') return -1;
-        x = x * 10 + (uint64_t)(key->data[i] - '0');
-    }
-    *hash = x;
-    return 0;
-}
 
 const char *peer_key(char *buf, size_t cap, uint32_t i)
 {
@@ -113,7 +99,7 @@ void rig_init_remote(rig *r, size_t block_size, size_t fw_count, size_t slots)
     if (slots == 0) r->cfg.n_local_dram = 0, r->cfg.local_dram = NULL;
     r->cfg.remote.enabled = true;
     r->cfg.remote.control_host = "127.0.0.1";
-    r->cfg.callbacks.key_hash = peer_key_hash;
+    r->cfg.callbacks.key_hash = tool_key_hash;
     /* These tests pin what a transfer moves, not when it gives up: the
      * library's 1 s default is too short for a first transfer under valgrind
      * on a loaded 2-core runner (UCX endpoint set-up alone can take it). Tests
@@ -145,18 +131,6 @@ void peer_opts_init(peer_opts *o)
 
 /* ---- the parent side ------------------------------------------------------- */
 
-static bool read_full(int fd, void *buf, size_t len, int timeout_ms)
-{
-    size_t got = 0;
-    while (got < len) {
-        struct pollfd pfd = {fd, POLLIN, 0};
-        if (poll(&pfd, 1, timeout_ms) <= 0) return false;
-        ssize_t n = read(fd, (char *)buf + got, len - got);
-        if (n <= 0) return false;
-        got += (size_t)n;
-    }
-    return true;
-}
 
 /* The environment of a peer: ours, plus its agent name when it has one
  * (KVCR_TEST_PEER_AGENT); the array is the caller's to free. */
@@ -216,17 +190,25 @@ void peer_spawn(peer *p, const peer_opts *o)
     assert_int_equal(rc, 0);
     p->to_child = down[1];
     p->from_child = up[0];
-    if (!read_full(p->from_child, p->endpoint, sizeof p->endpoint, 20000)) {
+    if (tool_read_full(p->from_child, p->endpoint, sizeof p->endpoint, tool_now() + 20) != 0) {
         peer_kill(p);
         fail_msg("the peer process did not start");
     }
+}
+
+void peer_spawn_source(peer *p, uint32_t deposit_n)
+{
+    peer_opts o;
+    peer_opts_init(&o);
+    o.deposit_n = deposit_n;
+    peer_spawn(p, &o);
 }
 
 void peer_counters(peer *p, peer_counts *out)
 {
     char op = PEER_CMD_COUNTERS;
     assert_int_equal(write(p->to_child, &op, 1), 1);
-    assert_true(read_full(p->from_child, out, sizeof *out, 10000));
+    assert_int_equal(tool_read_full(p->from_child, out, sizeof *out, tool_now() + 10), 0);
 }
 
 peer_verdict peer_verify(peer *p, uint32_t n)
@@ -235,7 +217,7 @@ peer_verdict peer_verify(peer *p, uint32_t n)
     memcpy(op + 1, &n, 4);
     assert_int_equal(write(p->to_child, op, 5), 5);
     peer_verdict v;
-    assert_true(read_full(p->from_child, &v, sizeof v, 20000));
+    assert_int_equal(tool_read_full(p->from_child, &v, sizeof v, tool_now() + 20), 0);
     return v;
 }
 
@@ -259,7 +241,7 @@ peer_pull_stats peer_pull_stats_get(peer *p)
     char op = PEER_CMD_PULL_STATS;
     assert_int_equal(write(p->to_child, &op, 1), 1);
     peer_pull_stats st;
-    assert_true(read_full(p->from_child, &st, sizeof st, 10000));
+    assert_int_equal(tool_read_full(p->from_child, &st, sizeof st, tool_now() + 10), 0);
     return st;
 }
 

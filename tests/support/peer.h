@@ -1,7 +1,7 @@
 /* Peers for the peer-to-peer tests: each is a real child process running
  * its own KVCR instance with the remote tier on 127.0.0.1, driven through
  * a pipe. Keys are "k<number>" and their router hash is the number
- * (peer_key_hash is the key adapter both sides use); block "k<i>" always
+ * (tool_key_hash, tools/tool_util.h, is the key adapter both sides use); block "k<i>" always
  * holds fill_pattern(seed i), so any side can check any block's bytes.
  *
  * Peers are separate programs (kvcr-test-peer) started with posix_spawn,
@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "harness.h"
+#include "tool_util.h"
 
 enum { PEER_CMD_COUNTERS = 'c', PEER_CMD_STOP = 's', PEER_CMD_VERIFY = 'v', PEER_CMD_DEPOSIT = 'd' };
 enum { PEER_CMD_PULL = 'p', PEER_CMD_PULL_STATS = 'P' };
@@ -63,6 +64,9 @@ typedef struct peer {
 void peer_opts_init(peer_opts *o);
 /* Starts a peer and waits until its instance is up (bounded: 20 s). */
 void peer_spawn(peer *p, const peer_opts *o);
+/* The same with the default options but for deposit_n: a source holding
+ * k0..k<deposit_n - 1> in its KVCR DRAM. */
+void peer_spawn_source(peer *p, uint32_t deposit_n);
 void peer_counters(peer *p, peer_counts *out);
 /* Asks the peer to check k0..k<n-1> in its own KVCR (n <= its fw_n). */
 peer_verdict peer_verify(peer *p, uint32_t n);
@@ -102,7 +106,6 @@ peer_pull_stats peer_pull_stats_get(peer *p);
 /* A free TCP port on 127.0.0.1 (for a restart at the same address). */
 uint16_t peer_free_port(void);
 
-int peer_key_hash(void *ud, const kvcr_key *key, uint64_t *hash);
 /* "k<i>" into buf. */
 const char *peer_key(char *buf, size_t cap, uint32_t i);
 /* The kv_hint envelope naming source and the hashes. */

@@ -1,0 +1,41 @@
+/* Plumbing shared by the `kvcr` tool (benches, demo) and the tests
+ * (tests/support): the monotonic clock, whole reads and writes on pipes,
+ * the "k<i>" key adapter of their peers, and (tool_svc.c) the service's
+ * metrics. Built once as the kvcr_tool_util library (tools/CMakeLists.txt),
+ * which both link; a program using tool_svc_* also links the daemon
+ * (svc_fetch_metrics).
+ *
+ * Threads: no shared state; every function is safe from any thread. */
+#ifndef KVCR_TOOLS_TOOL_UTIL_H
+#define KVCR_TOOLS_TOOL_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcr/kvcr.h"
+
+/* Seconds on a monotonic clock. */
+double tool_now(void);
+
+/* Reads exactly len bytes of fd, waiting for them until deadline (a
+ * tool_now() time). 0, or -1 with errno: ETIMEDOUT, EPIPE (end of file
+ * first), or poll's or read's own. EINTR and EAGAIN are retried. */
+int tool_read_full(int fd, void *buf, size_t len, double deadline);
+
+/* Writes all len bytes to fd (EINTR retried): 0 or -1 with errno. */
+int tool_write_full(int fd, const void *buf, size_t len);
+
+/* The key adapter (kvcr_callbacks.key_hash) of the benches' and tests'
+ * peers: key "k<i>", i in decimal, has router hash i; any other key -1. */
+int tool_key_hash(void *ud, const kvcr_key *key, uint64_t *hash);
+
+/* A sample of the service at sock, by its full name with labels: its value,
+ * or -1 when it is absent or the service does not answer. */
+double tool_svc_metric(const char *sock, const char *name);
+
+/* Waits until Guard guard of the service at sock is serving and, when
+ * promotions >= 0, has been promoted exactly that many times (polling every
+ * 5 ms): its promotion count, or -1 after limit_s seconds. */
+double tool_wait_serving(const char *sock, uint32_t guard, double promotions, double limit_s);
+
+#endif
