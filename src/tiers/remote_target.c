@@ -113,9 +113,10 @@ static bool add_key_bytes(pull *p, pull_key *k, const uint8_t *key, uint32_t len
 }
 
 /* The destinations travel as references the source resolves against our
- * metadata: a deliver's framework references as the caller gave them, a
- * fetch's KVCR slots as (pool name, slot). Labels are the configuration's
- * (the core checked the caller's against it). */
+ * metadata: (region label, element index) of a deliver's framework blocks,
+ * (pool name, slot) of a fetch's KVCR slots. The pull keeps the labels'
+ * pointers until it is freed, long after the call: core/tier.h has them
+ * owned by the configuration. */
 kvcr_reason target_read(remote *r, tier_batch *b, const tier_read *rd)
 {
     (void)r;
@@ -126,11 +127,10 @@ kvcr_reason target_read(remote *r, tier_batch *b, const tier_read *rd)
     *k = (pull_key){.tok = rd->token, .ref_off = p->n_refs, .n_refs = rd->n_dst};
     if (!add_key_bytes(p, k, rd->key, rd->key_len)) return KVCR_REASON_NO_CAPACITY;
     for (uint32_t j = 0; j < rd->n_dst; j++) {
-        const char *label = rd->fetch ? rd->dst[j].label : rd->refs[j].label;
-        uint64_t index = rd->fetch ? rd->dst[j].index : rd->refs[j].index;
-        if (label == NULL) label = "";
+        const tier_dst *d = &rd->dst[j];
+        const char *label = d->label ? d->label : "";
         p->refs[p->n_refs++] =
-            (wire_ref){!rd->fetch, {(const uint8_t *)label, strlen(label)}, index};
+            (wire_ref){d->framework, {(const uint8_t *)label, strlen(label)}, d->index};
     }
     p->n_keys++;
     return KVCR_REASON_NONE;
