@@ -51,7 +51,7 @@ _RETAINED_INSTANCES: list = []
 
 @dataclass(frozen=True)
 class KVCRBindings:
-    """Framework callbacks, in the reference's order (fields may be given
+    """Framework callbacks, in their documented order (fields may be given
     positionally).
 
     framework_control turns the peer-to-peer tier (REMOTE_G2) on and names
@@ -140,7 +140,7 @@ _MISSING = object()
 
 
 class _PinBridge:
-    """libkvcr's pin callbacks over the framework's (api_spec §4.2).
+    """libkvcr's pin callbacks over the framework's.
 
     libkvcr names pin requests and pins with u64 ids; the framework chooses
     its own PinRequestId and PinHandle. This maps one onto the other:
@@ -290,7 +290,7 @@ class _PinBridge:
 
 class _ResilienceSink:
     """Turns libkvcr's resilience events into TransferError objects for
-    on_resilience_event (api_spec §4.8).
+    on_resilience_event.
 
     The callback runs inside poll_completed() (and close()), as libkvcr
     reports each event, so it sees the event before any pin is released or
@@ -371,7 +371,7 @@ class _PolicyAdapter:
     """What libkvcr's policy vtable calls (through kvcr._native): tuples in,
     ints out. A hook that raises or returns something invalid is logged here
     and reported as failed (None); libkvcr then logs its fallback and applies
-    the reference's rule."""
+    the built-in rule for that hook."""
 
     def __init__(self, policy: KVCachePolicy) -> None:
         self.policy = policy
@@ -690,10 +690,10 @@ class KVCR:
         return self._sink.poll(self._poll)
 
     def submit_hint(self, hints: Mapping, request_id: Optional[str] = None) -> None:
-        """Validates the router's kv_hint envelope (api_spec §6.1; a bad one
-        raises ValueError naming the rule) and, with a request_id, keeps it
-        for that request (§6.2: the same source again replaces the hash set,
-        a different source fails the request's hint closed).
+        """libkvcr validates the router's kv_hint envelope (a bad one raises
+        ValueError naming the rule) and, with a request_id, keeps it for
+        that request (the same source again replaces the hash set, a
+        different source fails the request's hint closed).
 
         With the peer-to-peer tier on (a framework_control), the request's
         hinted keys become FETCHABLE / REMOTE_G2 and deliver / fetch with
