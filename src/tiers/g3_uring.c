@@ -41,7 +41,6 @@ enum { TAG_DATA = 0, TAG_RECORD = 1, TAG_BLOCK = 2, TAG_MASK = 3 };
 
 typedef enum { OP_WRITE, OP_READ, OP_CLEAR } g3_op;
 
-typedef struct g3_req g3_req;
 struct g3_req {
     g3_req *next;    /* in the FIFO or the done list */
     g3_req *ib_next; /* in an index block's pending or in-flight list */
@@ -67,14 +66,14 @@ struct g3_req {
 
 /* An index block being updated (read-modify-write). Always exactly one I/O
  * in flight while in use. */
-typedef struct g3_iblock {
+struct g3_iblock {
     bool used, writing;
     uint32_t file;
     uint64_t block;
     g3_req *pending, *pending_tail; /* not in buf yet */
     g3_req *inflight;               /* in the write in flight */
     uint8_t *buf;
-} g3_iblock;
+};
 
 static bool direct_ok(const void *p, size_t len)
 {
