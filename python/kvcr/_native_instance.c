@@ -195,7 +195,7 @@ static PyObject *Instance_fetch(Instance *self, PyObject *args)
     Py_ssize_t n_names = 0;
     keyset k;
     if (nat_keys_of(seq, &k) != 0 || keep == NULL) goto out;
-    if (layout != Py_None) {
+    if (layout != Py_None) { /* never NULL then: libkvcr refuses [] as naming no pool */
         if ((lt = PySequence_Tuple(layout)) == NULL) goto out;
         n_names = PyTuple_GET_SIZE(lt);
         if ((names = nat_alloc((size_t)n_names, sizeof *names)) == NULL) goto out;
@@ -203,10 +203,6 @@ static PyObject *Instance_fetch(Instance *self, PyObject *args)
             if ((names[i] = nat_str_of(PyTuple_GET_ITEM(lt, i), keep, "expected_layout entry")) ==
                 NULL)
                 goto out;
-        if (n_names == 0) {
-            PyErr_SetString(PyExc_ValueError, "expected layout must use configured pools");
-            goto out;
-        }
     }
     kvcr_op_handle op = 0;
     int rc;

@@ -147,11 +147,7 @@ int nat_blocks_of(PyObject *mapping, blockset *b)
             PyErr_SetString(PyExc_TypeError, "block descriptors must be a list");
             goto out;
         }
-        Py_ssize_t m = PyList_GET_SIZE(value);
-        if (m == 0) {
-            PyErr_SetString(PyExc_ValueError, "each block requires at least one descriptor");
-            goto out;
-        }
+        Py_ssize_t m = PyList_GET_SIZE(value); /* 0: libkvcr names the rule */
         for (Py_ssize_t j = 0; j < m; j++)
             if (!PyObject_TypeCheck(PyList_GET_ITEM(value, j), (PyTypeObject *)g_memref_type)) {
                 PyErr_SetString(PyExc_ValueError, "each block requires at least one descriptor "

@@ -122,7 +122,7 @@ def test_bad_arguments_raise_and_change_nothing(rig_factory):
         r.kv.deposit({b"": r.ref(0)})
     with pytest.raises(ValueError, match="expected layout must use configured pools"):
         r.kv.fetch([b"a"], expected_layout=["nope"])
-    with pytest.raises(ValueError, match="expected layout must use configured pools"):
+    with pytest.raises(ValueError, match="expected layout must name 1 to 255 pools"):
         r.kv.fetch([b"a"], expected_layout=[])
     assert r.kv.query([b"a"]) == [(QueryStatus.MISS, None)]
     assert r.kv.poll_completed() == []  # no operation was started
