@@ -5,12 +5,12 @@ libkvcr owns the ZeroMQ sockets (and UCX) itself, so this object only
 describes the endpoint: KVCR binds `bind_host:bind_port` and tells peers
 `endpoint` ("tcp://<advertise_host>:<port>"). pyzmq is not needed.
 
-`send` and `recv` are kept for the reference's surface but move nothing:
+`send` and `recv` are kept for frameworks that call them but move nothing:
 send() returns False and recv() returns []. A framework_control of another
 type works too when it has `bind_host`, `bind_port` and `advertise_host`
 attributes, or an `endpoint` "tcp://host:port" (bound and advertised as is).
 
-It also holds the KVCR service's exceptions (api_spec §1.1), raised by
+It also holds the KVCR service's exceptions, raised by
 `KVCR(...)` with a guard_config when the claim on the service fails:
 
 * KVCRServiceError — the service refused the claim (libkvcr KVCR_EREFUSED):

@@ -3,13 +3,13 @@
 FIFOPolicy, LRUPolicy, G3FIFOPolicy and G3LRUPolicy run as libkvcr's C
 built-ins ("fifo", "lru", "g3_fifo", "g3_lru"), with no Python in the hot
 path; with no policy libkvcr picks "g3_lru" when G3 is configured, else
-"lru" (api_spec §7.3). Any other KVCachePolicy — including a subclass of
+"lru". Any other KVCachePolicy — including a subclass of
 a built-in that overrides one of its hooks — drives libkvcr's policy vtable
 through its Python methods: each hook takes the GIL, runs on the thread of
 the KVCR call that needs the decision, under the instance lock (so a hook
 must not block and must not call back into the same KVCR: such a call
 raises RuntimeError). A hook that raises or returns something invalid is
-logged on the "kvcr" logger and KVCR falls back to the reference's rule
+logged on the "kvcr" logger and KVCR falls back to the built-in rule
 (admit, keep the previous score, keep the block, drop after a failed move).
 
 decide_eviction may return (MOVE_TO, G3) (or COPY_TO, done as a move) for a

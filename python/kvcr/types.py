@@ -1,4 +1,4 @@
-"""Value types shared by the KVCR API (the reference's names and shapes)."""
+"""Value types shared by the KVCR API (names and shapes frameworks use)."""
 from __future__ import annotations
 
 import enum

@@ -157,7 +157,7 @@ def test_construction_creates_locked_files_and_starts_one_io_thread(g3_dir, capl
         assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
         assert st.st_size == file_size_for(4)
     # The default policy with G3 is libkvcr's g3_lru; the backend name is
-    # the reference's default, served by io_uring.
+    # G3Options' default (a compatibility name), served by io_uring.
     assert "policy 'g3_lru'" in caplog.text
     assert "io_uring" in caplog.text
     assert k.query([b"nothing"]) == [MISS]
@@ -326,7 +326,7 @@ def test_aliases_the_file_system_knows_are_refused(g3_dir, parts):
     (g3_dir / "real.bin").touch()
     os.symlink(g3_dir / "real.bin", g3_dir / "sym.bin")
     os.link(g3_dir / "real.bin", g3_dir / "hard.bin")
-    # A symbolic link resolves to the same path: the reference's rule, here.
+    # A symbolic link resolves to the same path: refused in Python, which resolves paths.
     got = refused(ValueError, config, bindings, dataclasses.replace(
         backends, g3=g3opts(g3_dir, paths=("real.bin", "sym.bin"))))
     assert got == "G3 file paths must not alias the same file"

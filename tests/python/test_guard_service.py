@@ -7,10 +7,11 @@ must exit 0 and remove its pool files and socket. A service per test keeps
 the cases apart: a group's first claim fixes its control endpoint (with or
 without the peer tier), so it is not shared.
 
-Pinned: refusals come back as the reference's exceptions (KVCRServiceError
-for a wrong digest, an index out of range, a group held by another worker
-or an endpoint that cannot be moved; KVCRSocketError when nothing listens;
-ValueError for guard_config + local_dram, before anything is contacted);
+Pinned: refusals come back as kvcr.control_channels' exceptions
+(KVCRServiceError for a wrong digest, an index out of range, a group held by
+another worker or an endpoint that cannot be moved; KVCRSocketError when
+nothing listens or the service hangs up; ValueError for guard_config +
+local_dram, before anything is contacted);
 blocks deposited by one KVCR are recovered by the next KVCR claiming the
 group, bytes compared; the vLLM adapter (unchanged) claims group
 data_parallel_rank_local, stores, shuts down cleanly, and a restarted tier
