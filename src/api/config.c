@@ -120,7 +120,7 @@ static int check_limits(const kvcr_limits *l)
 }
 
 /* The tier values a policy needs but the configuration lacks, sorted by
- * value as the reference's message does ("DRAM, G3"). */
+ * value ("DRAM, G3"), as the Python package names CacheTier values. */
 static int check_policy(const kvcr_config *cfg, const kvcr_policy_ops *p)
 {
     int rc = kvcr__policy_check(p); /* its version says which fields it has */
