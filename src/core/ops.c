@@ -593,8 +593,12 @@ static void deliver_dsts(kvcr_t *kv, const op_rec *o, const op_entry *e, const k
 {
     for (uint32_t j = 0; j < e->n_segs; j++) {
         uint32_t pool = o->seg_pool[e->seg_off + j];
+        /* The configured region's label: the caller's string is gone once
+         * kvcr_deliver returns, the read may outlive it. */
+        const kvcr_mem_ref *r = &blk->refs[j];
+        const fw_region *reg = find_region(kv, r->label ? r->label : "");
         dst[j] = (tier_dst){o->seg_addr[e->seg_off + j], kv->pools[pool].block_size, pool, true,
-                            blk->refs[j].label, blk->refs[j].index};
+                            reg->label, r->index};
     }
 }
 
