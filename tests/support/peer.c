@@ -60,12 +60,17 @@ kvcr_op_handle peer_deliver(rig *r, const uint32_t *keys, const size_t *dst, siz
     kvcr_block b[64];
     kvcr_mem_ref refs[64];
     assert_true(n <= 64);
+    /* The label lives only as long as the call, as a caller's may: a pull
+     * that kept it would read freed memory (ASan and valgrind say so). */
+    char *label = strdup("");
+    assert_non_null(label);
     for (size_t i = 0; i < n; i++) {
-        refs[i] = (kvcr_mem_ref){NULL, "", dst[i]};
+        refs[i] = (kvcr_mem_ref){NULL, label, dst[i]};
         b[i] = (kvcr_block){key_of(peer_key(names[i], sizeof names[i], keys[i])), &refs[i], 1};
     }
     kvcr_op_handle op;
     int rc = kvcr_deliver(r->kv, b, n, request, &op);
+    free(label);
     if (rc != 0) fprintf(stderr, "deliver: %s\n", kvcr_last_error());
     assert_int_equal(rc, 0);
     return op;
