@@ -252,6 +252,7 @@ static void test_defaults_and_null_arguments(void **state)
     assert_int_equal(kvcr_create(NULL, &kv), KVCR_EINVAL);
     assert_int_equal(kvcr_create(&cfg, NULL), KVCR_EINVAL);
     assert_string_equal(kvcr_strerror(KVCR_EINVAL), "invalid argument");
+    assert_string_equal(kvcr_strerror(KVCR_EUNAVAIL), "the KVCR service is not reachable");
     assert_string_equal(kvcr_strerror(12345), "unknown error");
     assert_int_equal(kvcr_version(), KVCR_VERSION_HEX);
     assert_string_equal(kvcr_version_string(), KVCR_VERSION_STRING);
