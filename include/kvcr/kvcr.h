@@ -154,7 +154,7 @@ typedef struct kvcr_resilience_event {
     const char *message;
 } kvcr_resilience_event;
 
-/* Guard mode (api_spec KVCRGuardConfig): KVCR DRAM comes from a pool group
+/* Guard mode (Python: KVCRGuardConfig): KVCR DRAM comes from a pool group
  * of the node's KVCR service (`kvcr service`) instead of local_dram. The
  * engine maps the pool directly; every committed block is published to the
  * group's recovery journal, so that when this process dies the service's
@@ -226,7 +226,7 @@ typedef struct kvcr_callbacks {
     int (*key_hash)(void *ud, const kvcr_key *key, uint64_t *hash);
 
     /* Framework pinning, used when a peer asks for blocks that only the
-     * framework's memory holds (api_spec §4.2). request_pin asks for an
+     * framework's memory holds. request_pin asks for an
      * asynchronous pin of keys under id `req` (chosen by KVCR); the
      * framework answers with kvcr_pin_complete(), from poll_pins or from any
      * thread. Non-zero return: no pin this time. Runs inside kvcr_poll()

@@ -5,7 +5,7 @@
  * release, poll), with the instance's state lock held: a hook must not call
  * back into the same instance (such a call fails with KVCR_EBUSY) and must
  * not block. A hook that returns non-zero "failed": KVCR logs it and falls
- * back to the reference's rule for that hook (admit, keep the previous score,
+ * back to a fixed rule for that hook (admit, keep the previous score,
  * keep the block, drop after a failed move). */
 #ifndef KVCR_POLICY_H
 #define KVCR_POLICY_H
@@ -82,7 +82,7 @@ typedef struct kvcr_policy_ops {
     void (*destroy)(void *ud);
 } kvcr_policy_ops;
 
-/* Built-in policies, by the reference's names: "fifo", "lru", and (with the
+/* Built-in policies, by name: "fifo", "lru", and (with the
  * G3 tier) "g3_fifo", "g3_lru". NULL for an unknown name. The tables are
  * static, of this library's KVCR_POLICY_VERSION (a copy keeps that
  * version). */

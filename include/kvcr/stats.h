@@ -2,7 +2,7 @@
  *
  * With telemetry on, KVCR records event metrics as they happen and keeps
  * state gauges. kvcr_stats_take() returns everything recorded since the last
- * take (one interval, as the reference's get_stats) plus the current gauges.
+ * take (one interval, as Python's get_stats) plus the current gauges.
  * Metric names and labels, as the Prometheus text writes them:
  *   kvcr_duration_seconds{scope,result}     histogram, seconds
  *   kvcr_transfer_bytes_total{operation}    counter

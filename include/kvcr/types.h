@@ -18,7 +18,8 @@ typedef struct kvcr_key {
     size_t len; /* 1 .. KVCR_KEY_MAX */
 } kvcr_key;
 
-/* Cache tiers. The string forms are the reference's wire values. */
+/* Cache tiers. The string forms (kvcr_tier_name) are the values the
+ * Python package and the router's events use. */
 typedef enum kvcr_tier {
     KVCR_TIER_NONE = 0,
     KVCR_TIER_FW_G1,     /* "HBM": framework GPU memory */

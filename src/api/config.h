@@ -1,5 +1,5 @@
-/* Configuration validation: every rule, in the reference's order, before
- * anything starts. */
+/* Configuration validation: every rule, in a fixed order (the first
+ * broken rule is the one reported), before anything starts. */
 #ifndef KVCR_API_CONFIG_H
 #define KVCR_API_CONFIG_H
 

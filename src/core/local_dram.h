@@ -1,6 +1,6 @@
 /* KVCR-owned DRAM (tier LOCAL_G2): caller-provided memory per pool, cut into
  * slots of the pool's block size, with a FIFO free list (allocation takes the
- * front, freeing appends at the back, as the reference does). */
+ * front, freeing appends at the back: slots are reused oldest first). */
 #ifndef KVCR_CORE_LOCAL_DRAM_H
 #define KVCR_CORE_LOCAL_DRAM_H
 

@@ -854,7 +854,7 @@ static bool entry_matches(const op_rec *o, const op_entry *e, const kvcr_key *ke
 
 /* Fails the pending entries of o that have not started moving bytes.
  * A deposit whose fill copy has started is left to finish: the data will
- * be committed and the deposit counts as done (the reference's rule). */
+ * be committed and the deposit counts as done (an abort cannot unwrite it). */
 static size_t cancel_entries(kvcr_t *kv, op_rec *o, const kvcr_key *keys, size_t n, kvcr_reason why)
 {
     size_t cancelled = 0;

@@ -326,7 +326,7 @@ kvcr_action res_eviction_decision(kvcr_t *kv, block_id id, kvcr_tier from)
 }
 
 /* A placement the policy asked for failed: it may only DROP (anything else
- * is logged and dropped all the same, as the reference does). */
+ * is logged and dropped all the same: no other recovery exists). */
 void res_recovery(kvcr_t *kv, block_id id, kvcr_tier target, kvcr_tier source, const char *why)
 {
     kvcr_log(&kv->log, KVCR_LOG_WARN, "moving a block to %s failed (%s); it is dropped",

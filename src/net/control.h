@@ -1,4 +1,4 @@
-/* The peer control channel over ZeroMQ (p2p_spec §2.1): one PULL socket
+/* The peer control channel over ZeroMQ: one PULL socket
  * bound at this instance's control endpoint, one PUSH socket per peer
  * endpoint, created on first use (or eagerly with ctl_connect) and cached.
  * Sends never block: a full queue or any ZeroMQ error closes and forgets

@@ -1,5 +1,5 @@
 /* Router hints: the kv_hint envelope (protocol 0.1, action kv.fetch 1.0)
- * and the request-scoped state it leaves (p2p_spec §3). */
+ * and the request-scoped state it leaves (docs/ARCHITECTURE.md, the peer tier). */
 #ifndef KVCR_NET_HINT_H
 #define KVCR_NET_HINT_H
 
@@ -16,7 +16,7 @@ typedef struct hint {
 } hint;
 
 /* Validates JSON text strictly. On failure returns KVCR_EINVAL (or ENOMEM)
- * with the reference's message and leaves *out empty. */
+ * with a message naming the rule and leaves *out empty. */
 int hint_parse(const char *text, size_t len, const kvcr_logger *log, hint *out);
 void hint_clear(hint *h);
 
@@ -42,7 +42,7 @@ bool hint_table_discard(hint_table *t, const char *request_id);
 const hint_state *hint_table_find(const hint_table *t, const char *request_id);
 hint_state *hint_table_get(hint_table *t, const char *request_id);
 
-/* Remembered misses (p2p_spec §3.4), by the key's index hash: a key the
+/* Remembered misses, by the key's index hash: a key the
  * source answered without is not asked for again in this request. */
 int hint_state_add_miss(hint_state *s, uint64_t key_hash);
 bool hint_state_is_miss(const hint_state *s, uint64_t key_hash);

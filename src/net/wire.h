@@ -1,5 +1,5 @@
 /* The peer control protocol's messages and their one strict decoder
- * (p2p_spec §2.4, in our own form). Each ZeroMQ message is exactly one
+ * (docs/ARCHITECTURE.md, the peer tier). Each ZeroMQ message is exactly one
  * msgpack map with string keys. Every message carries the protocol version,
  * its type, the sender's agent name, its per-process incarnation and the
  * endpoint it was addressed to; replies go to the sender's endpoint.

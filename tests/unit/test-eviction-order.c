@@ -32,7 +32,7 @@ static void test_fifo_evicts_in_arrival_order_even_after_access(void **state)
     rig_deposit1(&r, "b", 1, 0, NULL, NULL);
     rig_deposit1(&r, "c", 2, 0, NULL, NULL);
     /* A plain deliver claims and releases: under FIFO that re-enters a at
-     * the back, as the reference's evictable set does. */
+     * the back of the evictable set. */
     assert_int_equal(deliver1(&r, "b", 7), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_deposit1(&r, "d", 3, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_MISS);

@@ -164,7 +164,7 @@ static void test_full_g3_evicts_oldest_first(void **state)
 
 /* The spill order is the policy's G2 eviction order: the block used
  * longest ago (a deliver claims and releases, which re-queues it; FIFO and
- * LRU agree on that, as the reference does). */
+ * LRU agree on that). */
 static void spill_order(const char *policy, int expect_spilled, int expect_kept)
 {
     g3_rig g;

@@ -1,4 +1,4 @@
-/* An instance's stats: state gauges with the reference's resource names,
+/* An instance's stats: state gauges with their documented resource names,
  * transfer counters and durations per interval, and their Prometheus text. */
 #include <stdlib.h>
 #include <string.h>
