@@ -540,10 +540,8 @@ static void kv_start(kv_side *s, const char *who, const job *j, bool source)
     }
     cfg.framework_regions = &region;
     cfg.n_framework_regions = 1;
-    cfg.remote.enabled = true;
-    cfg.remote.control_host = "127.0.0.1";
+    tool_remote_peer(&cfg);
     cfg.remote.control_port = 0;
-    cfg.callbacks.key_hash = tool_key_hash;
     cfg.operation_timeout_ms = OP_TIMEOUT_MS;
     cfg.abandon_timeout_ms = 2 * OP_TIMEOUT_MS;
     const char *other[1];

@@ -284,14 +284,12 @@ static int engine_main(int argc, char **argv)
     cfg.n_pool_layouts = 1;
     cfg.framework_regions = &region;
     cfg.n_framework_regions = 1;
-    cfg.remote.enabled = true;
-    cfg.remote.control_host = "127.0.0.1";
+    tool_remote_peer(&cfg);
     cfg.guard.service_socket_path = socket_path;
     cfg.guard.guard_index = guard;
     cfg.guard.compatibility_digest = DIGEST;
     cfg.operation_timeout_ms = ENGINE_OP_MS;
     cfg.abandon_timeout_ms = 2 * ENGINE_OP_MS;
-    cfg.callbacks.key_hash = tool_key_hash;
 
     engine_report rep;
     memset(&rep, 0, sizeof rep);
@@ -710,11 +708,9 @@ static void puller_start(puller *p)
     cfg.n_pool_layouts = 1;
     cfg.framework_regions = &p->region;
     cfg.n_framework_regions = 1;
-    cfg.remote.enabled = true; /* and no KVCR DRAM: every block comes from the source */
-    cfg.remote.control_host = "127.0.0.1";
+    tool_remote_peer(&cfg); /* and no KVCR DRAM: every block comes from the source */
     cfg.operation_timeout_ms = PEER_OP_MS;
     cfg.abandon_timeout_ms = 2 * PEER_OP_MS;
-    cfg.callbacks.key_hash = tool_key_hash;
     bench_check(kvcr_create(&cfg, &p->kv), "kvcr_create (the peer)");
     p->fd = kvcr_fd(p->kv);
     if (p->fd < 0) bench_check(p->fd, "kvcr_fd");

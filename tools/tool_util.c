@@ -51,6 +51,13 @@ int tool_write_full(int fd, const void *buf, size_t len)
     return 0;
 }
 
+void tool_remote_peer(kvcr_config *cfg)
+{
+    cfg->remote.enabled = true;
+    cfg->remote.control_host = "127.0.0.1";
+    cfg->callbacks.key_hash = tool_key_hash;
+}
+
 int tool_key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
 {
     (void)ud;

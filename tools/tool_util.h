@@ -29,6 +29,10 @@ int tool_write_full(int fd, const void *buf, size_t len);
  * peers: key "k<i>", i in decimal, has router hash i; any other key -1. */
 int tool_key_hash(void *ud, const kvcr_key *key, uint64_t *hash);
 
+/* Makes cfg a peer of the benches' and tests' transfers: the remote tier
+ * on 127.0.0.1 (any port), keys by tool_key_hash. */
+void tool_remote_peer(kvcr_config *cfg);
+
 /* A sample of the service at sock, by its full name with labels: its value,
  * or -1 when it is absent or the service does not answer. */
 double tool_svc_metric(const char *sock, const char *name);

@@ -102,9 +102,7 @@ void rig_init_remote(rig *r, size_t block_size, size_t fw_count, size_t slots)
 {
     rig_init(r, block_size, fw_count, slots);
     if (slots == 0) r->cfg.n_local_dram = 0, r->cfg.local_dram = NULL;
-    r->cfg.remote.enabled = true;
-    r->cfg.remote.control_host = "127.0.0.1";
-    r->cfg.callbacks.key_hash = tool_key_hash;
+    tool_remote_peer(&r->cfg);
     /* These tests pin what a transfer moves, not when it gives up: the
      * library's 1 s default is too short for a first transfer under valgrind
      * on a loaded 2-core runner (UCX endpoint set-up alone can take it). Tests
