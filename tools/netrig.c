@@ -233,27 +233,40 @@ static int start_keeper(netrig *r, unsigned ns, const char *hostname)
 
 /* ---- commands inside a namespace ----------------------------------------- */
 
-/* Runs argv (ip, tc, nft) in the network namespace of keeper ns: 0, or -1
+/* Runs argv (ip, tc, nft) in the network namespace of keeper ns, input
+ * (NULL: nothing; a few KiB at most) on its standard input: 0, or -1
  * with the command and its output as the reason. */
-static int ns_run(netrig *r, unsigned ns, const char *const argv[])
+static int ns_run(netrig *r, unsigned ns, const char *const argv[], const char *input)
 {
     if (r->pidfd[ns] < 0) return fail(r, "%s: that host is gone", argv[0]);
-    int p[2];
+    int p[2], in[2];
     if (pipe2(p, O_CLOEXEC) != 0) return fail(r, "pipe: %s", strerror(errno));
+    /* A socket, not a pipe, for input: a command that ends before reading
+     * it must not SIGPIPE the rig's process (MSG_NOSIGNAL). */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) != 0) {
+        close(p[0]);
+        close(p[1]);
+        return fail(r, "pipe: %s", strerror(errno));
+    }
     pid_t pid = fork();
     if (pid == 0) {
+        dup2(in[0], 0);
         dup2(p[1], 1);
         dup2(p[1], 2);
-        int null = open("/dev/null", O_RDONLY);
-        if (null >= 0) dup2(null, 0);
         if (setns(r->pidfd[ns], CLONE_NEWNET) == 0) execvp(argv[0], (char *const *)argv);
         dprintf(2, "%s", strerror(errno));
         _exit(127);
     }
+    int fork_errno = errno;
     close(p[1]);
+    close(in[0]);
+    if (pid >= 0 && input &&
+        send(in[1], input, strlen(input), MSG_NOSIGNAL) != (ssize_t)strlen(input))
+        input = NULL; /* the command ended early: its output says why */
+    close(in[1]);
     if (pid < 0) {
         close(p[0]);
-        return fail(r, "fork: %s", strerror(errno));
+        return fail(r, "fork: %s", strerror(fork_errno));
     }
     char out[200];
     ssize_t got = read_all(p[0], out, sizeof out, NETRIG_STEP_MS);
@@ -280,7 +293,7 @@ static int nft_table(netrig *r, unsigned host, const char *name, const char *bod
              body ? body : "");
     if (body) strncat(script, " }", sizeof script - strlen(script) - 1);
     const char *argv[] = {"nft", script, NULL};
-    return ns_run(r, host, argv);
+    return ns_run(r, host, argv, NULL);
 }
 
 /* ---- making the rig -------------------------------------------------------- */
@@ -290,19 +303,17 @@ static int wire_bridge(netrig *r)
 {
     unsigned sw = r->o.n_hosts;
     if (start_keeper(r, sw, "kvcr-switch") != 0) return -1;
-    const char *br[] = {"ip", "link", "add", "name", "br0", "type", "bridge", NULL};
-    const char *br_up[] = {"ip", "link", "set", "dev", "br0", "up", NULL};
-    if (ns_run(r, sw, br) != 0 || ns_run(r, sw, br_up) != 0) return -1;
-    for (unsigned h = 0; h < r->o.n_hosts; h++) {
-        char port[16], pid[16];
-        snprintf(port, sizeof port, "h%u", h);
-        snprintf(pid, sizeof pid, "%d", (int)r->keeper[h]);
-        const char *add[] = {"ip", "link", "add", "name", port, "type", "veth",
-                             "peer", "name", "eth0", "netns", pid, NULL};
-        const char *join[] = {"ip", "link", "set", "dev", port, "master", "br0", "up", NULL};
-        if (ns_run(r, sw, add) != 0 || ns_run(r, sw, join) != 0) return -1;
-    }
-    return 0;
+    /* One `ip` for all of it: each run costs a fork and an exec. */
+    char script[160 * (NETRIG_MAX_HOSTS + 1)];
+    size_t at = (size_t)snprintf(script, sizeof script,
+                                 "link add name br0 type bridge\nlink set dev br0 up\n");
+    for (unsigned h = 0; h < r->o.n_hosts; h++)
+        at += (size_t)snprintf(script + at, sizeof script - at,
+                               "link add name h%u type veth peer name eth0 netns %d\n"
+                               "link set dev h%u master br0 up\n",
+                               h, (int)r->keeper[h], h);
+    const char *argv[] = {"ip", "-batch", "-", NULL};
+    return ns_run(r, sw, argv, script);
 }
 
 /* Delayed: the forwarder, which makes each host's TAP eth0. */
@@ -349,21 +360,21 @@ static int wire_forwarder(netrig *r)
 /* Host h's address on eth0, its link up, its rate and loss. */
 static int configure_host(netrig *r, unsigned h)
 {
-    char cidr[24];
-    snprintf(cidr, sizeof cidr, "%s/15", r->addr[h]);
-    const char *addr[] = {"ip", "addr", "add", cidr, "dev", "eth0", NULL};
-    const char *up[] = {"ip", "link", "set", "dev", "eth0", "up", NULL};
-    if (ns_run(r, h, addr) != 0 || ns_run(r, h, up) != 0) return -1;
+    char script[96];
+    snprintf(script, sizeof script, "addr add %s/15 dev eth0\nlink set dev eth0 up\n",
+             r->addr[h]);
+    const char *ip[] = {"ip", "-batch", "-", NULL};
+    if (ns_run(r, h, ip, script) != 0) return -1;
     if (r->o.rate_bps) {
-        /* The bucket holds 4 ms at the rate (at least 4 full frames), so
-         * the rate holds for the kernel's 64 KiB segments as for frames. */
+        /* TBF needs a bucket of at least one frame; 4 ms at the rate (at
+         * least four full frames) keeps bursts short at any rate. */
         char rate[32], burst[32];
         uint64_t b = r->o.rate_bps / 8 / 250;
         snprintf(rate, sizeof rate, "%llubit", (unsigned long long)r->o.rate_bps);
         snprintf(burst, sizeof burst, "%llu", (unsigned long long)(b > 6056 ? b : 6056));
         const char *tbf[] = {"tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
                              rate, "burst", burst, "latency", "100ms", NULL};
-        if (ns_run(r, h, tbf) != 0) return -1;
+        if (ns_run(r, h, tbf, NULL) != 0) return -1;
     }
     return r->o.loss > 0 ? netrig_set_loss(r, h, r->o.loss) : 0;
 }
@@ -488,7 +499,7 @@ int netrig_link(netrig *r, unsigned host, bool up)
     char port[16];
     snprintf(port, sizeof port, "h%u", host);
     const char *argv[] = {"ip", "link", "set", "dev", port, up ? "up" : "down", NULL};
-    return ns_run(r, r->o.n_hosts, argv);
+    return ns_run(r, r->o.n_hosts, argv, NULL);
 }
 
 int netrig_partition(netrig *r, unsigned host, bool on)

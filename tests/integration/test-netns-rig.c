@@ -127,7 +127,7 @@ static int read_n(int s, uint8_t *buf, size_t n)
 
 /* client <addr> <port> <bytes> <out fd> <connect ms>: sends bytes (a
  * pattern, in 64 KiB rounds) and compares the echo, then times 20 one-byte
- * round trips; writes "rtt_us=<min>" to the fd. Exit 0, EXIT_NO_CONNECT,
+ * round trips; writes "rtt_us=<min> xfer_us=<the bytes' time>" to the fd. Exit 0, EXIT_NO_CONNECT,
  * 3 (wrong bytes) or 4 (an I/O error). */
 static int mode_client(char **argv)
 {
@@ -141,6 +141,7 @@ static int mode_client(char **argv)
     struct timeval tv = {5, 0};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     static uint8_t tx[65536], rx[65536];
+    double t0 = now_ms();
     for (size_t done = 0; done < bytes;) {
         size_t n = bytes - done < sizeof tx ? bytes - done : sizeof tx;
         for (size_t i = 0; i < n; i++) tx[i] = (uint8_t)((done + i) * 131 + 7);
@@ -148,14 +149,14 @@ static int mode_client(char **argv)
         if (memcmp(tx, rx, n) != 0) return 3;
         done += n;
     }
-    double best = 1e9;
+    double xfer = now_ms() - t0, best = 1e9;
     for (int i = 0; i < 20; i++) {
-        double t0 = now_ms();
+        double t1 = now_ms();
         if (write(s, "x", 1) != 1 || read_n(s, rx, 1) != 0) return 4;
-        double t = now_ms() - t0;
+        double t = now_ms() - t1;
         if (t < best) best = t;
     }
-    dprintf(out, "rtt_us=%ld\n", (long)(best * 1000));
+    dprintf(out, "rtt_us=%ld xfer_us=%ld\n", (long)(best * 1000), (long)(xfer * 1000));
     close(s);
     return 0;
 }
@@ -227,10 +228,14 @@ static pid_t start_server(netrig *r, unsigned host)
     return spawn(r, host, argv);
 }
 
+typedef struct timing {
+    long rtt_us, xfer_us; /* the best round trip; the time of the bytes' echo */
+} timing;
+
 /* Runs the client on host from to host to's server: its exit code, and in
- * *rtt_us the best round trip it measured. */
+ * *t (unless NULL) what it measured. */
 static int run_client(netrig *r, unsigned from, unsigned to, size_t bytes, int connect_ms,
-                      long *rtt_us)
+                      timing *t)
 {
     int p[2];
     assert_int_equal(pipe(p), 0); /* inherited by the client: its report */
@@ -246,7 +251,8 @@ static int run_client(netrig *r, unsigned from, unsigned to, size_t bytes, int c
     struct pollfd pl = {.fd = p[0], .events = POLLIN};
     if (poll(&pl, 1, 0) == 1 && read(p[0], out, sizeof out - 1) < 0) out[0] = 0;
     close(p[0]);
-    if (rtt_us) *rtt_us = strncmp(out, "rtt_us=", 7) == 0 ? atol(out + 7) : -1;
+    if (t && sscanf(out, "rtt_us=%ld xfer_us=%ld", &t->rtt_us, &t->xfer_us) != 2)
+        *t = (timing){-1, -1};
     return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -409,10 +415,10 @@ static void test_tcp_between_hosts(void **state)
     (void)state;
     netrig *r = rig_up(3, 0);
     pid_t server = start_server(r, 1);
-    long rtt = -1;
-    assert_int_equal(run_client(r, 0, 1, 4u << 20, WAIT_MS, &rtt), 0);
-    printf("bridged round trip: %ld us\n", rtt);
-    assert_true(rtt >= 0);
+    timing t;
+    assert_int_equal(run_client(r, 0, 1, 4u << 20, WAIT_MS, &t), 0);
+    printf("bridged round trip: %ld us\n", t.rtt_us);
+    assert_true(t.rtt_us >= 0);
     assert_int_equal(run_client(r, 2, 1, 1u << 20, WAIT_MS, NULL), 0);
     stop_server(server);
     netrig_down(r);
@@ -452,15 +458,38 @@ static void test_delay(void **state)
     (void)state;
     netrig *r = rig_up(2, 1000);
     pid_t server = start_server(r, 1);
-    long rtt = -1;
-    assert_int_equal(run_client(r, 0, 1, 1u << 20, WAIT_MS, &rtt), 0);
-    printf("round trip with 1 ms each way: %ld us\n", rtt);
-    assert_true(rtt >= 2000);
-    assert_true(rtt < 20000);
+    timing t;
+    assert_int_equal(run_client(r, 0, 1, 1u << 20, WAIT_MS, &t), 0);
+    printf("round trip with 1 ms each way: %ld us\n", t.rtt_us);
+    assert_true(t.rtt_us >= 2000);
+    assert_true(t.rtt_us < 20000);
     rig_ok(r, netrig_link(r, 1, false));
     assert_int_equal(run_client(r, 0, 1, 65536, 400, NULL), EXIT_NO_CONNECT);
     rig_ok(r, netrig_link(r, 1, true));
     assert_int_equal(run_client(r, 0, 1, 65536, WAIT_MS, NULL), 0);
+    stop_server(server);
+    netrig_down(r);
+}
+
+/* A rig at 100 Mbit/s: 2 MiB echoed take at least 0.9 × their time at
+ * that rate (the echo streams back through the other host's TBF while the
+ * bytes go out, so both ways take about one direction's time). */
+static void test_rate(void **state)
+{
+    (void)state;
+    netrig_opts o = {.n_hosts = 2, .rate_bps = 100000000};
+    netrig *r;
+    char why[320];
+    int rc = netrig_up(&o, &r, why, sizeof why);
+    if (rc != 0) fprintf(stderr, "netrig_up: %s\n", why);
+    assert_int_equal(rc, 0);
+    pid_t server = start_server(r, 1);
+    timing t;
+    size_t bytes = 2u << 20;
+    double at_rate_us = (double)bytes * 8 / 1e8 * 1e6;
+    assert_int_equal(run_client(r, 0, 1, bytes, WAIT_MS, &t), 0);
+    printf("2 MiB echoed at 100 Mbit/s: %ld us (%.0f us at the rate)\n", t.xfer_us, at_rate_us);
+    assert_true((double)t.xfer_us >= 0.9 * at_rate_us);
     stop_server(server);
     netrig_down(r);
 }
@@ -615,6 +644,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tcp_between_hosts),
         cmocka_unit_test(test_partition_link_loss),
         cmocka_unit_test(test_delay),
+        cmocka_unit_test(test_rate),
         cmocka_unit_test(test_kill_host),
         cmocka_unit_test(test_nothing_left_after_down),
         cmocka_unit_test(test_nothing_left_after_sigkill),
