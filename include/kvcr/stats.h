@@ -9,6 +9,9 @@
  *   kvcr_transfer_blocks_total{operation}   counter
  *   kvcr_limit_refusals_total{limit}        counter (requests refused at a kvcr_limits
  *                                           bound, by the limit's name)
+ *   kvcr_control_dropped_total{cause}       counter (input dropped at the peer control
+ *                                           endpoint: handshake, auth, malformed,
+ *                                           unknown_type, bad_sender, unexpected)
  *   kvcr_state{resource}                    gauge
  * A counter in a snapshot is named by its family's base name (the
  * KVCR_*_METRIC constants, without `_total`), as Prometheus client libraries
@@ -28,6 +31,7 @@ extern "C" {
 #define KVCR_TRANSFER_BLOCKS_METRIC "kvcr_transfer_blocks"
 #define KVCR_STATE_METRIC "kvcr_state"
 #define KVCR_LIMIT_REFUSALS_METRIC "kvcr_limit_refusals"
+#define KVCR_CONTROL_DROPPED_METRIC "kvcr_control_dropped"
 
 /* Upper bounds (seconds) of the duration histogram's buckets; +Inf is
  * implicit. */
@@ -40,10 +44,12 @@ typedef struct kvcr_gauge {
 } kvcr_gauge;
 
 typedef struct kvcr_counter {
-    const char *name;      /* KVCR_TRANSFER_BYTES_METRIC, _BLOCKS_ or KVCR_LIMIT_REFUSALS_METRIC */
+    const char *name;      /* KVCR_TRANSFER_BYTES_METRIC, _BLOCKS_, KVCR_LIMIT_REFUSALS_METRIC
+                            * or KVCR_CONTROL_DROPPED_METRIC */
     const char *operation; /* the scope: "local_fill", "local_deliver", ...; for
                             * KVCR_LIMIT_REFUSALS_METRIC the limit ("source_writes_per_peer",
-                            * rendered as the label limit) */
+                            * rendered as the label limit); for
+                            * KVCR_CONTROL_DROPPED_METRIC the cause (label cause) */
     double value;
 } kvcr_counter;
 

@@ -248,3 +248,10 @@ hint_state *host_hint(kvcr_t *kv, const char *request_id)
 {
     return request_id ? hint_table_get(&kv->hints, request_id) : NULL;
 }
+
+/* ---- added for the remote tier -------------------------------------------- */
+
+void host_control_drop(kvcr_t *kv, const char *cause)
+{
+    if (kv->telemetry) telemetry_control_drop(kv->telemetry, cause);
+}

@@ -136,4 +136,9 @@ hint_state *host_hint(kvcr_t *kv, const char *request_id);
  * frees) and settles nothing. Deliver tokens: nothing to do. */
 void host_drop(kvcr_t *kv, tier_token tok);
 
+/* Locked: one message or connection dropped at the peer control endpoint,
+ * counted in kvcr_control_dropped_total{cause} (a static string:
+ * net/control.h's ctl_drop_name); a no-op with telemetry off. */
+void host_control_drop(kvcr_t *kv, const char *cause);
+
 #endif

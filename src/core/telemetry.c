@@ -33,10 +33,12 @@ typedef struct transfer {
     uint64_t blocks, bytes;
 } transfer;
 
-typedef struct refusal {
-    const char *limit;
+/* A counter of one family with one label: kvcr_limit_refusals{limit},
+ * kvcr_control_dropped{cause}. */
+typedef struct tally {
+    const char *metric, *label;
     uint64_t count;
-} refusal;
+} tally;
 
 /* A raw observation names its histogram by index, so a snapshot can point
  * the observation's strings at that histogram's copies. */
@@ -50,8 +52,8 @@ struct kvcr_telemetry {
     size_t n_hists, cap_hists;
     transfer *transfers;
     size_t n_transfers, cap_transfers;
-    refusal *refusals;
-    size_t n_refusals, cap_refusals;
+    tally *tallies;
+    size_t n_tallies, cap_tallies;
     raw_obs *obs;
     size_t n_obs, cap_obs;
     uint64_t dropped;
@@ -67,7 +69,7 @@ void telemetry_free(kvcr_telemetry *t)
     if (t == NULL) return;
     free(t->hists);
     free(t->transfers);
-    free(t->refusals);
+    free(t->tallies);
     free(t->obs);
     free(t);
 }
@@ -145,17 +147,27 @@ void telemetry_count(kvcr_telemetry *t, const char *operation, uint64_t blocks, 
     p[t->n_transfers++] = (transfer){operation, blocks, bytes};
 }
 
-void telemetry_refusal(kvcr_telemetry *t, const char *limit)
+static void add_tally(kvcr_telemetry *t, const char *metric, const char *label, uint64_t n)
 {
-    for (size_t i = 0; i < t->n_refusals; i++)
-        if (same(t->refusals[i].limit, limit)) {
-            t->refusals[i].count++;
+    for (size_t i = 0; i < t->n_tallies; i++)
+        if (same(t->tallies[i].metric, metric) && same(t->tallies[i].label, label)) {
+            t->tallies[i].count += n;
             return;
         }
-    refusal *p = grow(t->refusals, &t->cap_refusals, t->n_refusals, sizeof *p);
+    tally *p = grow(t->tallies, &t->cap_tallies, t->n_tallies, sizeof *p);
     if (p == NULL) return; /* out of memory: this count is lost, nothing else */
-    t->refusals = p;
-    p[t->n_refusals++] = (refusal){limit, 1};
+    t->tallies = p;
+    p[t->n_tallies++] = (tally){metric, label, n};
+}
+
+void telemetry_refusal(kvcr_telemetry *t, const char *limit)
+{
+    add_tally(t, KVCR_LIMIT_REFUSALS_METRIC, limit, 1);
+}
+
+void telemetry_control_drop(kvcr_telemetry *t, const char *cause)
+{
+    add_tally(t, KVCR_CONTROL_DROPPED_METRIC, cause, 1);
 }
 
 /* ---- snapshots ----------------------------------------------------------- */
@@ -163,11 +175,11 @@ void telemetry_refusal(kvcr_telemetry *t, const char *limit)
 /* Bytes of string copies a snapshot needs: each distinct string once. */
 static size_t strings_size(const kvcr_telemetry *t, const kvcr_gauge *gauges, size_t n_gauges)
 {
-    size_t n = sizeof KVCR_TRANSFER_BLOCKS_METRIC + sizeof KVCR_TRANSFER_BYTES_METRIC +
-               sizeof KVCR_LIMIT_REFUSALS_METRIC;
+    size_t n = sizeof KVCR_TRANSFER_BLOCKS_METRIC + sizeof KVCR_TRANSFER_BYTES_METRIC;
     for (size_t i = 0; i < n_gauges; i++) n += strlen(gauges[i].resource) + 1;
     for (size_t i = 0; i < t->n_transfers; i++) n += strlen(t->transfers[i].operation) + 1;
-    for (size_t i = 0; i < t->n_refusals; i++) n += strlen(t->refusals[i].limit) + 1;
+    for (size_t i = 0; i < t->n_tallies; i++)
+        n += strlen(t->tallies[i].metric) + strlen(t->tallies[i].label) + 2;
     for (size_t i = 0; i < t->n_hists; i++)
         n += strlen(t->hists[i].scope) + strlen(t->hists[i].result) + 2;
     return n;
@@ -197,11 +209,12 @@ static void copy_counters(const kvcr_telemetry *t, kvcr_counter *c, char **next)
         c[2 * i] = (kvcr_counter){blocks, op, (double)x->blocks};
         c[2 * i + 1] = (kvcr_counter){bytes, op, (double)x->bytes};
     }
-    const char *refused = keep_string(next, KVCR_LIMIT_REFUSALS_METRIC);
     c += 2 * t->n_transfers;
-    for (size_t i = 0; i < t->n_refusals; i++)
-        c[i] = (kvcr_counter){refused, keep_string(next, t->refusals[i].limit),
-                              (double)t->refusals[i].count};
+    for (size_t i = 0; i < t->n_tallies; i++) {
+        const char *metric = keep_string(next, t->tallies[i].metric);
+        c[i] = (kvcr_counter){metric, keep_string(next, t->tallies[i].label),
+                              (double)t->tallies[i].count};
+    }
 }
 
 static void copy_histograms(const kvcr_telemetry *t, kvcr_histogram *h, char **next)
@@ -219,7 +232,7 @@ static void copy_histograms(const kvcr_telemetry *t, kvcr_histogram *h, char **n
 
 int telemetry_take(kvcr_telemetry *t, const kvcr_gauge *gauges, size_t n_gauges, kvcr_stats **out)
 {
-    size_t n_counters = 2 * t->n_transfers + t->n_refusals;
+    size_t n_counters = 2 * t->n_transfers + t->n_tallies;
     size_t off_g = align_up(sizeof(kvcr_stats), _Alignof(kvcr_gauge));
     size_t off_c = align_up(off_g + n_gauges * sizeof(kvcr_gauge), _Alignof(kvcr_counter));
     size_t off_h = align_up(off_c + n_counters * sizeof(kvcr_counter), _Alignof(kvcr_histogram));
@@ -246,7 +259,7 @@ int telemetry_take(kvcr_telemetry *t, const kvcr_gauge *gauges, size_t n_gauges,
     *s = (kvcr_stats){n_gauges, g, n_counters, c, t->n_hists, h, t->n_obs, o, t->dropped};
 
     /* A new interval; the arrays keep their capacity for it. */
-    t->n_hists = t->n_transfers = t->n_refusals = t->n_obs = 0;
+    t->n_hists = t->n_transfers = t->n_tallies = t->n_obs = 0;
     t->dropped = 0;
     *out = s;
     return 0;
@@ -399,11 +412,12 @@ static int check_stats(const kvcr_stats *s)
         if (c->name == NULL || c->operation == NULL ||
             (strcmp(c->name, KVCR_TRANSFER_BYTES_METRIC) != 0 &&
              strcmp(c->name, KVCR_TRANSFER_BLOCKS_METRIC) != 0 &&
-             strcmp(c->name, KVCR_LIMIT_REFUSALS_METRIC) != 0))
+             strcmp(c->name, KVCR_LIMIT_REFUSALS_METRIC) != 0 &&
+             strcmp(c->name, KVCR_CONTROL_DROPPED_METRIC) != 0))
             return kvcr_fail(KVCR_EINVAL,
                              RENDER "counters[%zu] needs an operation and the name "
-                             KVCR_TRANSFER_BYTES_METRIC ", " KVCR_TRANSFER_BLOCKS_METRIC
-                             " or " KVCR_LIMIT_REFUSALS_METRIC, i);
+                             KVCR_TRANSFER_BYTES_METRIC ", " KVCR_TRANSFER_BLOCKS_METRIC ", "
+                             KVCR_LIMIT_REFUSALS_METRIC " or " KVCR_CONTROL_DROPPED_METRIC, i);
     }
     for (size_t i = 0; i < s->n_histograms; i++)
         if (s->histograms[i].scope == NULL || s->histograms[i].result == NULL)
@@ -428,6 +442,8 @@ KVCR_API int kvcr_stats_render_prometheus(const kvcr_stats *stats, char **text, 
                     "Blocks moved by KVCR transfers.");
     render_counters(f, stats, KVCR_LIMIT_REFUSALS_METRIC, "limit",
                     "Requests KVCR refused at a configured limit.");
+    render_counters(f, stats, KVCR_CONTROL_DROPPED_METRIC, "cause",
+                    "Input KVCR dropped at its peer control endpoint, by cause.");
     render_histograms(f, stats);
     /* A failed write (the stream could not grow) only sets the error flag. */
     bool failed = ferror(f) != 0;

@@ -25,6 +25,10 @@ void telemetry_count(kvcr_telemetry *t, const char *operation, uint64_t blocks, 
 /* Adds one to kvcr_limit_refusals_total{limit}: a request refused at a limit. */
 void telemetry_refusal(kvcr_telemetry *t, const char *limit);
 
+/* Adds one to kvcr_control_dropped_total{cause}: a message or connection
+ * dropped at the peer control endpoint (causes: net/control.h). */
+void telemetry_control_drop(kvcr_telemetry *t, const char *cause);
+
 /* Builds a snapshot of the interval plus the given gauges (copied), as one
  * allocation released by kvcr_stats_free(), then starts a new interval.
  * Returns 0 or KVCR_ENOMEM (the interval is then kept). */

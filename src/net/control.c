@@ -16,12 +16,19 @@
  * (libzmq 4.3 has ZMQ_ZAP_ENFORCE_DOMAIN only as a draft). So the handler
  * is bound before the PULL socket and closed after it: no connection is
  * ever admitted without it. Its requests wait in the REP socket until the
- * progress thread answers them (ctl_serve_auth); libzmq holds the
+ * progress thread answers them (ctl_serve_handshakes); libzmq holds the
  * handshake meanwhile, so a slow answer delays a peer, never admits one.
- * Refused connections are counted from the PULL socket's monitor, which
- * reports every handshake that failed, also those that fail before ZAP is
- * asked (a plaintext peer, one that dialled with another server key) and
- * so are seen nowhere else; it is read in the same call. */
+ *
+ * Failed handshakes, with or without CURVE, are counted from the PULL
+ * socket's monitor, which reports every one: refused by ZAP, and those
+ * that fail before ZAP is asked or without it (bytes that are not ZMTP, a
+ * plaintext peer, one that dialled with another server key), which are
+ * seen nowhere else; it is read in the same call as the ZAP handler. Junk
+ * that libzmq takes for a ZMTP 1.0 peer (a first byte other than 0xff) is
+ * no handshake failure: it arrives as messages, or as a frame over
+ * ZMQ_MAXMSGSIZE, for which libzmq closes the connection and reports only
+ * a disconnection, as for any peer that leaves (so oversize messages
+ * cannot be counted). */
 #include "net/control.h"
 
 #include <errno.h>
@@ -43,7 +50,6 @@
 #define CTL_KEY_SUFFIX (sizeof CTL_CURVE_TAG - 1 + CTL_KEY_LEN)
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01" /* fixed by RFC 27 */
 #define ZAP_FRAMES 7                          /* a CURVE request: 6 + the client key */
-#define ZAP_WARN_MS 10000                     /* refusals are logged at most this often */
 #define MONITOR_ENDPOINT "inproc://kvcr-control-monitor" /* per context, as all inproc */
 
 typedef char z85_key[CTL_KEY_LEN + 1];
@@ -74,9 +80,11 @@ struct ctl_channel {
     size_t n_allowed;
     void *zap;     /* the ZAP handler's REP socket */
     int zap_fd;
-    void *monitor; /* PAIR: the PULL socket's failed handshakes */
-    uint64_t refused; /* handshakes that failed (monitor) */
-    kvcr_log_limit refuse_log;
+    uint64_t refused; /* CURVE: handshakes that failed (monitor) */
+    /* the PULL socket's failed handshakes, with or without CURVE */
+    void *monitor; /* PAIR */
+    int monitor_fd;
+    kvcr_log_limit handshake_log, auth_log; /* per cause: CTL_DROP_LOG_MS */
 };
 
 /* ---- endpoint strings -------------------------------------------------------- */
@@ -385,23 +393,24 @@ static int curve_setup(ctl_channel *c, const ctl_curve *k)
 }
 
 /* Failed handshakes of the PULL socket, on a PAIR socket read without
- * blocking (no fd to poll: the progress thread reads it every turn).
- * libzmq reports each failed connection once: refused by ZAP (AUTH), a
- * greeting or HELLO that breaks the protocol (a plaintext peer, a HELLO
- * not encrypted to our key: PROTOCOL), or closed before the handshake
- * ended (NO_DETAIL: which of the two sides saw a plaintext peer's mismatch
- * first is a race, and the loser sees only the close). */
+ * blocking. libzmq reports each failed connection once: refused by ZAP
+ * (AUTH), a greeting or command that breaks the protocol (bytes that are
+ * not ZMTP, a plaintext peer, a HELLO not encrypted to our key: PROTOCOL),
+ * or closed before the handshake ended (NO_DETAIL: which of the two sides
+ * saw a plaintext peer's mismatch first is a race, and the loser sees only
+ * the close). */
 #define MONITOR_EVENTS                                                                   \
     (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |             \
      ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 static int monitor_setup(ctl_channel *c)
 {
+    size_t sz = sizeof c->monitor_fd;
     if (zmq_socket_monitor(c->pull, MONITOR_ENDPOINT, MONITOR_EVENTS) != 0 ||
         (c->monitor = zmq_socket(c->ctx, ZMQ_PAIR)) == NULL ||
-        set_int(c->monitor, ZMQ_LINGER, 0) != 0 || zmq_connect(c->monitor, MONITOR_ENDPOINT) != 0)
-        return kvcr_fail(KVCR_ESYS, "control CURVE: cannot monitor handshakes: %s",
-                         zmq_strerror(errno));
+        set_int(c->monitor, ZMQ_LINGER, 0) != 0 || zmq_connect(c->monitor, MONITOR_ENDPOINT) != 0 ||
+        zmq_getsockopt(c->monitor, ZMQ_FD, &c->monitor_fd, &sz) != 0)
+        return kvcr_fail(KVCR_ESYS, "control: cannot monitor handshakes: %s", zmq_strerror(errno));
     return 0;
 }
 
@@ -424,6 +433,7 @@ static int open_channel(const char *bind_host, uint16_t port, int *listener,
     if (c == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
     c->log = log;
     c->zap_fd = -1;
+    c->monitor_fd = -1;
     c->ctx = zmq_ctx_new();
     if (c->ctx == NULL) {
         free(c);
@@ -432,7 +442,7 @@ static int open_channel(const char *bind_host, uint16_t port, int *listener,
     unsigned bound;
     int rc = curve ? curve_setup(c, curve) : 0;
     if (rc == 0) rc = bind_pull(c, bind_host, port, listener, max_message, &bound);
-    if (rc == 0 && curve) rc = monitor_setup(c);
+    if (rc == 0) rc = monitor_setup(c);
     if (rc != 0) {
         ctl_close(c);
         return rc;
@@ -537,7 +547,7 @@ static const char *zap_verdict(ctl_channel *c, zmq_msg_t *f, size_t n, z85_key u
     zmq_z85_encode(user, zmq_msg_data(&f[6]), 32);
     if (key_allowed(c, user)) return "200";
     if (c->log) /* counted when the monitor reports the failed handshake */
-        kvcr_log_limited(c->log, &c->refuse_log, ZAP_WARN_MS,
+        kvcr_log_limited(c->log, &c->auth_log, CTL_DROP_LOG_MS,
                          "control: refused a CURVE connection from %.*s: key %s is not in the "
                          "allow-list",
                          (int)zmq_msg_size(&f[3]), (const char *)zmq_msg_data(&f[3]), user);
@@ -587,8 +597,8 @@ static bool zap_one(ctl_channel *c)
 }
 
 /* One monitor event (two frames: event id and value, then an address),
- * if one is queued. */
-static bool monitor_one(ctl_channel *c)
+ * if one is queued: counted, logged unless ZAP did, handed to cb. */
+static bool monitor_one(ctl_channel *c, ctl_drop_cb *cb, void *ud)
 {
     zmq_msg_t ev;
     zmq_msg_init(&ev);
@@ -601,19 +611,38 @@ static bool monitor_one(ctl_channel *c)
     discard_rest(c->monitor, &ev);
     zmq_msg_close(&ev);
     if ((id & MONITOR_EVENTS) == 0) return true;
-    c->refused++;
-    if (id != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && c->log) /* ZAP logged those, with the key */
-        kvcr_log_limited(c->log, &c->refuse_log, ZAP_WARN_MS,
-                         "control: a connection failed the CURVE handshake (a plaintext peer, "
-                         "one that dialled another server key, or one that closed early); "
-                         "%llu refused so far", (unsigned long long)c->refused);
+    bool auth = id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    if (c->curve) c->refused++;
+    if (!auth && c->log) /* ZAP logged the AUTH ones, with the key */
+        kvcr_log_limited(c->log, &c->handshake_log, CTL_DROP_LOG_MS,
+                         "control: a connection failed the %s handshake (%s, or one that "
+                         "closed early)",
+                         c->curve ? "CURVE" : "ZeroMQ",
+                         c->curve ? "a plaintext peer, bytes that are not ZeroMQ, one that "
+                                    "dialled another server key"
+                                  : "bytes that are not ZeroMQ");
+    cb(ud, auth ? CTL_DROP_AUTH : CTL_DROP_HANDSHAKE);
     return true;
 }
 
-size_t ctl_serve_auth(ctl_channel *c, size_t max)
+size_t ctl_serve_handshakes(ctl_channel *c, size_t max, ctl_drop_cb *cb, void *ud)
 {
     size_t n = 0;
     while (c->curve && n < max && zap_one(c)) n++;
-    while (c->curve && n < max && monitor_one(c)) n++;
+    while (n < max && monitor_one(c, cb, ud)) n++;
     return n;
+}
+
+int ctl_monitor_fd(const ctl_channel *c)
+{
+    return c->monitor_fd;
+}
+
+const char *ctl_drop_name(ctl_drop cause)
+{
+    static const char *const names[CTL_N_DROPS] = {
+        [CTL_DROP_HANDSHAKE] = "handshake",   [CTL_DROP_AUTH] = "auth",
+        [CTL_DROP_MALFORMED] = "malformed",   [CTL_DROP_UNKNOWN_TYPE] = "unknown_type",
+        [CTL_DROP_BAD_SENDER] = "bad_sender", [CTL_DROP_UNEXPECTED] = "unexpected"};
+    return (unsigned)cause < CTL_N_DROPS ? names[cause] : "?";
 }

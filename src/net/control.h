@@ -11,9 +11,9 @@
  * server's public key: "tcp://host:port#curve=<40 characters of Z85>", so
  * that whoever learns an endpoint (a router hint, a message's reply
  * address) also learns which key must answer there. Incoming connections
- * are admitted by a ZAP handler served in ctl_serve_auth, which takes only
- * keys of the allow-list; outgoing ones are made only to endpoints whose
- * key is in it. Plaintext and CURVE never mix: a keyed endpoint is refused
+ * are admitted by a ZAP handler served in ctl_serve_handshakes, which
+ * takes only keys of the allow-list; outgoing ones are made only to
+ * endpoints whose key is in it. Plaintext and CURVE never mix: a keyed endpoint is refused
  * by a plaintext channel and an unkeyed one by a CURVE channel.
  *
  * A channel is used by one thread at a time (the progress thread). */
@@ -64,19 +64,54 @@ const char *ctl_endpoint(const ctl_channel *c);
 int ctl_fd(const ctl_channel *c);
 
 /* With CURVE, the ZAP handler's file descriptor (-1 without): when it
- * fires (or at any time) call ctl_serve_auth until it returns 0. Nothing
- * arrives from a new connection before its ZAP request is answered. */
+ * fires (or at any time) call ctl_serve_handshakes until it returns 0.
+ * Nothing arrives from a new connection before its ZAP request is
+ * answered. */
 int ctl_auth_fd(const ctl_channel *c);
 
-/* Answers at most max pending ZAP requests without blocking: a client
- * key in the allow-list is admitted (its Z85 becomes the connection's
- * User-Id), any other refused and logged (rate-limited). Then counts the
- * handshakes that failed (refused by ZAP, a plaintext peer, a wrong server
- * key, a close mid-handshake), logged the same way. Returns the number of
- * requests and events handled (0 without CURVE, and when drained). */
-size_t ctl_serve_auth(ctl_channel *c, size_t max);
+/* Why input at the control endpoint was dropped: the closed set of causes
+ * counted in kvcr_control_dropped_total{cause} (names: ctl_drop_name). The
+ * channel tells the first two apart, from the PULL socket's monitor; the
+ * receiver of the messages tells the others. */
+typedef enum ctl_drop {
+    CTL_DROP_HANDSHAKE,    /* a connection that failed the ZeroMQ handshake: not
+                            * ZMTP, a broken greeting, closed mid-handshake, or
+                            * (CURVE) a plaintext peer or another server key */
+    CTL_DROP_AUTH,         /* CURVE: a client key outside the allow-list */
+    CTL_DROP_MALFORMED,    /* a message the decoder refused (net/wire.h) */
+    CTL_DROP_UNKNOWN_TYPE, /* well formed but of a type this version lacks */
+    CTL_DROP_BAD_SENDER,   /* CURVE: its reply endpoint names another key than
+                            * its connection's */
+    CTL_DROP_UNEXPECTED,   /* valid, but nothing here waits for it (a late or
+                            * stray reply) */
+    CTL_N_DROPS
+} ctl_drop;
 
-/* Incoming connections whose CURVE handshake failed so far (see above). */
+/* "handshake", "auth", "malformed", "unknown_type", "bad_sender",
+ * "unexpected": static strings. */
+const char *ctl_drop_name(ctl_drop cause);
+
+/* Drops are logged at most once per this many ms per cause, each line with
+ * the number held back since the last (kvcr_log_limited). */
+#define CTL_DROP_LOG_MS 1000
+
+/* Answers at most max pending ZAP requests without blocking (CURVE only):
+ * a client key in the allow-list is admitted (its Z85 becomes the
+ * connection's User-Id), any other refused and logged. Then reads the
+ * monitor's failed handshakes (refused by ZAP, not ZMTP, a plaintext peer,
+ * a wrong server key, a close mid-handshake), logged likewise, and hands
+ * each to cb(ud, cause) with cause CTL_DROP_HANDSHAKE or CTL_DROP_AUTH.
+ * Logs are rate-limited per cause (CTL_DROP_LOG_MS). Returns the number of
+ * requests and events handled (0 when drained). */
+typedef void ctl_drop_cb(void *ud, ctl_drop cause);
+size_t ctl_serve_handshakes(ctl_channel *c, size_t max, ctl_drop_cb *cb, void *ud);
+
+/* The monitor's file descriptor: when it fires (or at any time) call
+ * ctl_serve_handshakes until it returns 0. */
+int ctl_monitor_fd(const ctl_channel *c);
+
+/* With CURVE, incoming connections whose handshake failed so far (see
+ * above); 0 without. */
 uint64_t ctl_auth_refused(const ctl_channel *c);
 
 /* Whether the channel runs CURVE. */

@@ -93,6 +93,8 @@ static const struct shape {
 };
 #define N_TYPES (sizeof shapes / sizeof shapes[0])
 
+const char wire_unknown_type[] = "unknown message type";
+
 const char *wire_type_name(int type)
 {
     return type > 0 && (size_t)type < N_TYPES ? shapes[type].name : NULL;
@@ -423,7 +425,7 @@ static const char *decode_head(const msgpack_object **f, uint32_t present, wire_
     if (t->type != MSGPACK_OBJECT_STR) return "type: not a str";
     for (m->type = 1; m->type < N_TYPES; m->type++)
         if (mpmap_str_is(t, shapes[m->type].name)) break;
-    if (m->type == N_TYPES) return "unknown message type";
+    if (m->type == N_TYPES) return wire_unknown_type;
     const struct shape *s = &shapes[m->type];
     uint32_t extra = present & ~(COMMON | s->allow), missing = (COMMON | s->need) & ~present;
     if (extra) return extra_why[__builtin_ctz(extra)];

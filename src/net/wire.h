@@ -129,6 +129,9 @@ typedef struct wire_msg {
  * -1 with *why set to a static description of the first rule broken; *out
  * then owns nothing. */
 int wire_decode(const void *buf, size_t len, wire_msg *out, const char **why);
+/* The *why of a message that is well formed up to its type, which this
+ * version does not know (a receiver counts it apart from malformed ones). */
+extern const char wire_unknown_type[];
 void wire_msg_free(wire_msg *m);
 
 /* Encodes m (storage ignored; fields as the type needs them) into a malloc'd

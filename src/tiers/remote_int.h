@@ -297,9 +297,9 @@ struct remote {
 
     rcb *cbs, *cbs_tail;          /* callbacks for the polling thread */
 
-    uint64_t dropped_messages;    /* malformed or unexpected */
+    uint64_t dropped_messages;    /* malformed, unexpected or from a bad sender */
     uint64_t refused_messages;    /* CURVE: reply endpoint key not the connection's */
-    kvcr_log_limit refuse_log;    /* progress only */
+    kvcr_log_limit drop_log[CTL_N_DROPS]; /* per cause; progress only */
 };
 
 /* remote_progress.c (locked, progress thread unless noted) */

@@ -27,7 +27,6 @@
 #define EAGER_TRIES 50
 #define ACTIVE_WAIT_NS 20000 /* between polls while transfers are in flight */
 #define MS 1000000ull
-#define REFUSE_WARN_MS 10000 /* refused messages are logged at most this often */
 
 /* ---- sending -------------------------------------------------------------- */
 
@@ -279,6 +278,30 @@ void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint6
     rcb_push(r, cb);
 }
 
+/* ---- dropped input -------------------------------------------------------- */
+
+/* Locked, progress thread: a message or connection dropped for cause,
+ * counted by cause (the caller counts messages in the total) and logged at
+ * most once per CTL_DROP_LOG_MS per cause: junk from many connections costs
+ * a counter each, never a log line each. */
+static void __attribute__((format(printf, 3, 4)))
+count_drop(remote *r, ctl_drop cause, const char *fmt, ...)
+{
+    host_control_drop(r->kv, ctl_drop_name(cause));
+    va_list ap;
+    va_start(ap, fmt);
+    kvcr_vlog_limited(host_logger(r->kv), &r->drop_log[cause], CTL_DROP_LOG_MS, fmt, ap);
+    va_end(ap);
+}
+
+/* Locked, progress thread: a connection whose handshake failed (logged by
+ * the channel, which knows why). */
+static void on_handshake_failed(void *ud, ctl_drop cause)
+{
+    remote *r = ud;
+    host_control_drop(r->kv, ctl_drop_name(cause));
+}
+
 /* ---- dispatch ------------------------------------------------------------- */
 
 /* With CURVE a message speaks only for the key its connection was
@@ -292,12 +315,11 @@ static bool sender_authentic(remote *r, const wire_msg *m, const char *peer_key)
     if (peer_key != NULL && claimed != NULL && strcmp(claimed, peer_key) == 0) return true;
     r->dropped_messages++;
     r->refused_messages++;
-    kvcr_log_limited(host_logger(r->kv), &r->refuse_log, REFUSE_WARN_MS,
-                     "dropped a %s message from %.*s: its connection was admitted for key %s, "
-                     "not the key of its reply endpoint %.*s",
-                     wire_type_name(m->type), (int)m->agent.len, (const char *)m->agent.data,
-                     peer_key ? peer_key : "(none)", (int)m->from.len,
-                     (const char *)m->from.data);
+    count_drop(r, CTL_DROP_BAD_SENDER,
+               "dropped a %s message from %.*s: its connection was admitted for key %s, "
+               "not the key of its reply endpoint %.*s",
+               wire_type_name(m->type), (int)m->agent.len, (const char *)m->agent.data,
+               peer_key ? peer_key : "(none)", (int)m->from.len, (const char *)m->from.data);
     return false;
 }
 
@@ -308,20 +330,32 @@ static void on_message(void *ud, const void *data, size_t len, const char *peer_
     const char *why = NULL;
     if (wire_decode(data, len, &m, &why) != 0) {
         r->dropped_messages++;
-        kvcr_log(host_logger(r->kv), KVCR_LOG_WARN, "dropped a malformed control message (%zu bytes): %s",
-                 len, why);
+        if (why == wire_unknown_type)
+            count_drop(r, CTL_DROP_UNKNOWN_TYPE,
+                       "dropped a control message (%zu bytes) of a type this version lacks", len);
+        else
+            count_drop(r, CTL_DROP_MALFORMED, "dropped a malformed control message (%zu bytes): %s",
+                       len, why);
         return;
     }
     if (!sender_authentic(r, &m, peer_key)) {
         wire_msg_free(&m);
         return;
     }
+    /* The handlers count in the total what they drop: a valid message that
+     * nothing here waits for (a late reply, a stranger's, another
+     * incarnation's). */
+    uint64_t dropped = r->dropped_messages;
     switch (m.type) {
     case WIRE_METADATA:
     case WIRE_START_WRITE:
     case WIRE_WRITE_PROBE: source_on_message(r, &m); break;
     default: target_on_message(r, &m); break;
     }
+    if (r->dropped_messages != dropped)
+        count_drop(r, CTL_DROP_UNEXPECTED, "dropped a %s message from %.*s (%.*s) that nothing here "
+                   "waits for", wire_type_name(m.type), (int)m.agent.len,
+                   (const char *)m.agent.data, (int)m.from.len, (const char *)m.from.data);
     wire_msg_free(&m);
 }
 
@@ -376,7 +410,8 @@ static bool turn_locked(remote *r, uint64_t *next_ns)
     uint64_t now = kvcr_now_ns();
     check_stall(r, now);
     source_ucx_settle(r);
-    size_t got = ctl_serve_auth(r->ctl, MSG_BATCH) + ctl_recv(r->ctl, MSG_BATCH, on_message, r);
+    size_t got = ctl_serve_handshakes(r->ctl, MSG_BATCH, on_handshake_failed, r) +
+                 ctl_recv(r->ctl, MSG_BATCH, on_message, r);
     target_adopt(r, now);
     publish_eager(r, now, next_ns);
     if (r->stop) {
@@ -429,9 +464,10 @@ static void *progress_main(void *arg)
             timeout = next_ns > now ? (int)((next_ns - now + MS - 1) / MS) : 0;
             if (timeout > IDLE_WAIT_MS) timeout = IDLE_WAIT_MS;
         }
-        struct pollfd fds[4] = {{r->wake_fd, POLLIN, 0}, {ctl_fd(r->ctl), POLLIN, 0},
-                                {ucx_fd(r->ucx), POLLIN, 0}, {ctl_auth_fd(r->ctl), POLLIN, 0}};
-        int ready = poll(fds, 4, timeout); /* no ZAP handler: fd -1, ignored */
+        struct pollfd fds[5] = {{r->wake_fd, POLLIN, 0},         {ctl_fd(r->ctl), POLLIN, 0},
+                                {ucx_fd(r->ucx), POLLIN, 0},       {ctl_auth_fd(r->ctl), POLLIN, 0},
+                                {ctl_monitor_fd(r->ctl), POLLIN, 0}};
+        int ready = poll(fds, 5, timeout); /* no ZAP handler: fd -1, ignored */
         if (ready > 0 && (fds[0].revents & POLLIN)) {
             uint64_t ticks;
             ssize_t rd = read(r->wake_fd, &ticks, sizeof ticks);

@@ -54,8 +54,8 @@ void kvcr_log(const kvcr_logger *lg, kvcr_log_level level, const char *fmt, ...)
     fprintf(stderr, "%s %s: %s\n", lg->name, level_name(level), msg);
 }
 
-void kvcr_log_limited(const kvcr_logger *lg, kvcr_log_limit *lim, uint32_t interval_ms,
-                      const char *fmt, ...)
+void kvcr_vlog_limited(const kvcr_logger *lg, kvcr_log_limit *lim, uint32_t interval_ms,
+                       const char *fmt, va_list ap)
 {
     uint64_t now = kvcr_now_ns();
     if (now < lim->next_ns) {
@@ -63,10 +63,7 @@ void kvcr_log_limited(const kvcr_logger *lg, kvcr_log_limit *lim, uint32_t inter
         return;
     }
     char msg[900];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     if (lim->held > 0)
         kvcr_log(lg, KVCR_LOG_WARN, "%s (%llu more like it not logged)", msg,
                  (unsigned long long)lim->held);
@@ -74,6 +71,15 @@ void kvcr_log_limited(const kvcr_logger *lg, kvcr_log_limit *lim, uint32_t inter
         kvcr_log(lg, KVCR_LOG_WARN, "%s", msg);
     lim->held = 0;
     lim->next_ns = now + (uint64_t)interval_ms * 1000000u;
+}
+
+void kvcr_log_limited(const kvcr_logger *lg, kvcr_log_limit *lim, uint32_t interval_ms,
+                      const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvcr_vlog_limited(lg, lim, interval_ms, fmt, ap);
+    va_end(ap);
 }
 
 int kvcr_fail(int err, const char *fmt, ...)

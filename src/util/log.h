@@ -2,6 +2,8 @@
 #ifndef KVCR_UTIL_LOG_H
 #define KVCR_UTIL_LOG_H
 
+#include <stdarg.h>
+
 #include "kvcr/types.h"
 #include "util/api.h"
 
@@ -37,6 +39,10 @@ typedef struct kvcr_log_limit {
 void kvcr_log_limited(const kvcr_logger *lg, kvcr_log_limit *lim, uint32_t interval_ms,
                       const char *fmt, ...) KVCR_INTERNAL(log_limited)
     __attribute__((format(printf, 4, 5)));
+/* The same with a va_list, for a caller that counts and logs one event of
+ * several kinds (one limit each) in one function; libkvcr's own. */
+void kvcr_vlog_limited(const kvcr_logger *lg, kvcr_log_limit *lim, uint32_t interval_ms,
+                       const char *fmt, va_list ap) __attribute__((format(printf, 4, 0)));
 
 /* Records a message for kvcr_last_error() and returns err, so that a
  * validation reads: return kvcr_fail(KVCR_EINVAL, "x must be positive"); */
