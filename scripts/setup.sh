@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   libxxhash-dev libcmocka-dev
   libucx-dev libzmq3-dev libmsgpack-dev libjansson-dev liburing-dev
-  libhiredis-dev redis-server fio valgrind prometheus iperf3 ucx-utils
+  libhiredis-dev redis-server fio valgrind prometheus iperf3 ucx-utils iproute2 nftables
   python3-dev python3-pytest python3-pip python3-setuptools
 )
 

@@ -43,7 +43,9 @@ echo "== C tests (valgrind memcheck) =="
 # where a test starts it (the service): valgrind 3.19 does not know
 # pidfd_open, which the service needs. So is promtool (a Go program, which
 # memcheck stops with an illegal instruction). The benchmark and demo runs are
-# left to the other builds: they prove nothing more here, only slower.
+# left to the other builds: they prove nothing more here, only slower. So are
+# the tests on the netns rig (label rig): the rig joins and signals its hosts
+# through pidfds, which valgrind 3.19 does not know (they would only skip).
 cmake -S . -B build-valgrind -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   "-DCMAKE_CROSSCOMPILING_EMULATOR=valgrind;-q;--error-exitcode=99;--leak-check=full;--errors-for-leak-kinds=definite,indirect;--show-leak-kinds=definite,indirect;--trace-children=yes;--trace-children-skip=*/kvcr,*/promtool;--suppressions=$PWD/tests/valgrind.supp" \
   >/dev/null
@@ -51,7 +53,7 @@ cmake --build build-valgrind
 # The failover test repeats its SIGKILL-and-restart round 4 times here
 # instead of 20 (each costs seconds under valgrind; the other builds run 20).
 (cd build-valgrind && KVCR_FAILOVER_ROUNDS=4 ctest --output-on-failure -j "$jobs" --timeout 900 \
-  -E 'bench|demo')
+  -E 'bench|demo' -LE rig)
 
 echo "== fuzzing (libFuzzer, bounded) =="
 CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCR_BUILD_FUZZ=ON \
