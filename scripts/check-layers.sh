@@ -7,7 +7,8 @@
 #       includes include/ alone, the tool only the src/ modules it links;
 #   (b) the symbol rule: every global symbol that libkvcr.a and libkvcr.so
 #       define starts with kvcr_ (public) or kvcr__ (internal);
-#   (c) no source file over 1,500 lines.
+#   (c) no source file over 1,500 lines;
+#   (d) every ctest of the build has a label.
 # Every violation is printed; the exit status is 1 if there was any.
 #
 #   scripts/check-layers.sh [BUILD_DIR]     # default: build
@@ -129,6 +130,18 @@ check_symbols() { # LIBRARY NM-ARGS...
 check_symbols "$build/libkvcr.a" -g
 check_symbols "$build/libkvcr.so" -D
 
+# Every ctest has a label (unit, integration, ...: tests/CMakeLists.txt).
+if [ -f "$build/CTestTestfile.cmake" ]; then
+  while read -r name; do
+    violation "the ctest $name has no label"
+  done < <(ctest --test-dir "$build" --show-only=json-v1 | python3 -c '
+import json, sys
+for t in json.load(sys.stdin)["tests"]:
+    props = {p["name"]: p["value"] for p in t.get("properties", [])}
+    if not props.get("LABELS"):
+        print(t["name"])')
+fi
+
 # ---- (c) file length -------------------------------------------------------------
 
 while IFS= read -r path; do
@@ -140,4 +153,4 @@ if [ "$violations" -gt 0 ]; then
   echo "check-layers: $violations violation(s) of the layer rules (docs/ARCHITECTURE.md)" >&2
   exit 1
 fi
-echo "check-layers: include rules, symbol rule and file lengths hold"
+echo "check-layers: include rules, symbol rule, file lengths and test labels hold"
