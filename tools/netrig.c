@@ -495,6 +495,14 @@ pid_t netrig_spawn(netrig *r, unsigned host, char *const argv[], char *const env
     return fail(r, "netrig_spawn %s on host %u: %s", argv[0], host, strerror(err));
 }
 
+int netrig_join(netrig *r, unsigned host)
+{
+    if (check_host(r, host, "netrig_join") != 0) return -1;
+    if (setns(r->pidfd[host], CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0)
+        return fail(r, "netrig_join host %u: %s", host, strerror(errno));
+    return 0;
+}
+
 int netrig_link(netrig *r, unsigned host, bool up)
 {
     if (check_host(r, host, "netrig_link") != 0) return -1;

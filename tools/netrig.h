@@ -77,7 +77,7 @@ typedef struct netrig_opts {
 bool netrig_available(char *why, size_t why_len);
 
 /* Makes the hosts of *opts: 0 and *out, or -1 with the reason in why and
- * nothing left behind. Takes about 10-50 ms a host. */
+ * nothing left behind. Takes tens of milliseconds a host. */
 int netrig_up(const netrig_opts *opts, netrig **out, char *why, size_t why_len);
 
 /* Host's IPv4 address, "198.18.0.<host+1>" (NULL for a host out of range). */
@@ -88,6 +88,12 @@ const char *netrig_addr(const netrig *r, unsigned host);
  * (those without FD_CLOEXEC). Its pid, or -1 (the reason in
  * netrig_last_error: a bad host, a killed host, exec failing). */
 pid_t netrig_spawn(netrig *r, unsigned host, char *const argv[], char *const envp[]);
+
+/* Moves the calling thread into host's namespaces (setns), for a forked
+ * child that runs code there without exec (after fork, before anything
+ * else). Not for the rig's own process: its later calls need its own
+ * namespace. 0 or -1. */
+int netrig_join(netrig *r, unsigned host);
 
 /* Takes host's link down (false) or back up (true). Down, nothing passes
  * on it either way and the host's eth0 reports no carrier (bridged) or its

@@ -1,8 +1,9 @@
 /* The netns rig (tools/netrig.h): hosts with their own hostname, IPC and
  * network namespaces and no default route, reachable from each other and
- * from nothing in this process's namespace; TCP between them with bytes
- * compared; a 1 ms delay each way making round trips of 2 ms or more;
- * partition, link down and loss stopping traffic and their end restoring it;
+ * from nothing in this process's namespace, joined by exec or by a forked
+ * child alike; TCP between them with bytes compared; a 1 ms delay each way
+ * making round trips of 2 ms or more; a rate holding; partition, link down
+ * and loss stopping traffic and their end restoring it;
  * a killed host taking its processes with it; and nothing left after
  * netrig_down, nor after the rig's process dies of SIGKILL or SIGINT.
  *
@@ -404,6 +405,19 @@ static void test_hosts_are_isolated(void **state)
                                                                              : "198.18.0.3");
     }
     assert_null(netrig_addr(r, 3));
+    /* A forked child that joins a host without exec is there too. */
+    fflush(NULL);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        char name[64] = "";
+        _exit(netrig_join(r, 2) == 0 && gethostname(name, sizeof name) == 0 &&
+                      strcmp(name, "kvcr-h2") == 0 && ns_inode("self", "net") == seen[2].net
+                  ? 0
+                  : 1);
+    }
+    int st = reap_within(child, WAIT_MS);
+    assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     netrig_down(r);
     root_interfaces(after, sizeof after);
     assert_string_equal(before, after);
