@@ -1,0 +1,414 @@
+/* Junk at the control endpoint of an instance with the remote tier on
+ * 127.0.0.1, from 8 connections at once for about 3 s: raw TCP bytes that
+ * fail the ZeroMQ handshake (a greeting naming no mechanism we speak, a
+ * greeting cut short, an HTTP request), messages over
+ * max_control_message_bytes, and well-framed ZeroMQ messages that are not
+ * valid control messages (random bytes, msgpack maps with bad fields, a
+ * type this version lacks, valid replies nobody waits for).
+ *
+ * Each is counted by cause in kvcr_control_dropped_total{cause}, exactly as
+ * many as were sent (oversize messages excepted: libzmq closes their
+ * connection and reports it as any peer leaving, so they are not counted);
+ * the messages also in the dropped-message total. The log sink receives at
+ * most one line per second per cause, each after the first saying how many
+ * were held back. Afterwards the instance still delivers a block from a
+ * source peer with the right bytes. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "peer.h"
+#include "promtool.h"
+
+#define BS 4096
+#define JUNK_MS 3000         /* how long the junk flows */
+#define FRAMED_SENDERS 4     /* PUSH sockets, one connection each */
+#define RAW_SENDERS 4        /* one raw TCP connection after another */
+#define FRAMED_CAP 20000     /* messages per PUSH socket, spread over JUNK_MS */
+#define MAX_MESSAGE 65536    /* the instance's max_control_message_bytes */
+#define WAIT_MS 20000        /* for the instance to count what was sent */
+
+enum { HANDSHAKE, MALFORMED, UNKNOWN_TYPE, UNEXPECTED, N_CAUSES };
+static const char *const cause_names[N_CAUSES] = {"handshake", "malformed", "unknown_type",
+                                                  "unexpected"};
+/* A phrase of each cause's log line (src/net/control.c, src/tiers/remote_progress.c). */
+static const char *const cause_lines[N_CAUSES] = {
+    "failed the ZeroMQ handshake", "malformed control message", "of a type this version lacks",
+    "that nothing here waits for"};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- the log sink ---------------------------------------------------------- */
+
+static struct {
+    pthread_mutex_t lock;
+    unsigned lines[N_CAUSES], held_lines[N_CAUSES];
+} sink = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}};
+
+static void count_line(void *ud, kvcr_log_level level, const char *msg)
+{
+    (void)ud;
+    (void)level;
+    pthread_mutex_lock(&sink.lock);
+    for (int c = 0; c < N_CAUSES; c++)
+        if (strstr(msg, cause_lines[c])) {
+            sink.lines[c]++;
+            if (strstr(msg, "more like it not logged")) sink.held_lines[c]++;
+        }
+    pthread_mutex_unlock(&sink.lock);
+}
+
+/* ---- msgpack, by hand (small maps of short strings) ---------------------- */
+
+typedef struct mp {
+    uint8_t b[512];
+    size_t n;
+} mp;
+
+static void mp_byte(mp *m, uint8_t x)
+{
+    m->b[m->n++] = x;
+}
+
+static void mp_str(mp *m, const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 32) {
+        mp_byte(m, (uint8_t)(0xa0 | n));
+    } else {
+        mp_byte(m, 0xd9);
+        mp_byte(m, (uint8_t)n);
+    }
+    memcpy(m->b + m->n, s, n);
+    m->n += n;
+}
+
+/* {"v": v, "type": type, ...}: the head every message starts with; n is
+ * the number of pairs in all. */
+static void mp_head(mp *m, unsigned n, unsigned v, const char *type)
+{
+    m->n = 0;
+    mp_byte(m, (uint8_t)(0x80 | n));
+    mp_str(m, "v");
+    mp_byte(m, (uint8_t)v);
+    mp_str(m, "type");
+    mp_str(m, type);
+}
+
+/* A write_done as a source sends it, for an operation the instance never
+ * started: valid, and dropped as unexpected once dispatched. */
+static void mp_write_done(mp *m, const char *to, bool success_as_str)
+{
+    mp_head(m, 9, 1, "write_done");
+    mp_str(m, "agent"), mp_str(m, "junk");
+    mp_str(m, "inc"), mp_byte(m, 0xc4), mp_byte(m, 16);
+    for (int i = 0; i < 16; i++) mp_byte(m, (uint8_t)i);
+    mp_str(m, "from"), mp_str(m, "tcp://127.0.0.1:9");
+    mp_str(m, "to"), mp_str(m, to);
+    mp_str(m, "op"), mp_byte(m, 77);
+    mp_str(m, "success");
+    if (success_as_str)
+        mp_str(m, "no");
+    else
+        mp_byte(m, 0xc2);
+    mp_str(m, "terminal"), mp_byte(m, 0xc3);
+}
+
+/* ---- framed junk: PUSH sockets --------------------------------------------- */
+
+typedef struct framed {
+    pthread_t thread;
+    const char *endpoint;
+    uint64_t start_ms, deadline_ms;
+    unsigned seed;
+    uint64_t sent[N_CAUSES];
+    int failed; /* errno of a send or connect that failed, 0 if none */
+} framed;
+
+/* Message i of a sender: its bytes in m, its cause returned. */
+static int framed_message(framed *f, uint64_t i, mp *m)
+{
+    switch (i % 7) {
+    case 0: /* random bytes */
+        m->n = 1 + (size_t)rand_r(&f->seed) % 64;
+        for (size_t k = 0; k < m->n; k++) m->b[k] = (uint8_t)rand_r(&f->seed);
+        return MALFORMED;
+    case 1: m->n = 0; return MALFORMED; /* empty */
+    case 2: /* missing fields */
+        mp_head(m, 3, 1, "write_done");
+        mp_str(m, "agent"), mp_str(m, "junk");
+        return MALFORMED;
+    case 3: mp_head(m, 2, 2, "write_done"); return MALFORMED; /* another version */
+    case 4: mp_write_done(m, f->endpoint, true); return MALFORMED; /* a mistyped field */
+    case 5: mp_head(m, 2, 1, "junk_type"); return UNKNOWN_TYPE;
+    default: mp_write_done(m, f->endpoint, false); return UNEXPECTED;
+    }
+}
+
+static void *framed_main(void *arg)
+{
+    framed *f = arg;
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH);
+    int linger = WAIT_MS / 2, timeout = 5000;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
+    if (zmq_connect(s, f->endpoint) != 0) f->failed = errno;
+    mp m;
+    for (uint64_t i = 0; !f->failed && i < FRAMED_CAP && now_ms() < f->deadline_ms; i++) {
+        /* Paced: message i not before its share of the time. */
+        while (now_ms() < f->start_ms + i * JUNK_MS / FRAMED_CAP) usleep(1000);
+        int cause = framed_message(f, i, &m);
+        if (zmq_send(s, m.b, m.n, 0) < 0)
+            f->failed = errno;
+        else
+            f->sent[cause]++;
+    }
+    zmq_close(s); /* the queue is delivered within the linger */
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+/* ---- raw junk: TCP connections ------------------------------------------- */
+
+typedef struct raw {
+    pthread_t thread;
+    const char *endpoint;
+    uint16_t port;
+    uint64_t deadline_ms;
+    uint64_t handshakes, oversize;
+    int failed;
+} raw;
+
+/* A ZMTP 3.0 greeting naming a mechanism nobody speaks: refused at once. */
+static size_t bad_mechanism(uint8_t *b)
+{
+    memset(b, 0, 64);
+    b[0] = 0xff, b[9] = 0x7f, b[10] = 3, b[11] = 0;
+    memcpy(b + 12, "JUNK", 4);
+    return 64;
+}
+
+/* Sends bytes on a new connection, then waits for the instance to hang up:
+ * every connection has ended, and been counted, before the next starts. */
+static int raw_connection(uint16_t port, const void *bytes, size_t n)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0), err = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        send(fd, bytes, n, MSG_NOSIGNAL) != (ssize_t)n || shutdown(fd, SHUT_WR) != 0)
+        err = errno;
+    char buf[256];
+    ssize_t got;
+    while (!err && (got = recv(fd, buf, sizeof buf, 0)) != 0)
+        if (got < 0) err = errno;
+    close(fd);
+    return err;
+}
+
+/* One message over max_control_message_bytes from a PUSH socket of its
+ * own: libzmq drops the connection, reporting no handshake failure. */
+static int oversize_message(const char *endpoint)
+{
+    static uint8_t big[MAX_MESSAGE + 4096];
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH);
+    int linger = 1000, err = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_connect(s, endpoint) != 0 || zmq_send(s, big, sizeof big, 0) < 0) err = errno;
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    return err;
+}
+
+static void *raw_main(void *arg)
+{
+    raw *r = arg;
+    static const char http[] = "GET /metrics HTTP/1.1\r\nHost: kvcr\r\n\r\n";
+    static const uint8_t cut[] = {0xff, 0, 0, 0, 0};
+    uint8_t greeting[64];
+    size_t n_greeting = bad_mechanism(greeting);
+    for (uint64_t i = 0; !r->failed && now_ms() < r->deadline_ms; i++) {
+        switch (i % 8) {
+        case 0: r->failed = oversize_message(r->endpoint), r->oversize++; break;
+        case 1:
+        case 2: r->failed = raw_connection(r->port, http, sizeof http - 1), r->handshakes++; break;
+        case 3:
+        case 4: r->failed = raw_connection(r->port, cut, sizeof cut), r->handshakes++; break;
+        default:
+            r->failed = raw_connection(r->port, greeting, n_greeting), r->handshakes++;
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* ---- the instance's side -------------------------------------------------- */
+
+typedef struct seen {
+    uint64_t count[N_CAUSES], other_causes;
+    bool checked_text; /* promtool ran on a snapshot with the family */
+    double auth_refused; /* gauge control_auth_refused_connections, last seen */
+} seen;
+
+/* Takes a snapshot and adds its drop counters to s; the first snapshot
+ * that has them goes through promtool. */
+static void take(rig *r, seen *s)
+{
+    kvcr_stats *st = NULL;
+    assert_int_equal(kvcr_stats_take(r->kv, &st), 0);
+    assert_non_null(st);
+    bool any = false;
+    for (size_t i = 0; i < st->n_counters; i++) {
+        const kvcr_counter *c = &st->counters[i];
+        if (strcmp(c->name, KVCR_CONTROL_DROPPED_METRIC) != 0) continue;
+        any = true;
+        int k = 0;
+        while (k < N_CAUSES && strcmp(c->operation, cause_names[k]) != 0) k++;
+        if (k == N_CAUSES)
+            s->other_causes += (uint64_t)c->value;
+        else
+            s->count[k] += (uint64_t)c->value;
+    }
+    for (size_t i = 0; i < st->n_gauges; i++)
+        if (strcmp(st->gauges[i].resource, "control_auth_refused_connections") == 0)
+            s->auth_refused = st->gauges[i].value;
+    if (any && !s->checked_text) {
+        char *text = NULL;
+        size_t len = 0;
+        assert_int_equal(kvcr_stats_render_prometheus(st, &text, &len), 0);
+        assert_non_null(strstr(text, "# TYPE kvcr_control_dropped_total counter\n"));
+        assert_non_null(strstr(text, "kvcr_control_dropped_total{cause=\""));
+        assert_promtool_clean(text);
+        kvcr_prometheus_free(text);
+        s->checked_text = true;
+    }
+    kvcr_stats_free(st);
+}
+
+static bool reached(const seen *s, const uint64_t *want)
+{
+    for (int c = 0; c < N_CAUSES; c++)
+        if (s->count[c] < want[c]) return false;
+    return true;
+}
+
+static uint16_t port_of(const char *endpoint)
+{
+    const char *colon = strrchr(endpoint, ':');
+    assert_non_null(colon);
+    return (uint16_t)atoi(colon + 1);
+}
+
+static void test_junk_is_counted_by_cause_and_logged_once_a_second(void **state)
+{
+    (void)state;
+    peer src;
+    peer_spawn_source(&src, 4);
+    rig r;
+    rig_init_remote(&r, BS, 8, 8);
+    r.cfg.enable_telemetry = true;
+    r.cfg.limits.max_control_message_bytes = MAX_MESSAGE;
+    r.cfg.callbacks.log = count_line;
+    rig_start(&r);
+    const char *endpoint = kvcr_control_endpoint(r.kv);
+
+    uint64_t start = now_ms();
+    framed f[FRAMED_SENDERS];
+    raw w[RAW_SENDERS];
+    for (int i = 0; i < FRAMED_SENDERS; i++) {
+        f[i] = (framed){.endpoint = endpoint, .start_ms = start, .deadline_ms = start + JUNK_MS,
+                        .seed = 7u + i};
+        assert_int_equal(pthread_create(&f[i].thread, NULL, framed_main, &f[i]), 0);
+    }
+    for (int i = 0; i < RAW_SENDERS; i++) {
+        w[i] = (raw){.endpoint = endpoint, .port = port_of(endpoint), .deadline_ms = start + JUNK_MS};
+        assert_int_equal(pthread_create(&w[i].thread, NULL, raw_main, &w[i]), 0);
+    }
+    uint64_t want[N_CAUSES] = {0}, oversize = 0;
+    for (int i = 0; i < FRAMED_SENDERS; i++) {
+        pthread_join(f[i].thread, NULL);
+        assert_int_equal(f[i].failed, 0);
+        for (int c = 0; c < N_CAUSES; c++) want[c] += f[i].sent[c];
+    }
+    for (int i = 0; i < RAW_SENDERS; i++) {
+        pthread_join(w[i].thread, NULL);
+        assert_int_equal(w[i].failed, 0);
+        want[HANDSHAKE] += w[i].handshakes;
+        oversize += w[i].oversize;
+    }
+    for (int c = 0; c < N_CAUSES; c++) assert_true(want[c] > 0);
+    assert_true(oversize > 0);
+
+    /* Everything sent arrives (PUSH sockets lose nothing while connected,
+     * and each raw connection ended before the next began): the counts
+     * reach what was sent, and then stay there. */
+    seen s = {0};
+    uint64_t give_up = now_ms() + WAIT_MS;
+    while (!reached(&s, want) && now_ms() < give_up) {
+        take(&r, &s);
+        usleep(50000);
+    }
+    usleep(300000);
+    take(&r, &s);
+    for (int c = 0; c < N_CAUSES; c++) {
+        if (s.count[c] != want[c])
+            fail_msg("cause %s: %llu counted, %llu sent", cause_names[c],
+                     (unsigned long long)s.count[c], (unsigned long long)want[c]);
+    }
+    assert_int_equal(s.other_causes, 0);
+    assert_true(s.checked_text);
+    assert_true(s.auth_refused == 0); /* no CURVE: nothing refused for a key */
+    assert_int_equal(kvcr__test_dropped_messages(r.kv),
+                     want[MALFORMED] + want[UNKNOWN_TYPE] + want[UNEXPECTED]);
+
+    /* A legitimate pull still works, bytes compared. */
+    peer_hint_range(&r, "req", src.endpoint, 0, 4);
+    kvcr_entry_status st[4];
+    assert_int_equal(rig_wait(&r, peer_deliver_range(&r, 0, 4, 0, "req"), st, NULL, NULL), 4);
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_int_equal(st[i], KVCR_ENTRY_SUCCESS);
+        assert_true(rig_has_pattern(&r, r.fw + i * BS, i));
+    }
+
+    /* At most one line per cause per second since the junk began (the
+     * first one at once), and the lines after the first say how many were
+     * held back. */
+    rig_stop(&r);
+    unsigned limit = (unsigned)((now_ms() - start) / 1000) + 1;
+    pthread_mutex_lock(&sink.lock);
+    for (int c = 0; c < N_CAUSES; c++) {
+        printf("cause %-12s sent %8llu, %u log lines (%u with a held-back count), limit %u\n",
+               cause_names[c], (unsigned long long)want[c], sink.lines[c], sink.held_lines[c],
+               limit);
+        assert_true(sink.lines[c] >= 1);
+        assert_true(sink.lines[c] <= limit);
+    }
+    /* The junk lasted long enough for a second line of the commonest causes. */
+    assert_true(sink.held_lines[MALFORMED] >= 1);
+    assert_true(sink.held_lines[HANDSHAKE] >= 1);
+    pthread_mutex_unlock(&sink.lock);
+    peer_stop(&src);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_junk_is_counted_by_cause_and_logged_once_a_second),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
