@@ -284,15 +284,19 @@ static info host_info(netrig *r, unsigned host)
     return i;
 }
 
-static netrig *rig_up(unsigned n, uint32_t delay_us)
+static netrig *rig_of(const netrig_opts *o)
 {
-    netrig_opts o = {.n_hosts = n, .delay_us = delay_us};
     netrig *r;
-    char why[320];
-    int rc = netrig_up(&o, &r, why, sizeof why);
+    char why[400];
+    int rc = netrig_up(o, &r, why, sizeof why);
     if (rc != 0) fprintf(stderr, "netrig_up: %s\n", why);
     assert_int_equal(rc, 0);
     return r;
+}
+
+static netrig *rig_up(unsigned n, uint32_t delay_us)
+{
+    return rig_of(&(netrig_opts){.n_hosts = n, .delay_us = delay_us});
 }
 
 /* Asserts that a netrig call (its result rc) succeeded, printing why not. */
@@ -438,6 +442,14 @@ static void test_tcp_between_hosts(void **state)
     netrig_down(r);
 }
 
+/* Host from's client reaches host to's server (64 KiB echoed), or (cut)
+ * cannot connect within 0.4 s. */
+static void expect_link(netrig *r, unsigned from, unsigned to, bool cut)
+{
+    assert_int_equal(run_client(r, from, to, 65536, cut ? 400 : WAIT_MS, NULL),
+                     cut ? EXIT_NO_CONNECT : 0);
+}
+
 /* Each fault stops the traffic while it lasts and the link carries it
  * again once it ends. */
 static void test_partition_link_loss(void **state)
@@ -445,20 +457,20 @@ static void test_partition_link_loss(void **state)
     (void)state;
     netrig *r = rig_up(3, 0);
     pid_t server = start_server(r, 1);
-    assert_int_equal(run_client(r, 0, 1, 65536, WAIT_MS, NULL), 0);
+    expect_link(r, 0, 1, false);
     rig_ok(r, netrig_partition(r, 1, true));
-    assert_int_equal(run_client(r, 0, 1, 65536, 400, NULL), EXIT_NO_CONNECT);
-    assert_int_equal(run_client(r, 2, 1, 65536, 400, NULL), EXIT_NO_CONNECT);
+    expect_link(r, 0, 1, true);
+    expect_link(r, 2, 1, true);
     rig_ok(r, netrig_partition(r, 1, false));
-    assert_int_equal(run_client(r, 0, 1, 65536, WAIT_MS, NULL), 0);
+    expect_link(r, 0, 1, false);
     rig_ok(r, netrig_link(r, 1, false));
-    assert_int_equal(run_client(r, 0, 1, 65536, 400, NULL), EXIT_NO_CONNECT);
+    expect_link(r, 0, 1, true);
     rig_ok(r, netrig_link(r, 1, true));
-    assert_int_equal(run_client(r, 0, 1, 65536, WAIT_MS, NULL), 0);
+    expect_link(r, 0, 1, false);
     rig_ok(r, netrig_set_loss(r, 0, 1.0));
-    assert_int_equal(run_client(r, 0, 1, 65536, 400, NULL), EXIT_NO_CONNECT);
+    expect_link(r, 0, 1, true);
     rig_ok(r, netrig_set_loss(r, 0, 0.0));
-    assert_int_equal(run_client(r, 0, 1, 65536, WAIT_MS, NULL), 0);
+    expect_link(r, 0, 1, false);
     assert_int_equal(netrig_set_loss(r, 0, 1.5), -1);
     assert_non_null(strstr(netrig_last_error(r), "[0, 1]"));
     stop_server(server);
@@ -478,9 +490,9 @@ static void test_delay(void **state)
     assert_true(t.rtt_us >= 2000);
     assert_true(t.rtt_us < 20000);
     rig_ok(r, netrig_link(r, 1, false));
-    assert_int_equal(run_client(r, 0, 1, 65536, 400, NULL), EXIT_NO_CONNECT);
+    expect_link(r, 0, 1, true);
     rig_ok(r, netrig_link(r, 1, true));
-    assert_int_equal(run_client(r, 0, 1, 65536, WAIT_MS, NULL), 0);
+    expect_link(r, 0, 1, false);
     stop_server(server);
     netrig_down(r);
 }
@@ -491,12 +503,7 @@ static void test_delay(void **state)
 static void test_rate(void **state)
 {
     (void)state;
-    netrig_opts o = {.n_hosts = 2, .rate_bps = 100000000};
-    netrig *r;
-    char why[320];
-    int rc = netrig_up(&o, &r, why, sizeof why);
-    if (rc != 0) fprintf(stderr, "netrig_up: %s\n", why);
-    assert_int_equal(rc, 0);
+    netrig *r = rig_of(&(netrig_opts){.n_hosts = 2, .rate_bps = 100000000});
     pid_t server = start_server(r, 1);
     timing t;
     size_t bytes = 2u << 20;
@@ -515,7 +522,7 @@ static void test_kill_host(void **state)
     netrig *r = rig_up(3, 0);
     long net = host_info(r, 2).net;
     pid_t doomed = start_server(r, 2), server = start_server(r, 1);
-    assert_int_equal(run_client(r, 0, 2, 65536, WAIT_MS, NULL), 0);
+    expect_link(r, 0, 2, false);
     rig_ok(r, netrig_kill_host(r, 2));
     int st = reap_within(doomed, WAIT_MS);
     assert_true(st >= 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
@@ -524,7 +531,7 @@ static void test_kill_host(void **state)
     assert_int_equal(netrig_spawn(r, 2, argv, NULL), -1);
     assert_non_null(strstr(netrig_last_error(r), "killed"));
     assert_int_equal(netrig_kill_host(r, 2), -1);
-    assert_int_equal(run_client(r, 0, 1, 65536, WAIT_MS, NULL), 0);
+    expect_link(r, 0, 1, false);
     stop_server(server);
     netrig_down(r);
 }
