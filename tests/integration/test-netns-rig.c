@@ -55,12 +55,18 @@ static double now_ms(void)
 
 /* ---- the modes run on the hosts ------------------------------------------ */
 
-static int tcp_socket(const char *addr, const char *port, struct sockaddr_in *sa)
+/* *sa = addr:port: 0, or -1 for an address that is not IPv4's. */
+static int sockaddr_of(const char *addr, const char *port, struct sockaddr_in *sa)
 {
     memset(sa, 0, sizeof *sa);
     sa->sin_family = AF_INET;
     sa->sin_port = htons((uint16_t)atoi(port));
-    if (inet_pton(AF_INET, addr, &sa->sin_addr) != 1) return -1;
+    return inet_pton(AF_INET, addr, &sa->sin_addr) == 1 ? 0 : -1;
+}
+
+static int tcp_socket(const char *addr, const char *port, struct sockaddr_in *sa)
+{
+    if (sockaddr_of(addr, port, sa) != 0) return -1;
     return socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 }
 
@@ -159,6 +165,45 @@ static int mode_client(char **argv)
     }
     dprintf(out, "rtt_us=%ld xfer_us=%ld\n", (long)(best * 1000), (long)(xfer * 1000));
     close(s);
+    return 0;
+}
+
+/* udprecv <addr> <port> <out fd>: counts the datagrams that arrive until
+ * none has for 0.5 s (after the first, or 5 s without any) and writes
+ * "got=<n>" to the fd. */
+static int mode_udprecv(char **argv)
+{
+    alarm(30);
+    struct sockaddr_in sa;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), big = 8 << 20;
+    if (s < 0 || sockaddr_of(argv[2], argv[3], &sa) != 0) return 4;
+    /* Room for every datagram: what is lost is the rig's loss, not ours. */
+    setsockopt(s, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big);
+    if (bind(s, (struct sockaddr *)&sa, sizeof sa) != 0) return 4;
+    int out = atoi(argv[4]), got = 0;
+    dprintf(out, "ready\n");
+    for (;;) {
+        struct pollfd p = {.fd = s, .events = POLLIN};
+        char buf[64];
+        if (poll(&p, 1, got ? 500 : 5000) != 1 || recv(s, buf, sizeof buf, 0) < 0) break;
+        got++;
+    }
+    dprintf(out, "got=%d\n", got);
+    return 0;
+}
+
+/* udpsend <addr> <port> <n>: n datagrams of 32 bytes, paced (10 per 0.1 ms). */
+static int mode_udpsend(char **argv)
+{
+    alarm(30);
+    struct sockaddr_in sa;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), n = atoi(argv[4]);
+    if (s < 0 || sockaddr_of(argv[2], argv[3], &sa) != 0) return 4;
+    char buf[32] = "datagram";
+    for (int i = 0; i < n; i++) {
+        if (sendto(s, buf, sizeof buf, 0, (struct sockaddr *)&sa, sizeof sa) != sizeof buf) return 4;
+        if (i % 10 == 9) nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
     return 0;
 }
 
@@ -515,6 +560,41 @@ static void test_rate(void **state)
     netrig_down(r);
 }
 
+/* Loss 0.5 on host 0 drops about half of what it sends: of 1000 datagrams
+ * host 1 gets 500 ± 5 standard deviations (16 each). */
+static void test_loss_fraction(void **state)
+{
+    (void)state;
+    netrig *r = rig_up(2, 0);
+    pid_t server = start_server(r, 1);
+    expect_link(r, 0, 1, false); /* both ARP entries learnt before the loss */
+    rig_ok(r, netrig_set_loss(r, 0, 0.5));
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    char fd[12];
+    snprintf(fd, sizeof fd, "%d", p[1]);
+    char *recv_argv[] = {self_exe, "udprecv", (char *)netrig_addr(r, 1), PORT, fd, NULL};
+    char *send_argv[] = {self_exe, "udpsend", (char *)netrig_addr(r, 1), PORT, "1000", NULL};
+    pid_t receiver = spawn(r, 1, recv_argv);
+    close(p[1]);
+    char out[64] = "";
+    struct pollfd pl = {.fd = p[0], .events = POLLIN};
+    assert_int_equal(poll(&pl, 1, WAIT_MS), 1);
+    assert_int_equal(read(p[0], out, 6), 6); /* "ready\n" */
+    int st = reap_within(spawn(r, 0, send_argv), WAIT_MS);
+    assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    st = reap_within(receiver, 2 * WAIT_MS);
+    assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    int got = -1;
+    assert_true(read(p[0], out, sizeof out - 1) > 0);
+    close(p[0]);
+    assert_int_equal(sscanf(out, "got=%d", &got), 1);
+    printf("loss 0.5: %d of 1000 datagrams arrived\n", got);
+    assert_true(got >= 420 && got <= 580);
+    stop_server(server);
+    netrig_down(r);
+}
+
 /* A killed host ends every process in it, mid-connection, and only it. */
 static void test_kill_host(void **state)
 {
@@ -651,6 +731,8 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "info") == 0) return mode_info(argv);
     if (argc >= 4 && strcmp(argv[1], "serve") == 0) return mode_serve(argv);
     if (argc >= 7 && strcmp(argv[1], "client") == 0) return mode_client(argv);
+    if (argc >= 5 && strcmp(argv[1], "udprecv") == 0) return mode_udprecv(argv);
+    if (argc >= 5 && strcmp(argv[1], "udpsend") == 0) return mode_udpsend(argv);
     char why[320];
     if (!netrig_available(why, sizeof why)) {
         printf("skipped: %s\n", why);
@@ -666,6 +748,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_partition_link_loss),
         cmocka_unit_test(test_delay),
         cmocka_unit_test(test_rate),
+        cmocka_unit_test(test_loss_fraction),
         cmocka_unit_test(test_kill_host),
         cmocka_unit_test(test_nothing_left_after_down),
         cmocka_unit_test(test_nothing_left_after_sigkill),
