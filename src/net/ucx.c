@@ -23,6 +23,16 @@
 /* Keepalive interval unless UCX_KEEPALIVE_INTERVAL is set: how soon a dead
  * peer is noticed when nothing else notices it (UCX's default is 20 s). */
 #define KEEPALIVE_INTERVAL "1s"
+/* TCP segment sizes unless UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE are
+ * set. Across hosts without RDMA, UCX 1.13 emulates our puts with active
+ * messages over TCP of at most one TX segment each (8 KiB by default), and
+ * the target's worker copies each into place: at UCX's defaults a 2 MiB put
+ * between two hosts moves at a fraction of the link (docs/BENCHMARKS.md,
+ * "Across hosts"). Larger segments cut the per-message cost. The RX
+ * segment must hold a whole TX segment and its header. Only the TCP
+ * transport reads these; shared memory and RDMA lanes are untouched. */
+#define TCP_TX_SEG_SIZE "128k"
+#define TCP_RX_SEG_SIZE "512k"
 
 /* What a transport entry of our own address looks like; a peer's entry for
  * the same transport (same name checksum) must look the same. */
@@ -142,6 +152,19 @@ static int ctx_fail(ucx_ctx *c, const char *what, ucs_status_t st)
     return rc;
 }
 
+/* Whether the comma-separated list names one of names[0..n). */
+static bool tls_lists(const char *list, const char *const *names, size_t n_names)
+{
+    for (size_t i = 0; i < n_names; i++)
+        for (const char *at = strstr(list, names[i]); at; at = strstr(at + 1, names[i])) {
+            size_t n = strlen(names[i]);
+            bool starts = at == list || at[-1] == ',';
+            bool ends = at[n] == '\0' || at[n] == ',';
+            if (starts && ends) return true;
+        }
+    return false;
+}
+
 /* Whether UCX_TLS leaves shared memory on (UCX warns about a variable no
  * transport reads, e.g. with UCX_TLS=tcp). */
 static bool shared_memory_allowed(void)
@@ -149,23 +172,49 @@ static bool shared_memory_allowed(void)
     const char *tls = getenv("UCX_TLS");
     if (tls == NULL || tls[0] == '^') return true; /* default, or an exclusion list */
     static const char *const shm[] = {"all", "sm", "shm", "mm", "posix", "sysv"};
-    for (size_t i = 0; i < sizeof shm / sizeof shm[0]; i++)
-        for (const char *at = strstr(tls, shm[i]); at; at = strstr(at + 1, shm[i])) {
-            size_t n = strlen(shm[i]);
-            bool starts = at == tls || at[-1] == ',';
-            bool ends = at[n] == '\0' || at[n] == ',';
-            if (starts && ends) return true;
-        }
-    return false;
+    return tls_lists(tls, shm, sizeof shm / sizeof shm[0]);
 }
 
-static ucs_status_t read_config(ucp_config_t **cfg)
+/* Whether UCX_TLS leaves the TCP transport on. */
+static bool tcp_allowed(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    static const char *const tcp[] = {"all", "tcp"};
+    if (tls == NULL) return true;
+    if (tls[0] == '^') return !tls_lists(tls + 1, tcp, 2);
+    return tls_lists(tls, tcp, 2);
+}
+
+/* Sets UCX_TCP_<name>_SEG_SIZE to value unless the environment already
+ * does (like UCX_MM_ERROR_HANDLING: the environment is process-wide, so
+ * only a value nobody chose is filled in); logs the value in force. The
+ * UCX_TCP_ prefix reaches the TCP transport only, where a bare
+ * ucp_config_modify key ("TX_SEG_SIZE") would reach any transport with a
+ * key of that name. */
+static void tcp_seg_size(const ucx_ctx *c, const char *name, const char *value)
+{
+    char var[40];
+    snprintf(var, sizeof var, "UCX_TCP_%s_SEG_SIZE", name);
+    const char *user = getenv(var);
+    if (user == NULL && setenv(var, value, 0) != 0) {
+        kvcr_log(c->log, KVCR_LOG_WARN, "ucx: cannot set %s=%s; UCX's default stays", var, value);
+        return;
+    }
+    kvcr_log(c->log, KVCR_LOG_INFO, "ucx: %s=%s (%s)", var, user ? user : value,
+             user ? "from the environment" : "KVCR's default for TCP lanes");
+}
+
+static ucs_status_t read_config(const ucx_ctx *c, ucp_config_t **cfg)
 {
     /* Shared memory transports only advertise peer error handling with this
      * set, and endpoints with error handling use only transports that do:
      * without it same-host peers talk over TCP loopback. The environment
      * is process-wide, so only a value nobody chose is filled in. */
     if (shared_memory_allowed()) setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+    if (tcp_allowed()) {
+        tcp_seg_size(c, "TX", TCP_TX_SEG_SIZE);
+        tcp_seg_size(c, "RX", TCP_RX_SEG_SIZE);
+    }
     ucs_status_t st = ucp_config_read(NULL, NULL, cfg);
     if (st != UCS_OK) return st;
     /* A killed same-host peer is only noticed by keepalive (its shared
@@ -199,7 +248,7 @@ int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out)
     c->done_tail = &c->done_head;
 
     ucp_config_t *cfg;
-    ucs_status_t st = read_config(&cfg);
+    ucs_status_t st = read_config(c, &cfg);
     if (st != UCS_OK) return ctx_fail(c, "ucp_config_read", st);
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES,

@@ -9,8 +9,10 @@
  * Endpoints use peer error handling, so a dead peer fails its writes
  * instead of hanging them. ucx_ctx_create sets UCX_MM_ERROR_HANDLING=y
  * unless the environment already sets it, so that same-host peers get
- * shared memory lanes (sysv, posix) instead of TCP loopback; the lanes chosen for
- * each endpoint are logged at info level. A peer that dies is noticed by
+ * shared memory lanes (sysv, posix) instead of TCP loopback, and sets
+ * UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE (larger TCP segments, for puts
+ * across hosts) unless the environment sets them or UCX_TLS leaves TCP out;
+ * the values and the lanes chosen for each endpoint are logged at info level. A peer that dies is noticed by
  * UCX keepalive, every 1 s unless UCX_KEEPALIVE_INTERVAL is set.
  *
  * UCX 1.13 on one host: a put into memory registered with ucx_mem_register
