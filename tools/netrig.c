@@ -473,6 +473,9 @@ pid_t netrig_spawn(netrig *r, unsigned host, char *const argv[], char *const env
     pid_t pid = fork();
     if (pid == 0) {
         int err = 0;
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL); /* the program starts as from a shell */
         if (setns(r->pidfd[host], CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0) err = errno;
         else execvpe(argv[0], argv, envp ? envp : environ);
         if (!err) err = errno;

@@ -49,7 +49,7 @@
  * the caller with waitpid as usual, including after netrig_kill_host or
  * netrig_down killed it. The rig reaps its own keepers, forwarder and
  * `ip`/`tc`/`nft` runs by their pids: callers must not reap with
- * waitpid(-1, ...) while a rig is up.
+ * waitpid(-1, ...) nor ignore SIGCHLD while a rig is up.
  *
  * Threads: a rig is used from one thread at a time. Errors: functions
  * returning int give 0, or -1 with the reason in netrig_last_error(r). */
@@ -85,7 +85,7 @@ const char *netrig_addr(const netrig *r, unsigned host);
 
 /* Starts argv (searched on the PATH; envp NULL: this process's environment)
  * inside host's namespaces, with this process's other open descriptors
- * (those without FD_CLOEXEC). Its pid, or -1 (the reason in
+ * (those without FD_CLOEXEC) and no signal blocked. Its pid, or -1 (the reason in
  * netrig_last_error: a bad host, a killed host, exec failing). */
 pid_t netrig_spawn(netrig *r, unsigned host, char *const argv[], char *const envp[]);
 

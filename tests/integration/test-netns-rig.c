@@ -2,16 +2,17 @@
  * network namespaces and no default route, reachable from each other and
  * from nothing in this process's namespace, joined by exec or by a forked
  * child alike; TCP between them with bytes compared; a 1 ms delay each way
- * making round trips of 2 ms or more; a rate holding; partition, link down
- * and loss stopping traffic and their end restoring it;
- * a killed host taking its processes with it; and nothing left after
- * netrig_down, nor after the rig's process dies of SIGKILL or SIGINT.
+ * making round trips of 2 ms or more; a rate holding; a loss fraction
+ * holding; partition, link down and loss stopping traffic and their end
+ * restoring it; a killed host taking its processes with it; and nothing
+ * left after netrig_down, nor after the rig's process dies of SIGKILL or
+ * SIGINT.
  *
  * The processes on the hosts are this program again (/proc/self/exe with a
- * mode: serve, client, info), so the test needs nothing else installed.
+ * mode: serve, client, info, udpsend, udprecv), so the test needs nothing else installed.
  * Without root (or namespaces) it exits 77, which ctest reports as skipped
  * with the reason. Every wait is bounded and every child reaped. */
-#define _GNU_SOURCE /* strchrnul */
+#define _GNU_SOURCE /* pipe2 */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
