@@ -246,7 +246,7 @@ static int ns_run(netrig *r, unsigned ns, const char *const argv[], const char *
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) != 0) {
         close(p[0]);
         close(p[1]);
-        return fail(r, "pipe: %s", strerror(errno));
+        return fail(r, "socketpair: %s", strerror(errno));
     }
     pid_t pid = fork();
     if (pid == 0) {
@@ -321,10 +321,12 @@ static int wire_forwarder(netrig *r)
 {
     int ready[2], ctl[2];
     if (pipe2(ready, O_CLOEXEC) != 0) return fail(r, "pipe: %s", strerror(errno));
-    if (pipe2(ctl, O_CLOEXEC) != 0) {
+    /* ctl is a socket: a send to a forwarder that died must not SIGPIPE the
+     * rig's process (MSG_NOSIGNAL). */
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) != 0) {
         close(ready[0]);
         close(ready[1]);
-        return fail(r, "pipe: %s", strerror(errno));
+        return fail(r, "socketpair: %s", strerror(errno));
     }
     pid_t parent = getpid(), pid = fork();
     if (pid == 0) {
@@ -511,7 +513,7 @@ int netrig_link(netrig *r, unsigned host, bool up)
     if (check_host(r, host, "netrig_link") != 0) return -1;
     if (r->o.delay_us) {
         uint8_t m[2] = {(uint8_t)host, up};
-        if (write(r->fwd_ctl, m, sizeof m) != (ssize_t)sizeof m)
+        if (send(r->fwd_ctl, m, sizeof m, MSG_NOSIGNAL) != (ssize_t)sizeof m)
             return fail(r, "netrig_link: the forwarder: %s", strerror(errno));
         return 0;
     }
