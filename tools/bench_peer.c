@@ -17,8 +17,21 @@
  *
  * --curve measures only what CURVE on the control channel costs: one 4 KiB
  * block per deliver (so the start_write / write_done round trip dominates),
- * between a plaintext pair and a CURVE pair in the same run. */
+ * between a plaintext pair and a CURVE pair in the same run.
+ *
+ * --netns runs every pair across two hosts of the netns rig (tools/netrig.h:
+ * network, IPC and UTS namespaces joined by veth links, so UCX sees another
+ * machine and has only TCP): the source side on host 0, the receiving side
+ * on host 1. Children there are this program again (--netns-child, with the
+ * role, the job and their pipe descriptors as arguments), since the rig
+ * starts programs, not functions. Baselines of the same run: a plain TCP
+ * stream (a socket loop, blocking sends and MSG_WAITALL receives), the best
+ * of several raw UCX configurations (UCX's TCP segment sizes and larger
+ * ones), and pipelined Redis GETs from a redis-server on host 0. Without
+ * root (or without the rig's tools) it says why and prints no figures. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
@@ -40,6 +53,7 @@
 #include "bench.h"
 #include "keygen.h"
 #include "kvcr/kvcr.h"
+#include "netrig.h"
 
 #define MIB (1024u * 1024u)
 /* Every wait is bounded: an operation's own deadline comes first, so a stuck
@@ -51,6 +65,9 @@
 #define CASE_BUDGET_S 5.0   /* rounds after the first stop once this went by */
 #define REDIS_START_S 10.0
 #define RAW_IDLE_SPINS 64   /* idle progress calls before the raw loop yields */
+/* The TCP segment sizes KVCR's UCX context uses unless the environment sets
+ * them (src/net/ucx.c), as "TX,RX": the raw UCX pairs over TCP use them too. */
+#define KVCR_TCP_SEGS "128k,512k"
 
 /* One case: n blocks of `block` bytes (the working set, on each side),
  * moved in batches of `batch` blocks per deliver / put-and-flush /
@@ -65,6 +82,7 @@ typedef struct job {
     size_t block, n, batch;
     int rounds;
     const pair_keys *curve; /* KVCR pairs: NULL for plaintext control */
+    const char *seg; /* raw UCX: NULL, UCX's TCP segment sizes, or "TX,RX" sizes */
 } job;
 
 /* What the measuring side of a pair sends the parent. */
@@ -134,6 +152,10 @@ typedef struct child {
 
 enum { MAX_LIVE = 4 };
 static pid_t g_parent;
+/* --netns: the rig (parent), and a child's own host address (children). */
+static netrig *g_rig;
+static const char *g_bind;
+static char g_exe[4096];
 static child *g_live[MAX_LIVE];
 #ifdef KVCR_HAVE_HIREDIS
 static pid_t g_redis;
@@ -171,6 +193,8 @@ static void cleanup(void)
     }
     if (g_redis_log[0]) unlink(g_redis_log);
 #endif
+    netrig_down(g_rig); /* after its hosts' processes are reaped */
+    g_rig = NULL;
 }
 
 /* In a child: die with the parent, and hold no other child's pipes (so each
@@ -192,14 +216,58 @@ static void in_child(void)
 
 typedef void (*child_main)(const job *j, int in, int out);
 
-static void child_spawn(child *c, const char *what, child_main fn, const job *j)
+static const char *role_name(child_main fn);
+
+/* A job's raw UCX segment sizes ("TX,RX") into the environment, before
+ * anything initialises UCX in this process. */
+static void seg_env(const char *seg)
+{
+    if (seg == NULL) return;
+    char tx[16];
+    snprintf(tx, sizeof tx, "%.*s", (int)strcspn(seg, ","), seg);
+    setenv("UCX_TCP_TX_SEG_SIZE", tx, 1);
+    setenv("UCX_TCP_RX_SEG_SIZE", seg + strcspn(seg, ",") + (seg[strcspn(seg, ",")] != 0), 1);
+}
+
+/* --netns: starts fn's role on rig host `host` as this program again, with
+ * in and out (the child's pipe ends) as its descriptors. */
+static pid_t rig_spawn(child_main fn, const job *j, unsigned host, int in, int out)
+{
+    char a[9][48];
+    snprintf(a[0], sizeof a[0], "%d", in);
+    snprintf(a[1], sizeof a[1], "%d", out);
+    snprintf(a[2], sizeof a[2], "%zu", j->block);
+    snprintf(a[3], sizeof a[3], "%zu", j->n);
+    snprintf(a[4], sizeof a[4], "%zu", j->batch);
+    snprintf(a[5], sizeof a[5], "%d", j->rounds);
+    snprintf(a[6], sizeof a[6], "%s", j->tls ? j->tls : "-");
+    snprintf(a[7], sizeof a[7], "%s", j->seg ? j->seg : "-");
+    snprintf(a[8], sizeof a[8], "%s", netrig_addr(g_rig, host));
+    if (fcntl(in, F_SETFD, 0) != 0 || fcntl(out, F_SETFD, 0) != 0)
+        bench_fail("fcntl: %s", strerror(errno));
+    char *argv[] = {g_exe, "bench", "peer", "--netns-child", (char *)role_name(fn),
+                    a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], NULL};
+    pid_t pid = netrig_spawn(g_rig, host, argv, NULL);
+    if (pid < 0)
+        bench_fail("cannot start the %s on rig host %u: %s", argv[4], host,
+                   netrig_last_error(g_rig));
+    return pid;
+}
+
+/* Starts fn as a child: forked here, or with --netns on rig host `host`
+ * (0 holds the data, 1 receives it). */
+static void child_spawn(child *c, const char *what, child_main fn, const job *j, unsigned host)
 {
     snprintf(c->what, sizeof c->what, "%s (%s, %s lanes)", what, size_name(j),
              j->tls ? j->tls : "default");
     int down[2], up[2];
+    /* Close-on-exec: no program started later holds another child's pipes. */
     if (pipe(down) != 0 || pipe(up) != 0) bench_fail("pipe: %s", strerror(errno));
+    for (int i = 0; i < 2; i++)
+        if (fcntl(down[i], F_SETFD, FD_CLOEXEC) != 0 || fcntl(up[i], F_SETFD, FD_CLOEXEC) != 0)
+            bench_fail("fcntl: %s", strerror(errno));
     fflush(NULL);
-    pid_t pid = fork();
+    pid_t pid = g_rig ? rig_spawn(fn, j, host, down[0], up[1]) : fork();
     if (pid < 0) bench_fail("fork: %s", strerror(errno));
     if (pid == 0) {
         in_child();
@@ -207,6 +275,7 @@ static void child_spawn(child *c, const char *what, child_main fn, const job *j)
         close(up[0]);
         /* Before anything initialises UCX in this process. */
         if (j->tls) setenv("UCX_TLS", j->tls, 1);
+        seg_env(j->seg);
         fn(j, down[0], up[1]);
         exit(0);
     }
@@ -323,7 +392,8 @@ static void raw_start(raw_side *s, const char *who, const job *j)
     /* The context KVCR creates (src/net/ucx.c): shared memory lanes with
      * peer error handling, keepalive every second, RMA with wakeup. (With
      * UCX_TLS=tcp no shared memory transport reads the variable, and UCX
-     * would warn that it is unused.) */
+     * would warn that it is unused.) Its TCP segment sizes come from the
+     * job (seg_env, at the child's start). */
     if (j->tls == NULL) setenv("UCX_MM_ERROR_HANDLING", "y", 0);
     ucp_config_t *cfg;
     ucs_check(ucp_config_read(NULL, NULL, &cfg), s, "ucp_config_read");
@@ -541,6 +611,7 @@ static void kv_start(kv_side *s, const char *who, const job *j, bool source)
     cfg.framework_regions = &region;
     cfg.n_framework_regions = 1;
     tool_remote_peer(&cfg);
+    if (g_bind != NULL) cfg.remote.control_host = g_bind; /* --netns: this host's address */
     cfg.remote.control_port = 0;
     cfg.operation_timeout_ms = OP_TIMEOUT_MS;
     cfg.abandon_timeout_ms = 2 * OP_TIMEOUT_MS;
@@ -701,8 +772,8 @@ static void kv_target(const job *j, int in, int out)
 static double raw_pair(const job *j)
 {
     child tgt, src;
-    child_spawn(&tgt, "raw UCX target", raw_target, j);
-    child_spawn(&src, "raw UCX source", raw_source, j);
+    child_spawn(&tgt, "raw UCX target", raw_target, j, 1);
+    child_spawn(&src, "raw UCX source", raw_source, j, 0);
     static raw_hello h;
     long len = from_child(&tgt, &h, sizeof h, START_LIMIT_S, "starting");
     to_child(&src, &h, (uint32_t)len, "starting");
@@ -721,8 +792,8 @@ static double raw_pair(const job *j)
 static pair_result kvcr_pair(const job *j)
 {
     child src, tgt;
-    child_spawn(&src, "KVCR source", kv_source, j);
-    child_spawn(&tgt, "KVCR target", kv_target, j);
+    child_spawn(&src, "KVCR source", kv_source, j, 0);
+    child_spawn(&tgt, "KVCR target", kv_target, j, 1);
     char ep[256];
     long len = from_child(&src, ep, sizeof ep, START_LIMIT_S, "depositing");
     to_child(&tgt, ep, (uint32_t)len, "starting");
@@ -763,10 +834,10 @@ static void redis_log_tail(void)
     fclose(f);
 }
 
-static redisContext *redis_connect(uint16_t port)
+static redisContext *redis_connect(const char *host, uint16_t port)
 {
     struct timeval tv = {0, 200000};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
     if (c == NULL || c->err) {
         redisFree(c);
         return NULL;
@@ -783,27 +854,44 @@ static redisContext *redis_connect(uint16_t port)
     return c;
 }
 
-/* Starts redis-server on 127.0.0.1 without persistence; returns a
- * connection once it answers PING (bounded). */
-static redisContext *redis_start(void)
+/* Starts redis-server without persistence on bind:port, forked here or
+ * with --netns on rig host 0; its pid is g_redis. */
+static void redis_server_start(const char *bind, const char *port_s)
 {
-    uint16_t port = free_port();
-    char port_s[8];
-    snprintf(port_s, sizeof port_s, "%u", port);
     snprintf(g_redis_log, sizeof g_redis_log, "/tmp/kvcr-bench-redis-%d.log", (int)getpid());
+    char *argv[] = {"redis-server", "--port", (char *)port_s, "--bind", (char *)bind,
+                    "--protected-mode", "no", "--save", "", "--appendonly", "no",
+                    "--daemonize", "no", "--logfile", g_redis_log, NULL};
     fflush(NULL);
+    if (g_rig) {
+        g_redis = netrig_spawn(g_rig, 0, argv, NULL);
+        if (g_redis < 0) {
+            g_redis = 0;
+            bench_fail("cannot start redis-server on rig host 0: %s", netrig_last_error(g_rig));
+        }
+        return;
+    }
     pid_t pid = fork();
     if (pid < 0) bench_fail("fork: %s", strerror(errno));
     if (pid == 0) {
         in_child();
-        execlp("redis-server", "redis-server", "--port", port_s, "--bind", "127.0.0.1",
-               "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", g_redis_log,
-               (char *)NULL);
+        execvp("redis-server", argv);
         fprintf(stderr, "kvcr: cannot run redis-server: %s (scripts/setup.sh installs it)\n",
                 strerror(errno));
         _exit(127);
     }
     g_redis = pid;
+}
+
+/* Starts redis-server on 127.0.0.1; returns a connection once it answers
+ * PING (bounded). */
+static redisContext *redis_start(void)
+{
+    uint16_t port = free_port();
+    char port_s[8];
+    snprintf(port_s, sizeof port_s, "%u", port);
+    redis_server_start("127.0.0.1", port_s);
+    pid_t pid = g_redis;
     double until = tool_now() + REDIS_START_S;
     for (;;) {
         int status;
@@ -813,7 +901,7 @@ static redisContext *redis_start(void)
             bench_fail("redis-server exited at start-up (status %d)",
                        WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status));
         }
-        redisContext *c = redis_connect(port);
+        redisContext *c = redis_connect("127.0.0.1", port);
         if (c) return c;
         if (tool_now() > until) {
             redis_log_tail();
@@ -824,9 +912,8 @@ static redisContext *redis_start(void)
     }
 }
 
-static void redis_stop(redisContext *c)
+static void redis_server_stop(void)
 {
-    redisFree(c);
     kill(g_redis, SIGTERM);
     double until = tool_now() + 5.0;
     int status;
@@ -840,6 +927,12 @@ static void redis_stop(redisContext *c)
     g_redis = 0;
     unlink(g_redis_log);
     g_redis_log[0] = '\0';
+}
+
+static void redis_stop(redisContext *c)
+{
+    redisFree(c);
+    redis_server_stop();
 }
 
 static int redis_key(char *buf, const job *j, size_t i)
@@ -914,6 +1007,274 @@ static double redis_get(redisContext *c, const job *j)
     return best;
 }
 #endif
+
+/* ---- (d) --netns: a plain TCP stream, Redis across hosts ------------------------- */
+
+/* Where a child on one host reaches a listener on the other. */
+typedef struct net_to {
+    char addr[INET_ADDRSTRLEN];
+    uint16_t port;
+} net_to;
+
+/* Every receive bounded, so a stuck peer fails the bench. */
+static void sock_timeout(int fd, const char *who)
+{
+    struct timeval tv = {(long)WAIT_LIMIT_S, 0};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+        bench_fail("%s: setsockopt: %s", who, strerror(errno));
+}
+
+/* The TCP sink, on the receiving host: listens on its address, tells the
+ * parent its port, then each round asks the source for the set with one
+ * byte and receives every block straight into its round's destination
+ * (blocking MSG_WAITALL receives: the kernel's copy, nothing more); best
+ * of the rounds, timed from the request to the last byte. */
+static void tcp_sink(const job *j, int in, int out)
+{
+    const char *who = "TCP sink";
+    (void)in;
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t alen = sizeof a;
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (ls < 0 || inet_pton(AF_INET, g_bind, &a.sin_addr) != 1 ||
+        bind(ls, (struct sockaddr *)&a, sizeof a) != 0 || listen(ls, 1) != 0 ||
+        getsockname(ls, (struct sockaddr *)&a, &alen) != 0)
+        bench_fail("%s: cannot listen on %s: %s", who, g_bind, strerror(errno));
+    uint16_t port = ntohs(a.sin_port);
+    up_send(out, &port, sizeof port, who);
+    struct pollfd p = {ls, POLLIN, 0};
+    if (poll(&p, 1, (int)(START_LIMIT_S * 1000)) != 1) bench_fail("%s: no connection", who);
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0) bench_fail("%s: accept: %s", who, strerror(errno));
+    close(ls);
+    sock_timeout(fd, who);
+    uint8_t *dst = bench_xalloc(j->n * j->block);
+    memset(dst, 0, j->n * j->block);
+    double best = 0, until = tool_now() + CASE_BUDGET_S;
+    uint64_t shift = 0;
+    for (int r = 0; r < j->rounds && (r == 0 || tool_now() < until); r++) {
+        shift = (uint64_t)r + 1;
+        double t0 = tool_now();
+        if (send(fd, "g", 1, MSG_NOSIGNAL) != 1) bench_fail("%s: send: %s", who, strerror(errno));
+        for (size_t i = 0; i < j->n; i++)
+            if (recv(fd, dst + dest(j, i, shift) * j->block, j->block, MSG_WAITALL) !=
+                (ssize_t)j->block)
+                bench_fail("%s: block %zu: %s", who, i, strerror(errno));
+        double v = bench_gbs(j->n * j->block, tool_now() - t0);
+        if (v > best) best = v;
+    }
+    if (send(fd, "s", 1, MSG_NOSIGNAL) != 1) bench_fail("%s: send: %s", who, strerror(errno));
+    close(fd);
+    check_dest(dst, j, shift, who);
+    free(dst);
+    pair_result res = {best, shift};
+    up_send(out, &res, sizeof res, who);
+}
+
+/* The TCP source, on the host that holds the data: sends the whole set
+ * each time the sink asks, until it says stop. */
+static void tcp_source(const job *j, int in, int out)
+{
+    const char *who = "TCP source";
+    uint8_t *buf = bench_xalloc(j->n * j->block);
+    for (size_t i = 0; i < j->n; i++) bench_fill_block(buf + i * j->block, j->block, i + 1);
+    net_to to;
+    if (down_recv(in, &to, sizeof to, START_LIMIT_S, who) != sizeof to)
+        bench_fail("%s: bad address message", who);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(to.port)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || inet_pton(AF_INET, to.addr, &a.sin_addr) != 1 ||
+        connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+        bench_fail("%s: cannot connect to %s:%u: %s", who, to.addr, to.port, strerror(errno));
+    sock_timeout(fd, who);
+    char cmd;
+    while (recv(fd, &cmd, 1, 0) == 1 && cmd == 'g')
+        for (size_t i = 0; i < j->n; i++)
+            if (send(fd, buf + i * j->block, j->block, MSG_NOSIGNAL) != (ssize_t)j->block)
+                bench_fail("%s: block %zu: %s", who, i, strerror(errno));
+    close(fd);
+    free(buf);
+    uint8_t ok = 1;
+    up_send(out, &ok, 1, who);
+}
+
+static double tcp_pair(const job *j)
+{
+    child sink, src;
+    child_spawn(&sink, "TCP sink", tcp_sink, j, 1);
+    child_spawn(&src, "TCP source", tcp_source, j, 0);
+    net_to to = {.port = 0};
+    if (from_child(&sink, &to.port, sizeof to.port, START_LIMIT_S, "listening") != sizeof to.port)
+        bench_fail("the %s sent a bad port", sink.what);
+    snprintf(to.addr, sizeof to.addr, "%s", netrig_addr(g_rig, 1));
+    to_child(&src, &to, sizeof to, "connecting");
+    pair_result res;
+    if (from_child(&sink, &res, sizeof res, CHILD_LIMIT_S, "receiving") != sizeof res)
+        bench_fail("the %s sent a bad result", sink.what);
+    uint8_t ok;
+    if (from_child(&src, &ok, 1, WAIT_LIMIT_S, "sending") != 1 || ok != 1)
+        bench_fail("the %s sent a bad verdict", src.what);
+    child_done(&src);
+    child_done(&sink);
+    return res.gbs;
+}
+
+#ifdef KVCR_HAVE_HIREDIS
+/* On the receiving host: fills this size's set into the redis-server on
+ * host 0 (untimed, the other way), then GETs it as redis_get does. */
+static void redis_client(const job *j, int in, int out)
+{
+    const char *who = "Redis client";
+    net_to to;
+    if (down_recv(in, &to, sizeof to, START_LIMIT_S, who) != sizeof to)
+        bench_fail("%s: bad address message", who);
+    double until = tool_now() + REDIS_START_S;
+    redisContext *c;
+    while ((c = redis_connect(to.addr, to.port)) == NULL) {
+        if (tool_now() > until)
+            bench_fail("%s: redis-server on %s:%u did not answer PING within %.0f s", who,
+                       to.addr, to.port, REDIS_START_S);
+        usleep(20000);
+    }
+    redis_fill(c, j);
+    pair_result res = {redis_get(c, j), 0};
+    redisFree(c);
+    up_send(out, &res, sizeof res, who);
+}
+
+/* Pipelined GETs across the rig: redis-server on host 0, the client on 1. */
+static double redis_netns(const job *j)
+{
+    enum { PORT = 6379 }; /* the host's namespace is new: nothing else listens */
+    char port_s[8];
+    snprintf(port_s, sizeof port_s, "%d", PORT);
+    redis_server_start(netrig_addr(g_rig, 0), port_s);
+    child cl;
+    child_spawn(&cl, "Redis client", redis_client, j, 1);
+    net_to to = {.port = PORT};
+    snprintf(to.addr, sizeof to.addr, "%s", netrig_addr(g_rig, 0));
+    to_child(&cl, &to, sizeof to, "connecting");
+    pair_result res;
+    if (from_child(&cl, &res, sizeof res, CHILD_LIMIT_S, "getting") != sizeof res)
+        bench_fail("the %s sent a bad result", cl.what);
+    child_done(&cl);
+    redis_server_stop();
+    return res.gbs;
+}
+#endif
+
+/* The roles a --netns child can take, by name on its command line. */
+static const struct {
+    const char *name;
+    child_main fn;
+} g_roles[] = {
+    {"raw-target", raw_target}, {"raw-source", raw_source}, {"kv-source", kv_source},
+    {"kv-target", kv_target},   {"tcp-sink", tcp_sink},     {"tcp-source", tcp_source},
+#ifdef KVCR_HAVE_HIREDIS
+    {"redis-client", redis_client},
+#endif
+};
+
+static const char *role_name(child_main fn)
+{
+    for (size_t i = 0; i < sizeof g_roles / sizeof *g_roles; i++)
+        if (g_roles[i].fn == fn) return g_roles[i].name;
+    bench_fail("internal: a child without a role name");
+}
+
+/* kvcr bench peer --netns-child ROLE IN OUT BLOCK N BATCH ROUNDS TLS SEG ADDR:
+ * one child of a --netns run, on its rig host (see rig_spawn). */
+static int netns_child(int argc, char **argv)
+{
+    if (argc != 11) {
+        fprintf(stderr, "kvcr: bench peer --netns-child is started by bench peer --netns\n");
+        return 2;
+    }
+    child_main fn = NULL;
+    for (size_t i = 0; i < sizeof g_roles / sizeof *g_roles; i++)
+        if (strcmp(argv[1], g_roles[i].name) == 0) fn = g_roles[i].fn;
+    if (fn == NULL) bench_fail("bench peer --netns-child: unknown role %s", argv[1]);
+    static job j;
+    j.block = strtoull(argv[4], NULL, 10);
+    j.n = strtoull(argv[5], NULL, 10);
+    j.batch = strtoull(argv[6], NULL, 10);
+    j.rounds = atoi(argv[7]);
+    j.tls = strcmp(argv[8], "-") ? argv[8] : NULL;
+    j.seg = strcmp(argv[9], "-") ? argv[9] : NULL;
+    g_bind = argv[10];
+    /* As in_child: die with the parent, UCX's stdout goes to stderr. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(STDERR_FILENO, STDOUT_FILENO);
+    signal(SIGPIPE, SIG_IGN);
+    if (j.tls) setenv("UCX_TLS", j.tls, 1);
+    seg_env(j.seg);
+    fn(&j, atoi(argv[2]), atoi(argv[3]));
+    return 0;
+}
+
+/* Raw UCX configurations --netns tries; the best is the baseline: UCX's
+ * own TCP segment sizes, KVCR's, and larger ones. */
+static const char *const g_raw_segs[] = {NULL, KVCR_TCP_SEGS, "1m,2m"};
+
+static const char *goal(char *buf, size_t cap, bool quick, const char *what, bool met);
+
+/* --netns: every figure across two rig hosts. */
+static int netns_run(bench_out *o, bool quick)
+{
+    char why[256];
+    if (!netrig_available(why, sizeof why)) {
+        fprintf(stderr, "kvcr bench peer --netns: no hosts: %s; no netns figures\n", why);
+        return 0;
+    }
+    ssize_t len = readlink("/proc/self/exe", g_exe, sizeof g_exe - 1);
+    if (len <= 0) bench_fail("readlink /proc/self/exe: %s", strerror(errno));
+    g_exe[len] = '\0';
+    netrig_opts ro = {.n_hosts = 2};
+    if (netrig_up(&ro, &g_rig, why, sizeof why) != 0) bench_fail("netrig_up: %s", why);
+
+    size_t set = quick ? 4 * MIB : 128 * MIB;
+    int rounds = quick ? 2 : 8;
+    job big = {NULL, 2 * MIB, set / (2 * MIB), quick ? 2 : 16, rounds};
+    job small = {NULL, 16 * 1024, set / (16 * 1024), 256, rounds};
+    double tcp = tcp_pair(&big), raw = 0;
+    const char *raw_best = "UCX's";
+    for (size_t k = 0; k < sizeof g_raw_segs / sizeof *g_raw_segs; k++) {
+        job r = big;
+        r.seg = g_raw_segs[k];
+        double v = raw_pair(&r);
+        if (!o->json)
+            fprintf(stderr, "  raw UCX, TCP segments %s: %.2f GB/s\n",
+                    r.seg ? r.seg : "UCX's (8k,64k)", v);
+        if (v > raw) raw = v, raw_best = r.seg ? r.seg : "UCX's";
+    }
+    double kv = kvcr_pair(&big).gbs, kv16 = kvcr_pair(&small).gbs;
+    char g[64];
+    bench_report(o, &(bench_figure){.name = "netns_2m", .value = kv, .unit = "GB/s",
+                                    .baseline = "tcp", .baseline_value = tcp,
+                                    .goal = goal(g, sizeof g, quick, ">= 1.0x", kv >= tcp)});
+    bench_report(o, &(bench_figure){.name = "netns_2m", .value = kv, .unit = "GB/s",
+                                    .baseline = "raw UCX", .baseline_value = raw,
+                                    .goal = goal(g, sizeof g, quick, ">= 0.9x", kv >= 0.9 * raw)});
+#ifdef KVCR_HAVE_HIREDIS
+    double redis = redis_netns(&big);
+    bench_report(o, &(bench_figure){.name = "netns_2m_redis", .value = kv, .unit = "GB/s",
+                                    .baseline = "redis", .baseline_value = redis,
+                                    .goal = goal(g, sizeof g, quick, ">= 1.5x",
+                                                 kv >= 1.5 * redis)});
+#else
+    fprintf(stderr, "kvcr bench peer --netns: no netns_2m_redis (built without hiredis)\n");
+#endif
+    bench_report(o, &(bench_figure){.name = "netns_16k", .value = kv16, .unit = "GB/s"});
+    bench_report(o, &(bench_figure){.name = "netns_16k_of_2m", .value = kv16, .unit = "GB/s",
+                                    .baseline = "netns_2m", .baseline_value = kv,
+                                    .goal = goal(g, sizeof g, quick, ">= 0.5x",
+                                                 kv16 >= 0.5 * kv)});
+    if (!o->json) printf("\nbest raw UCX: TCP segments %s\n", raw_best);
+    netrig_down(g_rig);
+    g_rig = NULL;
+    return 0;
+}
 
 /* ---- entry ------------------------------------------------------------------------ */
 
@@ -997,16 +1358,23 @@ static void curve_cost(bench_out *o, bool quick)
 int bench_peer(int argc, char **argv)
 {
     bench_out o = {.bench = "peer"};
-    bool quick, curve = false;
-    char *rest[16]; /* the options but --curve */
+    bool quick, curve = false, netns = false;
+    if (argc > 0 && strcmp(argv[0], "--netns-child") == 0) return netns_child(argc, argv);
+    char *rest[16]; /* the options but --curve and --netns */
     int n = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--curve") == 0)
             curve = true;
+        else if (strcmp(argv[i], "--netns") == 0)
+            netns = true;
         else if (n < 16)
             rest[n++] = argv[i];
     }
-    if (argc - (curve ? 1 : 0) > n) {
+    if (curve && netns) {
+        fprintf(stderr, "kvcr: bench peer: --curve and --netns are separate runs\n");
+        return 2;
+    }
+    if (argc - (curve ? 1 : 0) - (netns ? 1 : 0) > n) {
         fprintf(stderr, "kvcr: bench peer: too many options\n");
         return 2;
     }
@@ -1020,6 +1388,12 @@ int bench_peer(int argc, char **argv)
                    "median rounds; ratio = plaintext / CURVE\n\n", quick ? " --quick" : "");
         curve_cost(&o, quick);
         return 0;
+    }
+    if (netns) {
+        if (!o.json)
+            printf("kvcr bench peer --netns%s: two hosts (network namespaces, veth); ratio = "
+                   "ours / baseline, both measured in this run\n\n", quick ? " --quick" : "");
+        return netns_run(&o, quick);
     }
     if (!o.json)
         printf("kvcr bench peer%s: ratio = ours / baseline, both measured in this run\n\n",
@@ -1042,6 +1416,7 @@ int bench_peer(int argc, char **argv)
     static const char *const lanes[] = {NULL, "tcp"};
     for (size_t l = 0; l < sizeof lanes / sizeof *lanes; l++) {
         big.tls = small.tls = lanes[l];
+        big.seg = small.seg = lanes[l] ? KVCR_TCP_SEGS : NULL;
         figures f[2];
         job *jobs[2] = {&big, &small};
         for (int k = 0; k < 2; k++) {

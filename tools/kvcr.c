@@ -174,8 +174,8 @@ static int bench_python(int argc, char **argv)
 static const command benches[] = {
     {"local", bench_local, "[--json] [--quick]",
      "query latency, deposit/deliver bandwidth vs memcpy, metadata size"},
-    {"peer", bench_peer, "[--json] [--quick] [--curve]",
-     "peer-to-peer bandwidth vs raw UCX and Redis; --curve: CURVE's cost"},
+    {"peer", bench_peer, "[--json] [--quick] [--curve | --netns]",
+     "peer-to-peer bandwidth vs raw UCX and Redis; --curve: CURVE's cost; --netns: across hosts"},
     {"g3", bench_g3, "[--json] [--quick]",
      "G3 disk bandwidth vs fio on the same file, spill, deliver, restart"},
     {"service", bench_service, "[--json] [--quick]",
