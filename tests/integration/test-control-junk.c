@@ -238,14 +238,25 @@ static int raw_connection(uint16_t port, const void *bytes, size_t n)
 }
 
 /* One message over max_control_message_bytes from a PUSH socket of its
- * own: libzmq drops the connection, reporting no handshake failure. */
+ * own: libzmq drops the connection, reporting no handshake failure. The
+ * socket is closed only once the instance hung up (its monitor says so),
+ * so that it never leaves mid-handshake. */
 static int oversize_message(const char *endpoint)
 {
     static uint8_t big[MAX_MESSAGE + 4096];
-    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH);
-    int linger = 1000, err = 0;
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH), *mon = zmq_socket(ctx, ZMQ_PAIR);
+    int linger = 0, timeout = WAIT_MS / 2, err = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_connect(s, endpoint) != 0 || zmq_send(s, big, sizeof big, 0) < 0) err = errno;
+    zmq_setsockopt(mon, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    if (zmq_socket_monitor(s, "inproc://oversize", ZMQ_EVENT_DISCONNECTED) != 0 ||
+        zmq_connect(mon, "inproc://oversize") != 0 || zmq_connect(s, endpoint) != 0 ||
+        zmq_send(s, big, sizeof big, 0) < 0)
+        err = errno;
+    zmq_msg_t ev; /* the event, then its address */
+    zmq_msg_init(&ev);
+    if (!err && (zmq_msg_recv(&ev, mon, 0) < 0 || zmq_msg_recv(&ev, mon, 0) < 0)) err = errno;
+    zmq_msg_close(&ev);
+    zmq_close(mon);
     zmq_close(s);
     zmq_ctx_term(ctx);
     return err;
