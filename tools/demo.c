@@ -8,7 +8,11 @@
  * modelled prefill time saved, and the verification of every delivered
  * byte. Every wait is bounded; the whole run has a wall-clock limit.
  * With --chaos it also injects faults while the workload runs
- * (demo_chaos.c) and restarts the engines it kills. */
+ * (demo_chaos.c) and restarts the engines it kills. With --hosts every
+ * child runs on a host of its own made by the netns rig (tools/netrig.h):
+ * forked as always, it joins its host's namespaces before anything else,
+ * so the pipes to the driver and the router stay what they are and KVCR's
+ * peer traffic (control endpoints, UCX) crosses the rig's links. */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -22,6 +26,7 @@
 
 #include "demo.h"
 #include "keygen.h"
+#include "netrig.h"
 
 /* ---- options ------------------------------------------------------------------- */
 
@@ -43,6 +48,11 @@ static const char usage_text[] =
     "  --quick             a short run for ctest (64 KiB blocks, 60 requests, 8 conversations,\n"
     "                      4 system blocks, 128 slots, 60 s limit); options given explicitly win\n"
     "  --json              print the final figures as one JSON object\n"
+    "  --hosts N           N hosts on this machine (the netns rig, needs root): the router on\n"
+    "                      198.18.0.1, engine e on 198.18.0.<e+2>, each in its own network,\n"
+    "                      IPC and UTS namespaces, so blocks cross a network link as between\n"
+    "                      machines; runs N-1 engines (2 <= N <= 17); the rig is removed at\n"
+    "                      exit; exit status 77 when the rig cannot run here\n"
     "  --chaos             faults while the workload runs: engines SIGKILLed and restarted\n"
     "                      (guard mode on a KVCR service the demo starts; they recover their\n"
     "                      blocks), engines SIGSTOPped for a moment, G3 slot files corrupted,\n"
@@ -125,7 +135,9 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
         {"--prefill-ms", 0, 1e4, .d = &o->prefill_ms},
         {"--time-limit", 1, 86400, .d = &o->time_limit_s},
         {"--duration", 1, 86400, .d = &o->duration_s},
+        {"--hosts", 2, DEMO_MAX_ENGINES + 1, .i = &o->hosts},
     };
+    bool engines_given = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--quick") == 0 || strcmp(a, "--chaos") == 0) continue;
@@ -163,6 +175,7 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
         size_t k = 0;
         while (k < sizeof num / sizeof *num && strcmp(a, num[k].name) != 0) k++;
         if (k == sizeof num / sizeof *num) return bad_option("unknown option", a);
+        engines_given |= num[k].i == &o->engines;
         if (i + 1 == argc) return bad_option("missing value for", a);
         double v;
         if (!parse_num(argv[++i], num[k].lo, num[k].hi, &v) ||
@@ -181,6 +194,15 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
     if (o->curve && (o->local_only || o->chaos))
         return bad_option("--curve needs the peer tier without guard mode:",
                           o->chaos ? "--chaos" : "--local-only");
+    if (o->hosts && o->chaos)
+        return bad_option("--chaos (its KVCR service shares memory on this host) cannot run with",
+                          "--hosts");
+    if (o->hosts && engines_given && o->engines != o->hosts - 1) {
+        fprintf(stderr, "kvcr: demo: --hosts %d runs %d engines, not --engines %d\n%s", o->hosts,
+                o->hosts - 1, o->engines, usage_text);
+        return 2;
+    }
+    if (o->hosts) o->engines = o->hosts - 1;
     for (int e = 0; o->curve && e < o->engines; e++)
         if (keygen_pair(o->curve_public[e], o->curve_secret[e]) != 0) return 1;
     if (o->chaos) {
@@ -193,6 +215,32 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
                 o->block_size, usage_text);
         return 2;
     }
+    return 0;
+}
+
+/* ---- hosts (--hosts) ----------------------------------------------------------- */
+
+/* The rig of --hosts into *rig (NULL without --hosts), with o's engine
+ * addresses: 0; 77 when the rig cannot run here; 1 when it did not come up.
+ * The reason on stderr. Made before any pipe, so that no keeper of the rig
+ * holds a pipe end open. */
+static int hosts_up(demo_opts *o, netrig **rig)
+{
+    char why[256];
+    *rig = NULL;
+    if (!o->hosts) return 0;
+    if (!netrig_available(why, sizeof why)) {
+        fprintf(stderr, "kvcr demo: --hosts needs the netns rig, which cannot run here: %s\n",
+                why);
+        return 77;
+    }
+    if (netrig_up(&(netrig_opts){.n_hosts = (unsigned)o->hosts}, rig, why, sizeof why) != 0) {
+        fprintf(stderr, "kvcr demo: the netns rig did not come up: %s\n", why);
+        return 1;
+    }
+    for (int e = 0; e < o->engines; e++)
+        snprintf(o->engine_addr[e], sizeof o->engine_addr[e], "%s",
+                 netrig_addr(*rig, (unsigned)e + 1));
     return 0;
 }
 
@@ -294,7 +342,9 @@ static int reap_all(cluster *c, double patience)
     return bad;
 }
 
-static int start_cluster(const demo_opts *o, cluster *c, double deadline)
+/* Forks the router (child 0) and the engines; with a rig, child i runs on
+ * host i. */
+static int start_cluster(const demo_opts *o, netrig *rig, cluster *c, double deadline)
 {
     int n_pipes = P_N + 2 * o->engines;
     for (int p = 0; p < n_pipes; p++)
@@ -315,6 +365,11 @@ static int start_cluster(const demo_opts *o, cluster *c, double deadline)
             return 1;
         }
         if (pid == 0) {
+            if (rig && netrig_join(rig, (unsigned)i) != 0) { /* first, as netrig.h asks */
+                fprintf(stderr, "kvcr demo: %s cannot join its host: %s\n", who(i),
+                        netrig_last_error(rig));
+                _exit(1);
+            }
             demo_child_setup(driver);
             int rc;
             if (i == 0) {
@@ -688,6 +743,8 @@ int cmd_demo(int argc, char **argv)
     if (rc != 0) return rc < 0 ? 0 : rc; /* -1: --help */
     double t0 = tool_now(), deadline = t0 + o.time_limit_s;
     signal(SIGPIPE, SIG_IGN);
+    netrig *rig; /* SIGINT or SIGKILL here: its keepers remove it (netrig.h) */
+    if ((rc = hosts_up(&o, &rig)) != 0) return rc;
     if (!o.json && o.chaos)
         printf("kvcr demo --chaos: %d engines + a router + the KVCR service for %.0f s, "
                "%s blocks, %d DRAM slots (guard mode) and %d G3 slots per engine, seed %" PRIu64
@@ -699,13 +756,17 @@ int cmd_demo(int argc, char **argv)
             "%s blocks, %d KVCR DRAM slots per engine, seed %" PRIu64 "%s\n",
             o.engines, o.requests, o.conversations, demo_size_text(o.block_size), o.slots, o.seed,
             o.local_only ? " (peer tier off)" : "");
+    if (!o.json && rig)
+        printf("kvcr demo: %d hosts (netns rig): the router on %s, engines on %s .. %s\n", o.hosts,
+               netrig_addr(rig, 0), netrig_addr(rig, 1), netrig_addr(rig, (unsigned)o.engines));
 
     demo_chaos *chaos = NULL;
     if (o.chaos && demo_chaos_start(&o, &chaos) != 0) return 1;
     cluster cl = {0};
     /* Children stop on their own only if the driver could not stop them. */
-    if (start_cluster(&o, &cl, deadline + 10) != 0) {
+    if (start_cluster(&o, rig, &cl, deadline + 10) != 0) {
         demo_chaos_stop(chaos);
+        netrig_down(rig);
         return 1;
     }
 
@@ -736,6 +797,7 @@ int cmd_demo(int argc, char **argv)
     demo_chaos_figures cf = {0};
     if (chaos) cf = *demo_chaos_figures_of(chaos);
     demo_chaos_stop(chaos);
+    netrig_down(rig); /* every child reaped: nothing of ours is left in it */
     if (rc == 0) demo_report(&o, &t, per, w.started, wall, &d.leaks, chaos ? &cf : NULL);
     free(w.c);
     free(t.pulls);

@@ -1,5 +1,7 @@
 /* Shared pieces of `kvcr demo`: a workload driver, a KV-aware router and
- * N engine processes on one machine, talking over pipes.
+ * N engine processes on one machine, talking over pipes (--hosts: each
+ * process on a netns rig host of its own, the pipes unchanged, KVCR's peer
+ * traffic between the engines crossing the rig's links).
  *
  *   driver --REQ--> router --REQ + kv_hint--> engine i
  *   engine i --HELLO, INV, DONE--> router --READY, DONE--> driver
@@ -55,6 +57,11 @@ typedef struct demo_opts {
      * engines' public keys (its own is never dialled). */
     bool curve;
     char curve_public[DEMO_MAX_ENGINES][41], curve_secret[DEMO_MAX_ENGINES][41];
+    /* --hosts: the router on netns rig host 0 and engine e on host e + 1
+     * (tools/netrig.h), each engine's peer tier bound to and advertised on
+     * its host's address; 0: every process on this host, on 127.0.0.1. */
+    int hosts;
+    char engine_addr[DEMO_MAX_ENGINES][16]; /* set by the driver with the rig */
 } demo_opts;
 
 /* Message types. Payloads are the structs below (one binary, so one layout)

@@ -1,7 +1,7 @@
 /* kvcr demo: one engine process. Its "GPU KV buffer" is host memory
  * (DEMO_MAX_BLOCKS blocks, registered as framework memory); its KVCR
  * instance owns `slots` blocks of DRAM and, unless --local-only, runs the
- * peer tier on 127.0.0.1. For each request the router forwards it asks KVCR
+ * peer tier on 127.0.0.1 (--hosts: on its rig host's address). For each request the router forwards it asks KVCR
  * where every block is, delivers what KVCR has (its own DRAM, or a peer's
  * through the router's hint), verifies every delivered byte, "recomputes"
  * the rest at a modelled cost, and deposits what it computed or pulled so
@@ -409,7 +409,9 @@ static int start(engine *e)
     cfg.operation_timeout_ms = OP_TIMEOUT_MS;
     cfg.abandon_timeout_ms = ABANDON_TIMEOUT_MS;
     cfg.remote.enabled = !o->local_only;
-    cfg.remote.control_host = "127.0.0.1";
+    /* --hosts: bound to and advertised on this engine's rig address, which
+     * UCX also reaches the other hosts by */
+    cfg.remote.control_host = o->hosts ? o->engine_addr[e->idx] : "127.0.0.1";
     const char *allowed[DEMO_MAX_ENGINES];
     for (int i = 0; o->curve && i < o->engines; i++) allowed[i] = o->curve_public[i];
     if (o->curve)

@@ -248,6 +248,7 @@ void demo_report(const demo_opts *o, totals *t, const totals *per, int started, 
     double kvcr_s = (double)t->recomputed * cost + t->peer_s + t->local_s;
     if (o->json) {
         ju("engines", (uint64_t)o->engines, true);
+        if (o->hosts) ju("hosts", (uint64_t)o->hosts, false);
         ju("requests", t->requests, false);
         ju("conversations_started", (uint64_t)started, false);
         ju("block_size", o->block_size, false);
