@@ -178,13 +178,10 @@ static _Noreturn void keeper_main(const char *hostname, int ready, pid_t parent,
     else err = lo_up();
     if (!err) ipv6_off();
     if (write(ready, &err, sizeof err) != (ssize_t)sizeof err || err) _exit(1);
-    /* Holding none of the rig's descriptors (pipes, sockets, pidfds): a
-     * reader of the rig's output sees its end when the rig ends. */
+    /* Holding none of the rig's descriptors (pipes, sockets, pidfds, its
+     * output): a reader of the rig's output sees its end when the rig ends. */
     int null = open("/dev/null", O_RDWR);
-    if (null >= 0) {
-        dup2(null, 0);
-        dup2(null, 1);
-    }
+    for (int fd = 0; fd < 3 && null >= 0; fd++) dup2(null, fd);
     close_except(NULL, 0);
     int sig;
     while (sigwait(set, &sig) != 0) continue;
