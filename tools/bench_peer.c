@@ -1051,9 +1051,12 @@ static void tcp_sink(const job *j, int in, int out)
     sock_timeout(fd, who);
     uint8_t *dst = bench_xalloc(j->n * j->block);
     memset(dst, 0, j->n * j->block);
+    double *times = malloc((size_t)j->rounds * sizeof *times);
+    if (times == NULL) bench_fail("%s: out of memory", who);
     double best = 0, until = tool_now() + CASE_BUDGET_S;
     uint64_t shift = 0;
-    for (int r = 0; r < j->rounds && (r == 0 || tool_now() < until); r++) {
+    int r = 0;
+    for (; r < j->rounds && (r == 0 || tool_now() < until); r++) {
         shift = (uint64_t)r + 1;
         double t0 = tool_now();
         if (send(fd, "g", 1, MSG_NOSIGNAL) != 1) bench_fail("%s: send: %s", who, strerror(errno));
@@ -1061,14 +1064,18 @@ static void tcp_sink(const job *j, int in, int out)
             if (recv(fd, dst + dest(j, i, shift) * j->block, j->block, MSG_WAITALL) !=
                 (ssize_t)j->block)
                 bench_fail("%s: block %zu: %s", who, i, strerror(errno));
-        double v = bench_gbs(j->n * j->block, tool_now() - t0);
+        times[r] = tool_now() - t0;
+        double v = bench_gbs(j->n * j->block, times[r]);
         if (v > best) best = v;
     }
     if (send(fd, "s", 1, MSG_NOSIGNAL) != 1) bench_fail("%s: send: %s", who, strerror(errno));
     close(fd);
     check_dest(dst, j, shift, who);
     free(dst);
-    pair_result res = {best, shift};
+    pair_result res = {best, shift, times[0], 0};
+    qsort(times, (size_t)r, sizeof *times, cmp_double);
+    res.median_s = times[r / 2];
+    free(times);
     up_send(out, &res, sizeof res, who);
 }
 
@@ -1099,7 +1106,9 @@ static void tcp_source(const job *j, int in, int out)
     up_send(out, &ok, 1, who);
 }
 
-static double tcp_pair(const job *j)
+/* A plain TCP stream between the rig's hosts: best GB/s, and the median
+ * round (with a 1-byte set: the round trip). */
+static pair_result tcp_pair(const job *j)
 {
     child sink, src;
     child_spawn(&sink, "TCP sink", tcp_sink, j, 1);
@@ -1117,7 +1126,7 @@ static double tcp_pair(const job *j)
         bench_fail("the %s sent a bad verdict", src.what);
     child_done(&src);
     child_done(&sink);
-    return res.gbs;
+    return res;
 }
 
 #ifdef KVCR_HAVE_HIREDIS
@@ -1219,6 +1228,44 @@ static const char *const g_raw_segs[] = {NULL, KVCR_TCP_SEGS, "1m,2m"};
 
 static const char *goal(char *buf, size_t cap, bool quick, const char *what, bool met);
 
+/* --netns with 1 ms each way (the rig's delaying forwarder): one 4 KiB
+ * block per deliver, in round trips of the same link measured in the same
+ * rig (a 1-byte TCP ping-pong, median). netns_1block_rtts: the median
+ * deliver to a peer already connected; netns_first_contact_rtts: the first
+ * deliver of a pair (no control connection or UCX endpoint yet), the
+ * median over the pairs. */
+static void netns_rtts(bench_out *o, bool quick)
+{
+    netrig_opts ro = {.n_hosts = 2, .delay_us = 1000};
+    char why[256], g[64];
+    if (netrig_up(&ro, &g_rig, why, sizeof why) != 0) {
+        fprintf(stderr, "kvcr bench peer --netns: no delayed link (%s); no netns_*_rtts figures\n",
+                why);
+        return;
+    }
+    job ping = {NULL, 1, 1, 1, quick ? 20 : 200};
+    double rtt = tcp_pair(&ping).median_s;
+    job one = {NULL, 4096, 1, 1, quick ? 20 : 200};
+    enum { PAIRS = 3 };
+    double med[PAIRS], first[PAIRS];
+    int pairs = quick ? 1 : PAIRS;
+    for (int p = 0; p < pairs; p++) {
+        pair_result k = kvcr_pair(&one);
+        med[p] = k.median_s, first[p] = k.first_s;
+    }
+    qsort(med, (size_t)pairs, sizeof *med, cmp_double);
+    qsort(first, (size_t)pairs, sizeof *first, cmp_double);
+    double known = med[pairs / 2] / rtt, fresh = first[pairs / 2] / rtt;
+    if (!o->json) fprintf(stderr, "  round trip (1-byte TCP ping-pong): %.0f us\n", rtt * 1e6);
+    bench_report(o, &(bench_figure){.name = "netns_1block_rtts", .value = known, .unit = "rtt",
+                                    .goal = goal(g, sizeof g, quick, "<= 1.3", known <= 1.3)});
+    bench_report(o, &(bench_figure){.name = "netns_first_contact_rtts", .value = fresh,
+                                    .unit = "rtt",
+                                    .goal = goal(g, sizeof g, quick, "<= 2.5", fresh <= 2.5)});
+    netrig_down(g_rig);
+    g_rig = NULL;
+}
+
 /* --netns: every figure across two rig hosts. */
 static int netns_run(bench_out *o, bool quick)
 {
@@ -1237,7 +1284,7 @@ static int netns_run(bench_out *o, bool quick)
     int rounds = quick ? 2 : 8;
     job big = {NULL, 2 * MIB, set / (2 * MIB), quick ? 2 : 16, rounds};
     job small = {NULL, 16 * 1024, set / (16 * 1024), 256, rounds};
-    double tcp = tcp_pair(&big), raw = 0;
+    double tcp = tcp_pair(&big).gbs, raw = 0;
     const char *raw_best = "UCX's";
     for (size_t k = 0; k < sizeof g_raw_segs / sizeof *g_raw_segs; k++) {
         job r = big;
@@ -1270,9 +1317,10 @@ static int netns_run(bench_out *o, bool quick)
                                     .baseline = "netns_2m", .baseline_value = kv,
                                     .goal = goal(g, sizeof g, quick, ">= 0.5x",
                                                  kv16 >= 0.5 * kv)});
-    if (!o->json) printf("\nbest raw UCX: TCP segments %s\n", raw_best);
+    if (!o->json) fprintf(stderr, "  best raw UCX: TCP segments %s\n", raw_best);
     netrig_down(g_rig);
     g_rig = NULL;
+    netns_rtts(o, quick);
     return 0;
 }
 
