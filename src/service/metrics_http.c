@@ -25,7 +25,7 @@
 
 #define SVC_HTTP_LINGER_MS 1000
 #define ACCEPTS_PER_TURN 16
-#define MS (1000000ull)
+#define NS_PER_MS 1000000ull
 
 enum hstate { H_READ, H_WRITE, H_LINGER };
 
@@ -66,7 +66,7 @@ static int split_address(const char *hp, char *host, size_t host_cap, char *port
     const char *h = hp;
     size_t n = (size_t)(colon - hp);
     if (n > 0 && h[0] == '[') {
-        if (n < 2 || h[n - 1] != ']') return kvcr_fail(KVCR_EINVAL, ADDR_RULE);
+        if (n < 3 || h[n - 1] != ']') return kvcr_fail(KVCR_EINVAL, ADDR_RULE);
         h++, n -= 2;
     } else if (memchr(h, ':', n) != NULL) {
         return kvcr_fail(KVCR_EINVAL, ADDR_RULE);
@@ -225,11 +225,12 @@ static void note_malformed(svc_http *h, int status)
 {
     uint64_t now = kvcr_now_ns();
     h->malformed_unlogged++;
-    if (h->last_log_ns != 0 && now - h->last_log_ns < SVC_HTTP_LOG_EVERY_S * 1000 * MS) return;
-    kvcr_log(h->log, KVCR_LOG_WARN, "metrics listener: a malformed request (answered %d); %llu "
-             "since the last such line (at most one a minute; all are counted in "
-             "kvcr_service_http_requests_total)",
-             status, (unsigned long long)h->malformed_unlogged);
+    uint64_t every = SVC_HTTP_LOG_EVERY_S * 1000 * NS_PER_MS;
+    if (h->last_log_ns != 0 && now - h->last_log_ns < every) return;
+    kvcr_log(h->log, KVCR_LOG_WARN, "metrics listener: %llu malformed request(s) since the last "
+             "such line, the last one answered %d (a line a minute at most; every one is "
+             "counted in kvcr_service_http_requests_total)",
+             (unsigned long long)h->malformed_unlogged, status);
     h->malformed_unlogged = 0;
     h->last_log_ns = now;
 }
@@ -247,7 +248,7 @@ static bool write_some(hconn *c)
     c->out = NULL;
     shutdown(c->fd, SHUT_WR);
     c->state = H_LINGER;
-    uint64_t linger = kvcr_now_ns() + SVC_HTTP_LINGER_MS * MS;
+    uint64_t linger = kvcr_now_ns() + SVC_HTTP_LINGER_MS * NS_PER_MS;
     if (linger < c->deadline_ns) c->deadline_ns = linger;
     return true;
 }
@@ -262,7 +263,7 @@ static bool respond(svc_http *h, hconn *c, int status, svc_http_body body, const
     free(metrics);
     if (c->out == NULL) return false;
     c->state = H_WRITE;
-    c->deadline_ns = kvcr_now_ns() + SVC_HTTP_REPLY_MS * MS;
+    c->deadline_ns = kvcr_now_ns() + SVC_HTTP_REPLY_MS * NS_PER_MS;
     return write_some(c);
 }
 
@@ -399,7 +400,7 @@ static void accept_conns(svc_http *h)
             continue;
         }
         c->fd = fd;
-        c->deadline_ns = kvcr_now_ns() + SVC_HTTP_HEAD_MS * MS;
+        c->deadline_ns = kvcr_now_ns() + SVC_HTTP_HEAD_MS * NS_PER_MS;
         h->conns[h->n_conns++] = c;
     }
 }

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -395,6 +396,38 @@ static void test_a_slow_request_times_out(void **state)
     free(text);
 }
 
+/* A second service that cannot listen where it is told: it does not start,
+ * says why, and leaves nothing behind (its pool files are removed). Bounded
+ * by timeout(1), should one start after all. */
+static void expect_refused(const char *listen, const char *why)
+{
+    char dir[128], cmd[1024];
+    snprintf(dir, sizeof dir, "%s/other", g_svc.dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s' service --socket-path '%s/claim.sock' --pool-dir '%s' "
+             "--guard-count 1 --pool-sizes-gb 0.03125 --compatibility-digest x --journal-mb 4 "
+             "--metrics-listen '%s' 2>&1", KVCR_TOOL, dir, dir, listen);
+    int status;
+    char *out = run(cmd, &status);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 || strstr(out, why) == NULL)
+        fail_msg("--metrics-listen %s: exit 1 and \"%s\" expected, got:\n%s", listen, why, out);
+    free(out);
+    assert_int_equal(rmdir(dir), 0); /* empty again */
+}
+
+static void test_bad_listen_addresses_are_refused(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {"127.0.0.1", "127.0.0.1:", "127.0.0.1:65536",
+                                      "127.0.0.1:80x", "::1:80", "[::1:80", "[]:80"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_refused(bad[i], "--metrics-listen must be HOST:PORT");
+    char taken[32];
+    snprintf(taken, sizeof taken, "127.0.0.1:%d", g_svc.port);
+    expect_refused(taken, "cannot listen for metrics on");
+    expect_status(GET_METRICS, 200); /* the first service is untouched */
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -406,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_an_oversized_head_is_431),
         cmocka_unit_test(test_connections_are_bounded),
         cmocka_unit_test(test_a_slow_request_times_out),
+        cmocka_unit_test(test_bad_listen_addresses_are_refused),
     };
     return cmocka_run_group_tests(tests, start_service, stop_service);
 }
