@@ -745,7 +745,9 @@ class KVCR:
 
     def prometheus_text(self) -> Optional[str]:
         """The interval in the Prometheus text format (consumes it, like
-        get_stats); None with telemetry off."""
+        get_stats); None with telemetry off. The text passes `promtool check
+        metrics`: its counters carry the `_total` suffix (kvcr_transfer_bytes_total),
+        while get_stats() names them by their base names (TRANSFER_BYTES_METRIC)."""
         if not self._telemetry:
             return None
         snapshot = self._native.stats(True)
