@@ -1,8 +1,11 @@
 /* kvcr-test-peer: the peer process of the peer-to-peer tests (see peer.h).
  * argv: block_size deposit_n fw_n slots pins hold_pins port op_ms abandon_ms
  *       service guard_index digest g3_path (service, g3_path "-": none).
- * KVCR_TEST_PEER_AGENT in the environment: its agent name (default "peer").
- * Commands arrive on stdin, answers leave on stdout. No cmocka assertion
+ * KVCR_TEST_PEER_AGENT in the environment: its agent name (default "peer");
+ * KVCR_TEST_PEER_HOST: the address its control endpoint binds and
+ * advertises (default 127.0.0.1); KVCR_TEST_PEER_FDS "<in> <out>": the
+ * descriptors of its commands and answers (default 0 and 1).
+ * Commands arrive on stdin, answers leave on stdout (see above). No cmocka assertion
  * may fail here: every failure is an exit code the parent sees. */
 #include <poll.h>
 #include <stdio.h>
@@ -369,6 +372,7 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
     const char *agent = getenv("KVCR_TEST_PEER_AGENT");
     c.r.cfg.agent_name = agent ? agent : "peer";
     c.r.cfg.remote.control_port = o->port;
+    if (o->host) c.r.cfg.remote.control_host = o->host;
     c.r.cfg.operation_timeout_ms = o->op_timeout_ms;
     c.r.cfg.abandon_timeout_ms = o->abandon_timeout_ms;
     c.r.cfg.callbacks.ud = &c.r; /* the rig's own callbacks take the rig */
@@ -453,6 +457,13 @@ int main(int argc, char **argv)
                    .service = strcmp(argv[10], "-") ? argv[10] : NULL,
                    .guard_index = (uint32_t)arg(argv, 11),
                    .digest = strcmp(argv[12], "-") ? argv[12] : NULL,
-                   .g3_path = strcmp(argv[13], "-") ? argv[13] : NULL};
-    child_main(&o, 0, 1);
+                   .g3_path = strcmp(argv[13], "-") ? argv[13] : NULL,
+                   .host = getenv("KVCR_TEST_PEER_HOST")};
+    int in = 0, out = 1;
+    const char *fds = getenv("KVCR_TEST_PEER_FDS");
+    if (fds && sscanf(fds, "%d %d", &in, &out) != 2) {
+        fprintf(stderr, "kvcr-test-peer: bad KVCR_TEST_PEER_FDS '%s'\n", fds);
+        return 2;
+    }
+    child_main(&o, in, out);
 }

@@ -135,23 +135,69 @@ void peer_opts_init(peer_opts *o)
 /* ---- the parent side ------------------------------------------------------- */
 
 
-/* The environment of a peer: ours, plus its agent name when it has one
- * (KVCR_TEST_PEER_AGENT); the array is the caller's to free. */
-static char **peer_env(char **base, const char *agent)
+/* The environment of a peer: ours, plus its agent name (KVCR_TEST_PEER_AGENT),
+ * its address (KVCR_TEST_PEER_HOST) and its pipes' descriptors when they are
+ * not 0 and 1 (KVCR_TEST_PEER_FDS, "<in> <out>"), each when it has one; the
+ * array is the caller's to free. */
+static char **peer_env(char **base, const peer_opts *o, int in, int out)
 {
-    static char var[300];
+    static char vars[3][300];
     size_t n = 0;
     while (base[n]) n++;
-    char **env = calloc(n + 2, sizeof *env);
+    char **env = calloc(n + 4, sizeof *env);
     assert_non_null(env);
     size_t k = 0;
-    if (agent != NULL) {
-        snprintf(var, sizeof var, "KVCR_TEST_PEER_AGENT=%s", agent);
-        env[k++] = var;
+    if (o->agent != NULL) {
+        snprintf(vars[0], sizeof vars[0], "KVCR_TEST_PEER_AGENT=%s", o->agent);
+        env[k++] = vars[0];
+    }
+    if (o->host != NULL) {
+        snprintf(vars[1], sizeof vars[1], "KVCR_TEST_PEER_HOST=%s", o->host);
+        env[k++] = vars[1];
+    }
+    if (in != 0 || out != 1) {
+        snprintf(vars[2], sizeof vars[2], "KVCR_TEST_PEER_FDS=%d %d", in, out);
+        env[k++] = vars[2];
     }
     for (size_t i = 0; i < n; i++)
-        if (strncmp(base[i], "KVCR_TEST_PEER_AGENT=", 21) != 0) env[k++] = base[i];
+        if (strncmp(base[i], "KVCR_TEST_PEER_", 15) != 0) env[k++] = base[i];
     return env;
+}
+
+/* The peer's arguments (see peer-main.c) into args, argv pointing at them. */
+static void peer_args(const peer_opts *o, char args[13][300], char *argv[15])
+{
+    snprintf(args[0], 300, "%zu", o->block_size);
+    snprintf(args[1], 300, "%u", o->deposit_n);
+    snprintf(args[2], 300, "%u", o->fw_n);
+    snprintf(args[3], 300, "%u", o->slots);
+    snprintf(args[4], 300, "%d", o->pins);
+    snprintf(args[5], 300, "%d", o->hold_pins);
+    snprintf(args[6], 300, "%u", o->port);
+    snprintf(args[7], 300, "%u", o->op_timeout_ms);
+    snprintf(args[8], 300, "%u", o->abandon_timeout_ms);
+    snprintf(args[9], 300, "%s", o->service ? o->service : "-");
+    snprintf(args[10], 300, "%u", o->guard_index);
+    snprintf(args[11], 300, "%s", o->digest ? o->digest : "-");
+    snprintf(args[12], 300, "%s", o->g3_path ? o->g3_path : "-");
+    argv[0] = KVCR_TEST_PEER;
+    for (int i = 0; i < 13; i++) argv[i + 1] = args[i];
+    argv[14] = NULL;
+}
+
+/* The peer at pid was started with the ends down[0] and up[1]: closes them
+ * here and waits (bounded: 20 s) for its endpoint. */
+static void peer_started(peer *p, pid_t pid, int down[2], int up[2])
+{
+    close(down[0]);
+    close(up[1]);
+    p->pid = pid;
+    p->to_child = down[1];
+    p->from_child = up[0];
+    if (tool_read_full(p->from_child, p->endpoint, sizeof p->endpoint, tool_now() + 20) != 0) {
+        peer_kill(p);
+        fail_msg("the peer process did not start");
+    }
 }
 
 /* The peer runs in its own program (kvcr-test-peer), started with
@@ -163,40 +209,40 @@ void peer_spawn(peer *p, const peer_opts *o)
     int down[2], up[2];
     assert_int_equal(pipe2(down, O_CLOEXEC), 0);
     assert_int_equal(pipe2(up, O_CLOEXEC), 0);
-    char args[13][300];
-    snprintf(args[0], sizeof args[0], "%zu", o->block_size);
-    snprintf(args[1], sizeof args[1], "%u", o->deposit_n);
-    snprintf(args[2], sizeof args[2], "%u", o->fw_n);
-    snprintf(args[3], sizeof args[3], "%u", o->slots);
-    snprintf(args[4], sizeof args[4], "%d", o->pins);
-    snprintf(args[5], sizeof args[5], "%d", o->hold_pins);
-    snprintf(args[6], sizeof args[6], "%u", o->port);
-    snprintf(args[7], sizeof args[7], "%u", o->op_timeout_ms);
-    snprintf(args[8], sizeof args[8], "%u", o->abandon_timeout_ms);
-    snprintf(args[9], sizeof args[9], "%s", o->service ? o->service : "-");
-    snprintf(args[10], sizeof args[10], "%u", o->guard_index);
-    snprintf(args[11], sizeof args[11], "%s", o->digest ? o->digest : "-");
-    snprintf(args[12], sizeof args[12], "%s", o->g3_path ? o->g3_path : "-");
-    char *argv[] = {KVCR_TEST_PEER, args[0], args[1], args[2], args[3], args[4], args[5],
-                    args[6], args[7], args[8], args[9], args[10], args[11], args[12], NULL};
+    char args[13][300], *argv[15];
+    peer_args(o, args, argv);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, down[0], 0); /* dup2 clears close-on-exec */
     posix_spawn_file_actions_adddup2(&fa, up[1], 1);
     extern char **environ;
-    char **env = peer_env(environ, o->agent);
-    int rc = posix_spawn(&p->pid, KVCR_TEST_PEER, &fa, NULL, argv, env);
+    char **env = peer_env(environ, o, 0, 1);
+    pid_t pid;
+    int rc = posix_spawn(&pid, KVCR_TEST_PEER, &fa, NULL, argv, env);
     free(env);
     posix_spawn_file_actions_destroy(&fa);
-    close(down[0]);
-    close(up[1]);
+    if (rc != 0) close(down[1]), close(up[0]);
     assert_int_equal(rc, 0);
-    p->to_child = down[1];
-    p->from_child = up[0];
-    if (tool_read_full(p->from_child, p->endpoint, sizeof p->endpoint, tool_now() + 20) != 0) {
-        peer_kill(p);
-        fail_msg("the peer process did not start");
-    }
+    peer_started(p, pid, down, up);
+}
+
+void peer_spawn_with(peer *p, const peer_opts *o, peer_launcher launch, void *ud)
+{
+    int down[2], up[2];
+    assert_int_equal(pipe2(down, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(up, O_CLOEXEC), 0);
+    /* Only the peer's ends cross the exec; the others stay close-on-exec. */
+    assert_int_equal(fcntl(down[0], F_SETFD, 0), 0);
+    assert_int_equal(fcntl(up[1], F_SETFD, 0), 0);
+    char args[13][300], *argv[15];
+    peer_args(o, args, argv);
+    extern char **environ;
+    char **env = peer_env(environ, o, down[0], up[1]);
+    pid_t pid = launch(ud, argv, env);
+    free(env);
+    if (pid < 0) close(down[0]), close(up[1]), close(down[1]), close(up[0]);
+    assert_true(pid > 0);
+    peer_started(p, pid, down, up);
 }
 
 void peer_spawn_source(peer *p, uint32_t deposit_n)

@@ -36,6 +36,9 @@ typedef struct peer_opts {
     const char *g3_path;
     /* Its agent name (NULL: "peer"); targets of one source need their own. */
     const char *agent;
+    /* The IPv4 address its control endpoint binds and advertises (NULL:
+     * 127.0.0.1), e.g. a netns rig host's (tools/netrig.h). */
+    const char *host;
 } peer_opts;
 
 enum { PEER_G3_SLOTS = 1024 };
@@ -64,6 +67,13 @@ typedef struct peer {
 void peer_opts_init(peer_opts *o);
 /* Starts a peer and waits until its instance is up (bounded: 20 s). */
 void peer_spawn(peer *p, const peer_opts *o);
+/* Starts a program: argv and envp as for execve, with the peer's ends of
+ * its pipes open (not close-on-exec) in this process at the descriptors the
+ * environment names. Its pid, or -1. */
+typedef pid_t (*peer_launcher)(void *ud, char *const argv[], char *const envp[]);
+/* peer_spawn through launch (e.g. netrig_spawn inside a rig host) instead
+ * of posix_spawn here. */
+void peer_spawn_with(peer *p, const peer_opts *o, peer_launcher launch, void *ud);
 /* The same with the default options but for deposit_n: a source holding
  * k0..k<deposit_n - 1> in its KVCR DRAM. */
 void peer_spawn_source(peer *p, uint32_t deposit_n);

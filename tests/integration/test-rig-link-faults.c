@@ -1,0 +1,467 @@
+/* Link faults between two hosts of the netns rig (tools/netrig.h): a
+ * target KVCR instance on host 0 keeps hinted delivers and fetches in
+ * flight from a source peer on host 1 (kvcr-test-peer bound to the rig's
+ * address) while the rig loses 5 % of the frames, takes the source's link
+ * down for 2 s, partitions the source for 10 s, or destroys the source's
+ * host. In each case every operation ends by its deadline, every failed
+ * entry has a reason, no success carries wrong bytes, after the drain no
+ * operation, pin, held write or claimed slot is left, and (when the source
+ * comes back) pulls succeed again within 2 s.
+ *
+ * The rig's hosts cannot reach this process's namespace, so the target
+ * runs in a forked child moved into host 0 (netrig_join); it reports what
+ * it saw through a pipe, and a failed harness assertion there aborts it
+ * (CMOCKA_TEST_ABORT) instead of returning into this process's runner.
+ * Without root the test exits 77 (skipped, with the reason). Every wait is
+ * bounded and every process reaped. */
+#define _GNU_SOURCE /* pipe2 */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "netrig.h"
+#include "peer.h"
+
+#define BS 4096
+#define SRC_KEYS 256     /* k0..k255 in the source's KVCR DRAM */
+#define DELIVER_KEYS 128 /* delivers pull k0..k127, fetches k128..k255 */
+#define PER_DELIVER 4    /* keys of one deliver */
+#define N_DELIVERS 4     /* delivers in flight */
+#define N_FETCHES 2      /* fetches (one key each) in flight */
+#define TARGET_SLOTS 16  /* the target's KVCR DRAM: fetched blocks, evicted in turn */
+#define OP_MS 1000       /* the target's operation deadline */
+#define ABANDON_MS 3000  /* and its abandon deadline */
+/* What a result may take past its deadline: the target's loop polls every
+ * 5 ms, on a 2-core machine shared with other builds. */
+#define SLACK_MS 500
+#define BACK_WITHIN_MS 2000 /* pulls succeed again this soon after a fault ends */
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static void sleep_ms(double ms)
+{
+    struct timespec t = {(time_t)(ms / 1000), (long)((ms - (double)(time_t)(ms / 1000) * 1000) * 1e6)};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) continue;
+}
+
+/* What the target saw, sent to the test when it has drained. */
+typedef struct report {
+    uint64_t started, done, ok_ops, ok_entries, failed_entries, bad_bytes, no_reason;
+    uint64_t by_reason[KVCR_REASON_SOURCE_BUSY + 1];
+    double max_op_ms;  /* the longest operation, started to result */
+    double max_gap_ms; /* the longest stretch without a success, first success to stop */
+    double back_ms;    /* the first success after the mark, past it (-1: none) */
+    /* gauges after the drain */
+    double in_flight_ops, allocated_slots, evictable_slots, framework_pins, source_writes_held;
+} report;
+
+/* ---- the target, in a child on host 0 (no test runner there) --------------- */
+
+typedef struct target_op {
+    kvcr_op_handle op; /* 0: free */
+    bool fetch;
+    uint32_t first; /* its first key */
+    double t0;
+    char req[24];
+} target_op;
+
+typedef struct target {
+    rig r;
+    const char *source;
+    target_op ops[N_DELIVERS + N_FETCHES];
+    uint64_t n_deliver, n_fetch;
+    double first_ok, last_ok, mark;
+    bool stopping;
+    report rep;
+} target;
+
+static _Noreturn void target_fail(const char *what)
+{
+    fprintf(stderr, "target: %s: %s\n", what, kvcr_last_error());
+    _exit(3);
+}
+
+/* Starts operation slot k: a deliver of PER_DELIVER keys into its framework
+ * blocks, or a fetch of one key, each under its own hinted request. */
+static void target_start(target *t, size_t k)
+{
+    target_op *o = &t->ops[k];
+    o->fetch = k >= N_DELIVERS;
+    uint32_t n = o->fetch ? 1 : PER_DELIVER;
+    o->first = o->fetch ? DELIVER_KEYS + (uint32_t)(t->n_fetch++ % (SRC_KEYS - DELIVER_KEYS))
+                        : (uint32_t)((t->n_deliver++ * PER_DELIVER) % DELIVER_KEYS);
+    snprintf(o->req, sizeof o->req, "%c%llu", o->fetch ? 'f' : 'd',
+             (unsigned long long)t->rep.started);
+    uint64_t hashes[PER_DELIVER];
+    char names[PER_DELIVER][24];
+    kvcr_mem_ref refs[PER_DELIVER];
+    kvcr_block b[PER_DELIVER];
+    for (uint32_t i = 0; i < n; i++) {
+        hashes[i] = o->first + i;
+        refs[i] = (kvcr_mem_ref){NULL, "", k * PER_DELIVER + i};
+        b[i] = (kvcr_block){key_of(peer_key(names[i], sizeof names[i], o->first + i)), &refs[i],
+                            1};
+        memset(t->r.fw + (k * PER_DELIVER + i) * BS, 0, BS);
+    }
+    char json[1024];
+    peer_hint_json(json, sizeof json, t->source, hashes, n);
+    if (kvcr_submit_hint(t->r.kv, o->req, json, strlen(json)) != 0) target_fail("hint");
+    kvcr_key key = b[0].key;
+    int rc = o->fetch ? kvcr_fetch(t->r.kv, &key, 1, o->req, NULL, 0, &o->op)
+                      : kvcr_deliver(t->r.kv, b, n, o->req, &o->op);
+    if (rc != 0) target_fail(o->fetch ? "fetch" : "deliver");
+    o->t0 = now_ms();
+    t->rep.started++;
+}
+
+/* One entry of o's result: bytes checked on success (a fetched slot, then
+ * released), the reason counted on failure. True on a right success. */
+static bool target_entry(target *t, const target_op *o, size_t e, const kvcr_entry_result *x)
+{
+    if (x->status != KVCR_ENTRY_SUCCESS) {
+        t->rep.failed_entries++;
+        t->rep.no_reason += x->reason == KVCR_REASON_NONE;
+        if ((unsigned)x->reason <= KVCR_REASON_SOURCE_BUSY) t->rep.by_reason[x->reason]++;
+        return false;
+    }
+    size_t k = (size_t)(o - t->ops);
+    const uint8_t *bytes = o->fetch ? (x->n_slots == 1 ? x->slots[0].addr : NULL)
+                                    : t->r.fw + (k * PER_DELIVER + e) * BS;
+    bool good = bytes && rig_has_pattern(&t->r, bytes, o->first + (uint32_t)e);
+    if (o->fetch) {
+        bool released = false;
+        if (kvcr_release(t->r.kv, &x->release_handle, 1, &released) != 0 || !released)
+            target_fail("release");
+    }
+    t->rep.ok_entries += good;
+    t->rep.bad_bytes += !good;
+    return good;
+}
+
+static void target_settle(target *t, const kvcr_op_result *res)
+{
+    for (size_t k = 0; k < N_DELIVERS + N_FETCHES; k++) {
+        target_op *o = &t->ops[k];
+        if (o->op == 0 || o->op != res->op) continue;
+        double now = now_ms();
+        bool ok = res->n_entries > 0;
+        for (size_t e = 0; e < res->n_entries; e++) ok &= target_entry(t, o, e, &res->entries[e]);
+        if (now - o->t0 > t->rep.max_op_ms) t->rep.max_op_ms = now - o->t0;
+        if (ok) {
+            if (t->first_ok == 0) t->first_ok = now;
+            if (!t->stopping && t->last_ok > 0 && now - t->last_ok > t->rep.max_gap_ms)
+                t->rep.max_gap_ms = now - t->last_ok;
+            t->last_ok = now;
+            if (t->mark > 0 && t->rep.back_ms < 0) t->rep.back_ms = now - t->mark;
+        }
+        t->rep.done++;
+        t->rep.ok_ops += ok;
+        kvcr_discard_hint(t->r.kv, o->req);
+        o->op = 0;
+    }
+}
+
+/* Polls once; true while an operation is in flight. */
+static bool target_poll(target *t)
+{
+    kvcr_op_result *res;
+    size_t n;
+    if (kvcr_poll(t->r.kv, &res, &n) != 0) target_fail("poll");
+    for (size_t i = 0; i < n; i++) target_settle(t, &res[i]);
+    kvcr_results_free(res);
+    bool busy = false;
+    for (size_t k = 0; k < N_DELIVERS + N_FETCHES; k++) {
+        if (t->ops[k].op == 0 && !t->stopping) target_start(t, k);
+        busy |= t->ops[k].op != 0;
+    }
+    return busy;
+}
+
+/* A command of the test: 'M' and a time (the fault ended then), or 'S'
+ * (stop starting, drain, report). */
+static void target_command(target *t, int cmd)
+{
+    char c;
+    if (read(cmd, &c, 1) != 1) _exit(4); /* the test is gone */
+    if (c == 'M') {
+        if (read(cmd, &t->mark, sizeof t->mark) != (ssize_t)sizeof t->mark) _exit(4);
+        t->rep.back_ms = -1;
+    } else {
+        t->stopping = true;
+        if (t->last_ok > 0 && now_ms() - t->last_ok > t->rep.max_gap_ms)
+            t->rep.max_gap_ms = now_ms() - t->last_ok;
+    }
+}
+
+static void target_gauges(target *t)
+{
+    t->rep.in_flight_ops = rig_stat(&t->r, "in_flight_ops", NULL);
+    t->rep.allocated_slots = rig_stat(&t->r, "local_g2_allocated_slots", NULL);
+    t->rep.evictable_slots = rig_stat(&t->r, "local_g2_evictable_slots", NULL);
+    t->rep.framework_pins = rig_stat(&t->r, "framework_pins", NULL);
+    t->rep.source_writes_held = rig_stat(&t->r, "source_writes_held", NULL);
+}
+
+/* The target's life: up on host 0, 'R' on the first success, pulls until
+ * 'S', then the drain (bounded by the abandon deadline and the slack), the
+ * report, and a clean close. */
+static _Noreturn void target_main(netrig *nr, const char *source, int cmd, int out)
+{
+    if (netrig_join(nr, 0) != 0) _exit(2);
+    setenv("CMOCKA_TEST_ABORT", "1", 1);
+    static target t;
+    rig_init_remote(&t.r, BS, (N_DELIVERS + N_FETCHES) * PER_DELIVER, TARGET_SLOTS);
+    t.r.cfg.remote.control_host = netrig_addr(nr, 0);
+    t.r.cfg.operation_timeout_ms = OP_MS;
+    t.r.cfg.abandon_timeout_ms = ABANDON_MS;
+    t.r.cfg.enable_telemetry = true;
+    rig_start(&t.r);
+    t.source = source;
+    t.rep.back_ms = -1;
+    bool ready = false;
+    double stop_by = 0, end = now_ms() + 120000; /* no case runs this long */
+    while (now_ms() < end) {
+        struct pollfd p[2] = {{cmd, POLLIN, 0}, {kvcr_fd(t.r.kv), POLLIN, 0}};
+        poll(p, 2, 5);
+        bool busy = target_poll(&t);
+        if (!ready && t.first_ok > 0) {
+            ready = write(out, "R", 1) == 1;
+            if (!ready) _exit(4);
+        }
+        if (t.stopping && !busy) break;
+        if (t.stopping && now_ms() > stop_by) _exit(5); /* an operation outlived its deadline */
+        if (!t.stopping && (p[0].revents & (POLLIN | POLLHUP))) {
+            target_command(&t, cmd);
+            if (t.stopping) stop_by = now_ms() + ABANDON_MS + SLACK_MS;
+        }
+    }
+    if (!t.stopping) _exit(6);
+    target_gauges(&t);
+    if (write(out, &t.rep, sizeof t.rep) != (ssize_t)sizeof t.rep) _exit(4);
+    rig_stop(&t.r);
+    _exit(0);
+}
+
+/* ---- the test's side -------------------------------------------------------- */
+
+static pid_t spawn_in_source_host(void *ud, char *const argv[], char *const envp[])
+{
+    return netrig_spawn(ud, 1, argv, envp);
+}
+
+/* A running case: the rig, the source on host 1, the target on host 0. */
+typedef struct bench {
+    netrig *nr;
+    peer src;
+    pid_t target;
+    int to_target, from_target;
+    double t0;
+} bench;
+
+/* Waits for pid (ms at most, then SIGKILL): its wait status. */
+static int reap_within(pid_t pid, int ms)
+{
+    int st = 0;
+    for (double end = now_ms() + ms; now_ms() < end;) {
+        pid_t got = waitpid(pid, &st, WNOHANG);
+        if (got == pid) return st;
+        sleep_ms(5);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+/* Reads n bytes from fd within ms: true when they came. */
+static bool read_within(int fd, void *buf, size_t n, int ms)
+{
+    return tool_read_full(fd, buf, n, tool_now() + ms / 1000.0) == 0;
+}
+
+static void bench_up(bench *b, double loss)
+{
+    b->t0 = now_ms();
+    char why[320];
+    netrig_opts o = {.n_hosts = 2, .loss = loss};
+    if (netrig_up(&o, &b->nr, why, sizeof why) != 0) fail_msg("netrig_up: %s", why);
+    peer_opts po;
+    peer_opts_init(&po);
+    po.deposit_n = SRC_KEYS;
+    po.slots = SRC_KEYS;
+    po.host = netrig_addr(b->nr, 1);
+    peer_spawn_with(&b->src, &po, spawn_in_source_host, b->nr);
+    assert_non_null(strstr(b->src.endpoint, netrig_addr(b->nr, 1)));
+    int down[2], up[2];
+    assert_int_equal(pipe2(down, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(up, O_CLOEXEC), 0);
+    fflush(NULL);
+    b->target = fork();
+    assert_true(b->target >= 0);
+    if (b->target == 0) {
+        close(down[1]);
+        close(up[0]);
+        target_main(b->nr, b->src.endpoint, down[0], up[1]);
+    }
+    close(down[0]);
+    close(up[1]);
+    b->to_target = down[1];
+    b->from_target = up[0];
+    char c = 0;
+    assert_true(read_within(b->from_target, &c, 1, 20000)); /* its first success */
+    assert_int_equal(c, 'R');
+}
+
+/* Tells the target the fault ended now. */
+static void bench_mark(bench *b)
+{
+    char m[1 + sizeof(double)] = {'M'};
+    double t = now_ms();
+    memcpy(m + 1, &t, sizeof t);
+    assert_int_equal(write(b->to_target, m, sizeof m), (ssize_t)sizeof m);
+}
+
+/* Stops the target, takes its report and reaps it, stops (or, gone: reaps)
+ * the source and takes the rig down; then checks what holds in every case. */
+static report bench_down(bench *b, const char *name, bool source_alive)
+{
+    report rep;
+    assert_int_equal(write(b->to_target, "S", 1), 1);
+    bool got = read_within(b->from_target, &rep, sizeof rep, ABANDON_MS + SLACK_MS + 10000);
+    int st = reap_within(b->target, 20000);
+    close(b->to_target);
+    close(b->from_target);
+    if (source_alive) peer_stop(&b->src);
+    else peer_kill(&b->src); /* reaps what the rig killed */
+    netrig_down(b->nr);
+    assert_true(st >= 0 && WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(got);
+    char reasons[512] = "";
+    for (size_t i = 0, at = 0; i <= KVCR_REASON_SOURCE_BUSY && at < sizeof reasons; i++)
+        if (rep.by_reason[i])
+            at += (size_t)snprintf(reasons + at, sizeof reasons - at, " %s %llu",
+                                   kvcr_reason_name((kvcr_reason)i),
+                                   (unsigned long long)rep.by_reason[i]);
+    printf("%s: %.1f s; %llu ops (%llu whole), %llu entries right, %llu failed (by reason:%s), "
+           "longest op %.0f ms, longest gap %.0f ms, back after %.0f ms; slots %.0f allocated, "
+           "%.0f evictable\n",
+           name, (now_ms() - b->t0) / 1000, (unsigned long long)rep.done,
+           (unsigned long long)rep.ok_ops, (unsigned long long)rep.ok_entries,
+           (unsigned long long)rep.failed_entries, reasons, rep.max_op_ms, rep.max_gap_ms,
+           rep.back_ms, rep.allocated_slots, rep.evictable_slots);
+    assert_int_equal(rep.done, rep.started);
+    assert_true(rep.ok_entries > 0);
+    assert_int_equal(rep.bad_bytes, 0);
+    assert_int_equal(rep.no_reason, 0);
+    assert_true(rep.max_op_ms <= ABANDON_MS + SLACK_MS);
+    assert_int_equal(rep.in_flight_ops, 0);
+    assert_int_equal(rep.framework_pins, 0);
+    assert_int_equal(rep.source_writes_held, 0);
+    assert_true(rep.allocated_slots >= 0 && rep.allocated_slots <= TARGET_SLOTS);
+    assert_int_equal(rep.allocated_slots, rep.evictable_slots); /* none claimed or filling */
+    return rep;
+}
+
+/* The fault has ended: pulls succeed again within BACK_WITHIN_MS. */
+static void assert_back(const report *rep)
+{
+    assert_true(rep->failed_entries > 0); /* the fault was felt */
+    assert_true(rep->back_ms >= 0 && rep->back_ms <= BACK_WITHIN_MS);
+}
+
+/* 5 % of the frames each host sends are lost for the whole run: pulls keep
+ * succeeding, no 2 s pass without one. */
+static void test_loss_5_percent(void **state)
+{
+    (void)state;
+    bench b;
+    bench_up(&b, 0.05);
+    sleep_ms(5000);
+    report rep = bench_down(&b, "loss 5 %", true);
+    assert_true(rep.max_gap_ms <= BACK_WITHIN_MS);
+    assert_true(rep.ok_ops * 2 >= rep.done);
+}
+
+/* The source's link goes down for 2 s while pulls are in flight. */
+static void test_link_down_2s(void **state)
+{
+    (void)state;
+    bench b;
+    bench_up(&b, 0);
+    sleep_ms(1000);
+    assert_int_equal(netrig_link(b.nr, 1, false), 0);
+    sleep_ms(2000);
+    assert_int_equal(netrig_link(b.nr, 1, true), 0);
+    bench_mark(&b);
+    sleep_ms(BACK_WITHIN_MS + 1000);
+    report rep = bench_down(&b, "link down 2 s", true);
+    assert_back(&rep);
+}
+
+/* The source is partitioned for 10 s while pulls are in flight. */
+static void test_partition_10s(void **state)
+{
+    (void)state;
+    bench b;
+    bench_up(&b, 0);
+    sleep_ms(1000);
+    assert_int_equal(netrig_partition(b.nr, 1, true), 0);
+    sleep_ms(10000);
+    assert_int_equal(netrig_partition(b.nr, 1, false), 0);
+    bench_mark(&b);
+    sleep_ms(BACK_WITHIN_MS + 1000);
+    report rep = bench_down(&b, "partition 10 s", true);
+    assert_back(&rep);
+}
+
+/* The source's host is destroyed while pulls are in flight: every
+ * operation still ends by its deadline, with a reason. */
+static void test_source_host_destroyed(void **state)
+{
+    (void)state;
+    bench b;
+    bench_up(&b, 0);
+    sleep_ms(1000);
+    assert_int_equal(netrig_kill_host(b.nr, 1), 0);
+    sleep_ms(ABANDON_MS + 1000);
+    report rep = bench_down(&b, "source host destroyed", false);
+    assert_true(rep.failed_entries > 0);
+}
+
+/* One case a run (argv[1], its ctest's name ends with it): each fault is
+ * its own ctest. */
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_loss_5_percent),
+        cmocka_unit_test(test_link_down_2s),
+        cmocka_unit_test(test_partition_10s),
+        cmocka_unit_test(test_source_host_destroyed),
+    };
+    const char *names[] = {"loss", "link-down", "partition", "host-destroyed"};
+    size_t pick = 0;
+    while (pick < 4 && (argc != 2 || strcmp(argv[1], names[pick]) != 0)) pick++;
+    if (pick == 4) {
+        fprintf(stderr, "usage: %s loss|link-down|partition|host-destroyed\n", argv[0]);
+        return 2;
+    }
+    char why[320];
+    if (!netrig_available(why, sizeof why)) {
+        printf("skipped: %s\n", why);
+        return 77;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    return _cmocka_run_group_tests(names[pick], &tests[pick], 1, NULL, NULL);
+}
