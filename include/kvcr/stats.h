@@ -11,7 +11,8 @@
  *                                           bound, by the limit's name)
  *   kvcr_control_dropped_total{cause}       counter (input dropped at the peer control
  *                                           endpoint: handshake, auth, malformed,
- *                                           unknown_type, bad_sender, unexpected)
+ *                                           unknown_type, bad_sender, unexpected,
+ *                                           unusable)
  *   kvcr_state{resource}                    gauge
  * A counter in a snapshot is named by its family's base name (the
  * KVCR_*_METRIC constants, without `_total`), as Prometheus client libraries

@@ -643,6 +643,7 @@ const char *ctl_drop_name(ctl_drop cause)
     static const char *const names[CTL_N_DROPS] = {
         [CTL_DROP_HANDSHAKE] = "handshake",   [CTL_DROP_AUTH] = "auth",
         [CTL_DROP_MALFORMED] = "malformed",   [CTL_DROP_UNKNOWN_TYPE] = "unknown_type",
-        [CTL_DROP_BAD_SENDER] = "bad_sender", [CTL_DROP_UNEXPECTED] = "unexpected"};
+        [CTL_DROP_BAD_SENDER] = "bad_sender", [CTL_DROP_UNEXPECTED] = "unexpected",
+        [CTL_DROP_UNUSABLE] = "unusable"};
     return (unsigned)cause < CTL_N_DROPS ? names[cause] : "?";
 }

@@ -84,11 +84,14 @@ typedef enum ctl_drop {
                             * its connection's */
     CTL_DROP_UNEXPECTED,   /* valid, but nothing here waits for it (a late or
                             * stray reply) */
+    CTL_DROP_UNUSABLE,     /* valid, but its metadata cannot be used (a worker
+                            * address or rkey UCX refuses, a target replaced
+                            * while writes to it run) */
     CTL_N_DROPS
 } ctl_drop;
 
 /* "handshake", "auth", "malformed", "unknown_type", "bad_sender",
- * "unexpected": static strings. */
+ * "unexpected", "unusable": static strings. */
 const char *ctl_drop_name(ctl_drop cause);
 
 /* Drops are logged at most once per this many ms per cause, each line with

@@ -56,7 +56,8 @@ int remote_check_source(const remote *r, const char *source);
 /* A hint named this source: publish our metadata to it now (when
  * eager_ctrl_connect is on). */
 void remote_hint_source(remote *r, const char *source);
-/* Control messages dropped as malformed or unexpected. */
+/* Control messages dropped, whatever the cause (net/control.h's
+ * ctl_drop but for handshake and auth, which drop connections). */
 uint64_t remote_dropped_messages(const remote *r);
 
 #endif

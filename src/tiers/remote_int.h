@@ -305,6 +305,10 @@ struct remote {
 /* remote_progress.c (locked, progress thread unless noted) */
 /* Any thread: the progress thread has work. */
 void remote_wake(remote *r);
+/* A control message dropped for cause: counted in the total and by cause,
+ * logged at most once per CTL_DROP_LOG_MS per cause. */
+void remote_drop(remote *r, ctl_drop cause, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Sends m (common fields filled in here) to endpoint; md_rule says when our
  * metadata rides along (MD_RETRY: the peer has not acknowledged it and its
  * retry time came; MD_FORCE: whenever not acknowledged). 0 or negative; a

@@ -280,17 +280,31 @@ void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint6
 
 /* ---- dropped input -------------------------------------------------------- */
 
-/* Locked, progress thread: a message or connection dropped for cause,
- * counted by cause (the caller counts messages in the total) and logged at
- * most once per CTL_DROP_LOG_MS per cause: junk from many connections costs
- * a counter each, never a log line each. */
-static void __attribute__((format(printf, 3, 4)))
-count_drop(remote *r, ctl_drop cause, const char *fmt, ...)
+/* Locked, progress thread: counts by cause and logs at most once per
+ * CTL_DROP_LOG_MS per cause: junk from many connections costs a counter
+ * each, never a log line each. */
+static void count_drop(remote *r, ctl_drop cause, const char *fmt, va_list ap)
 {
     host_control_drop(r->kv, ctl_drop_name(cause));
+    kvcr_vlog_limited(host_logger(r->kv), &r->drop_log[cause], CTL_DROP_LOG_MS, fmt, ap);
+}
+
+void remote_drop(remote *r, ctl_drop cause, const char *fmt, ...)
+{
+    r->dropped_messages++;
     va_list ap;
     va_start(ap, fmt);
-    kvcr_vlog_limited(host_logger(r->kv), &r->drop_log[cause], CTL_DROP_LOG_MS, fmt, ap);
+    count_drop(r, cause, fmt, ap);
+    va_end(ap);
+}
+
+/* Locked, progress thread: a message the handlers already counted in the
+ * total (they know only that nothing waits for it), counted by cause. */
+static void __attribute__((format(printf, 2, 3))) note_unexpected(remote *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    count_drop(r, CTL_DROP_UNEXPECTED, fmt, ap);
     va_end(ap);
 }
 
@@ -313,13 +327,12 @@ static bool sender_authentic(remote *r, const wire_msg *m, const char *peer_key)
     if (!ctl_curve_on(r->ctl)) return true; /* a keyed "from" fails at the reply */
     const char *claimed = ctl_endpoint_key((const char *)m->from.data);
     if (peer_key != NULL && claimed != NULL && strcmp(claimed, peer_key) == 0) return true;
-    r->dropped_messages++;
     r->refused_messages++;
-    count_drop(r, CTL_DROP_BAD_SENDER,
-               "dropped a %s message from %.*s: its connection was admitted for key %s, "
-               "not the key of its reply endpoint %.*s",
-               wire_type_name(m->type), (int)m->agent.len, (const char *)m->agent.data,
-               peer_key ? peer_key : "(none)", (int)m->from.len, (const char *)m->from.data);
+    remote_drop(r, CTL_DROP_BAD_SENDER,
+                "dropped a %s message from %.*s: its connection was admitted for key %s, "
+                "not the key of its reply endpoint %.*s",
+                wire_type_name(m->type), (int)m->agent.len, (const char *)m->agent.data,
+                peer_key ? peer_key : "(none)", (int)m->from.len, (const char *)m->from.data);
     return false;
 }
 
@@ -329,33 +342,34 @@ static void on_message(void *ud, const void *data, size_t len, const char *peer_
     wire_msg m;
     const char *why = NULL;
     if (wire_decode(data, len, &m, &why) != 0) {
-        r->dropped_messages++;
         if (why == wire_unknown_type)
-            count_drop(r, CTL_DROP_UNKNOWN_TYPE,
-                       "dropped a control message (%zu bytes) of a type this version lacks", len);
+            remote_drop(r, CTL_DROP_UNKNOWN_TYPE,
+                        "dropped a control message (%zu bytes) of a type this version lacks", len);
         else
-            count_drop(r, CTL_DROP_MALFORMED, "dropped a malformed control message (%zu bytes): %s",
-                       len, why);
+            remote_drop(r, CTL_DROP_MALFORMED, "dropped a malformed control message (%zu bytes): %s",
+                        len, why);
         return;
     }
     if (!sender_authentic(r, &m, peer_key)) {
         wire_msg_free(&m);
         return;
     }
-    /* The handlers count in the total what they drop: a valid message that
-     * nothing here waits for (a late reply, a stranger's, another
-     * incarnation's). */
+    /* The source's handlers count what they drop through remote_drop; the
+     * target's only in the total: a valid reply that nothing here waits for
+     * (a late one, a stranger's, another incarnation's). */
     uint64_t dropped = r->dropped_messages;
     switch (m.type) {
     case WIRE_METADATA:
     case WIRE_START_WRITE:
     case WIRE_WRITE_PROBE: source_on_message(r, &m); break;
-    default: target_on_message(r, &m); break;
+    default:
+        target_on_message(r, &m);
+        if (r->dropped_messages != dropped)
+            note_unexpected(r, "dropped a %s message from %.*s (%.*s) that nothing here waits for",
+                            wire_type_name(m.type), (int)m.agent.len, (const char *)m.agent.data,
+                            (int)m.from.len, (const char *)m.from.data);
+        break;
     }
-    if (r->dropped_messages != dropped)
-        count_drop(r, CTL_DROP_UNEXPECTED, "dropped a %s message from %.*s (%.*s) that nothing here "
-                   "waits for", wire_type_name(m.type), (int)m.agent.len,
-                   (const char *)m.agent.data, (int)m.from.len, (const char *)m.from.data);
     wire_msg_free(&m);
 }
 

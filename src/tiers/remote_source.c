@@ -401,8 +401,8 @@ static void on_metadata(remote *r, const wire_msg *m)
 {
     route *rt;
     if (route_resolve(r, m, &rt) != 0) {
-        kvcr_log(host_logger(r->kv), KVCR_LOG_WARN, "metadata from %.*s not usable: %s",
-                 (int)m->agent.len, (const char *)m->agent.data, kvcr_last_error());
+        remote_drop(r, CTL_DROP_UNUSABLE, "metadata from %.*s not usable: %s", (int)m->agent.len,
+                    (const char *)m->agent.data, kvcr_last_error());
         return;
     }
     wire_msg ack = {.type = WIRE_METADATA_ACK};

@@ -4,7 +4,8 @@
  * greeting cut short, an HTTP request), messages over
  * max_control_message_bytes, and well-framed ZeroMQ messages that are not
  * valid control messages (random bytes, msgpack maps with bad fields, a
- * type this version lacks, valid replies nobody waits for).
+ * type this version lacks, valid replies nobody waits for, metadata whose
+ * worker address UCX could not use).
  *
  * Each is counted by cause in kvcr_control_dropped_total{cause}, exactly as
  * many as were sent (oversize messages excepted: libzmq closes their
@@ -40,14 +41,14 @@
 #define MAX_MESSAGE 65536    /* the instance's max_control_message_bytes */
 #define WAIT_MS 20000        /* for the instance to count what was sent */
 
-enum { HANDSHAKE, AUTH, MALFORMED, UNKNOWN_TYPE, BAD_SENDER, UNEXPECTED, N_CAUSES };
-static const char *const cause_names[N_CAUSES] = {"handshake",    "auth",       "malformed",
-                                                  "unknown_type", "bad_sender", "unexpected"};
-/* A phrase of each cause's log line (src/net/control.c, src/tiers/remote_progress.c). */
+enum { HANDSHAKE, AUTH, MALFORMED, UNKNOWN_TYPE, BAD_SENDER, UNEXPECTED, UNUSABLE, N_CAUSES };
+static const char *const cause_names[N_CAUSES] = {
+    "handshake", "auth", "malformed", "unknown_type", "bad_sender", "unexpected", "unusable"};
+/* A phrase of each cause's log line (src/net/control.c, src/tiers/remote_*.c). */
 static const char *const cause_lines[N_CAUSES] = {
     "handshake (",          "is not in the allow-list",         "malformed control message",
     "of a type this version lacks", "its connection was admitted for key",
-    "that nothing here waits for"};
+    "that nothing here waits for",  "not usable:"};
 
 static uint64_t now_ms(void)
 {
@@ -154,10 +155,25 @@ typedef struct framed {
     int failed; /* errno of a send or connect that failed, 0 if none */
 } framed;
 
+/* Metadata whose worker address is one byte: no UCX address is that
+ * short, so it is refused as unusable. */
+static void mp_metadata(mp *m, const char *to)
+{
+    mp_head(m, 7, 1, "metadata");
+    mp_str(m, "agent"), mp_str(m, "junk");
+    mp_str(m, "inc"), mp_byte(m, 0xc4), mp_byte(m, 16);
+    for (int i = 0; i < 16; i++) mp_byte(m, (uint8_t)i);
+    mp_str(m, "from"), mp_str(m, STRANGER);
+    mp_str(m, "to"), mp_str(m, to);
+    mp_str(m, "md"), mp_byte(m, 0x82);
+    mp_str(m, "worker"), mp_byte(m, 0xc4), mp_byte(m, 1), mp_byte(m, 0);
+    mp_str(m, "regions"), mp_byte(m, 0x90);
+}
+
 /* Message i of a sender: its bytes in m, its cause returned. */
 static int framed_message(framed *f, uint64_t i, mp *m)
 {
-    switch (i % 7) {
+    switch (i % 8) {
     case 0: /* random bytes */
         m->n = 1 + (size_t)rand_r(&f->seed) % 64;
         for (size_t k = 0; k < m->n; k++) m->b[k] = (uint8_t)rand_r(&f->seed);
@@ -170,6 +186,7 @@ static int framed_message(framed *f, uint64_t i, mp *m)
     case 3: mp_head(m, 2, 2, "write_done"); return MALFORMED; /* another version */
     case 4: mp_write_done(m, STRANGER, f->endpoint, true); return MALFORMED; /* mistyped */
     case 5: mp_head(m, 2, 1, "junk_type"); return UNKNOWN_TYPE;
+    case 6: mp_metadata(m, f->endpoint); return UNUSABLE;
     default: mp_write_done(m, STRANGER, f->endpoint, false); return UNEXPECTED;
     }
 }
@@ -419,14 +436,14 @@ static void test_junk_is_counted_by_cause_and_logged_once_a_second(void **state)
         oversize += w[i].oversize;
     }
     assert_true(want[HANDSHAKE] > 0 && want[MALFORMED] > 0 && want[UNKNOWN_TYPE] > 0 &&
-                want[UNEXPECTED] > 0 && oversize > 0);
+                want[UNEXPECTED] > 0 && want[UNUSABLE] > 0 && oversize > 0);
 
     /* Everything sent arrives (PUSH sockets lose nothing while connected,
      * and each raw connection ended before the next began). */
     seen s = wait_counts(&r, want, true);
     assert_true(s.auth_refused == 0); /* no CURVE: nothing refused for a key */
     assert_int_equal(kvcr__test_dropped_messages(r.kv),
-                     want[MALFORMED] + want[UNKNOWN_TYPE] + want[UNEXPECTED]);
+                     want[MALFORMED] + want[UNKNOWN_TYPE] + want[UNEXPECTED] + want[UNUSABLE]);
 
     /* A legitimate pull still works, bytes compared. */
     peer_hint_range(&r, "req", src.endpoint, 0, 4);
@@ -513,7 +530,7 @@ static void test_curve_junk_is_counted_by_cause(void **state)
     seen s = wait_counts(&r, want, false);
     assert_int_equal(s.count[MALFORMED], want[MALFORMED]);
     assert_int_equal(s.count[BAD_SENDER], want[BAD_SENDER]);
-    assert_int_equal(s.count[UNKNOWN_TYPE] + s.count[UNEXPECTED], 0);
+    assert_int_equal(s.count[UNKNOWN_TYPE] + s.count[UNEXPECTED] + s.count[UNUSABLE], 0);
     /* The CURVE gauge counts the same failed handshakes. */
     assert_true(s.auth_refused == (double)(s.count[HANDSHAKE] + s.count[AUTH]));
     assert_int_equal(kvcr__test_dropped_messages(r.kv), want[MALFORMED] + want[BAD_SENDER]);
