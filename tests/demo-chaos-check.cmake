@@ -20,24 +20,10 @@ execute_process(
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "kvcr demo --chaos exited with ${rc}; its report:\n${out}")
 endif()
-# The report is the last line: UCX prints its own errors on stdout (e.g. a
-# shared-memory lane to a killed peer), before it.
-string(STRIP "${out}" out)
-string(REGEX REPLACE "^.*\n" "" report "${out}")
-message(STATUS "report: ${report}")
-
-# expect(<EQ|GE> <json path...> VALUE): the member is a number equal to, or
-# at least, VALUE.
-function(expect op)
-  list(POP_BACK ARGN want)
-  string(JSON v ERROR_VARIABLE err GET "${report}" ${ARGN})
-  if(err)
-    message(FATAL_ERROR "the report has no ${ARGN}: ${err}")
-  endif()
-  if((op STREQUAL "EQ" AND NOT v EQUAL want) OR (op STREQUAL "GE" AND v LESS want))
-    message(FATAL_ERROR "${ARGN} is ${v}, expected ${op} ${want}")
-  endif()
-endfunction()
+# UCX prints its own errors on stdout (e.g. a shared-memory lane to a killed
+# peer), before the report.
+include(${CMAKE_CURRENT_LIST_DIR}/demo-report.cmake)
+demo_report("${out}")
 
 expect(EQ wrong_bytes 0)
 expect(EQ leaks 0)

@@ -22,22 +22,8 @@ endif()
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "kvcr demo --hosts 3 exited with ${rc}; its report:\n${out}\n${err}")
 endif()
-# The report is the last line: UCX prints its own errors on stdout, before it.
-string(STRIP "${out}" out)
-string(REGEX REPLACE "^.*\n" "" report "${out}")
-message(STATUS "report: ${report}")
-
-# expect(<EQ|GE> <json member> VALUE): the member is a number equal to, or
-# at least, VALUE.
-function(expect op name want)
-  string(JSON v ERROR_VARIABLE e GET "${report}" ${name})
-  if(e)
-    message(FATAL_ERROR "the report has no ${name}: ${e}")
-  endif()
-  if((op STREQUAL "EQ" AND NOT v EQUAL want) OR (op STREQUAL "GE" AND v LESS want))
-    message(FATAL_ERROR "${name} is ${v}, expected ${op} ${want}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/demo-report.cmake)
+demo_report("${out}")
 
 expect(EQ hosts 3)
 expect(EQ engines 2)
