@@ -1,9 +1,14 @@
 # What the demo's check scripts share (demo-chaos-check.cmake,
 # demo-hosts-check.cmake), include()d by them.
 
-# demo_report(<the demo's stdout>): its report, the last line (UCX prints its
-# own errors on stdout, before it), into `report`.
-function(demo_report out)
+# demo_report(<command> <exit status> <stdout> [<stderr>]): fails unless the
+# command exited 0; its report, the last line of stdout (UCX prints its own
+# errors on stdout, e.g. a shared-memory lane to a killed peer, before it),
+# into `report`.
+function(demo_report what rc out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} exited with ${rc}; its output:\n${out}\n${ARGN}")
+  endif()
   string(STRIP "${out}" r)
   string(REGEX REPLACE "^.*\n" "" r "${r}")
   message(STATUS "report: ${r}")
