@@ -293,11 +293,15 @@ static void test_promtool_accepts_every_family(void **state)
     telemetry_count(t, "remote_pull", 3, 3 * 4096);
     telemetry_refusal(t, "hint_bytes");
     telemetry_refusal(t, "source_writes_per_peer");
+    telemetry_control_drop(t, "malformed");
+    telemetry_control_drop(t, "handshake");
     kvcr_gauge g[] = {{"local_g2_free_slots", 10}, {"in_flight_ops", 0}, {"g3_total_slots", 64}};
     kvcr_stats *s = take(t, g, 3);
     char *text = render(s);
     assert_non_null(strstr(text, "# TYPE kvcr_limit_refusals_total counter\n"
                                  "kvcr_limit_refusals_total{limit=\"hint_bytes\"} 1\n"));
+    assert_non_null(strstr(text, "# TYPE kvcr_control_dropped_total counter\n"
+                                 "kvcr_control_dropped_total{cause=\"malformed\"} 1\n"));
     assert_promtool_clean(text);
     kvcr_prometheus_free(text);
     kvcr_stats_free(s);
