@@ -1,11 +1,12 @@
 /* kvcr demo: one engine process. Its "GPU KV buffer" is host memory
  * (DEMO_MAX_BLOCKS blocks, registered as framework memory); its KVCR
  * instance owns `slots` blocks of DRAM and, unless --local-only, runs the
- * peer tier on 127.0.0.1 (--hosts: on its rig host's address). For each request the router forwards it asks KVCR
- * where every block is, delivers what KVCR has (its own DRAM, or a peer's
- * through the router's hint), verifies every delivered byte, "recomputes"
- * the rest at a modelled cost, and deposits what it computed or pulled so
- * that other engines can pull it from here.
+ * peer tier on 127.0.0.1 (--hosts: on its rig host's address). For each
+ * request the router forwards it asks KVCR where every block is, delivers
+ * what KVCR has (its own DRAM, or a peer's through the router's hint),
+ * verifies every delivered byte, "recomputes" the rest at a modelled cost,
+ * and deposits what it computed or pulled so that other engines can pull
+ * it from here.
  *
  * With --chaos its KVCR DRAM is a pool group of the driver's KVCR service
  * (guard mode: group = engine number) and its evictions spill to its own
