@@ -13,13 +13,7 @@ double tool_svc_metric(const char *sock, const char *name)
 {
     char *text = NULL;
     if (svc_fetch_metrics(sock, &text) != 0) return -1;
-    double v = -1;
-    size_t len = strlen(name);
-    for (char *line = text; line && *line;) {
-        if (strncmp(line, name, len) == 0 && line[len] == ' ') v = atof(line + len + 1);
-        char *nl = strchr(line, '\n');
-        line = nl ? nl + 1 : NULL;
-    }
+    double v = tool_metric(text, name);
     free(text);
     return v;
 }

@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -69,4 +71,16 @@ int tool_key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
     }
     *hash = x;
     return 0;
+}
+
+double tool_metric(const char *text, const char *name)
+{
+    double v = -1;
+    size_t len = strlen(name);
+    for (const char *line = text; line && *line;) {
+        if (strncmp(line, name, len) == 0 && line[len] == ' ') v = atof(line + len + 1);
+        const char *nl = strchr(line, '\n');
+        line = nl ? nl + 1 : NULL;
+    }
+    return v;
 }

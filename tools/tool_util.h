@@ -33,6 +33,10 @@ int tool_key_hash(void *ud, const kvcr_key *key, uint64_t *hash);
  * on 127.0.0.1 (any port), keys by tool_key_hash. */
 void tool_remote_peer(kvcr_config *cfg);
 
+/* A sample in a Prometheus text, by its full name with labels: its value,
+ * or -1 when it is absent. */
+double tool_metric(const char *text, const char *name);
+
 /* A sample of the service at sock, by its full name with labels: its value,
  * or -1 when it is absent or the service does not answer. */
 double tool_svc_metric(const char *sock, const char *name);

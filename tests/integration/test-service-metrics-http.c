@@ -26,12 +26,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "promtool.h"
+#include "tool_util.h"
 
-#define WAIT_MS 10000
+#define WAIT_S 10.0
 #define IDLE_BOUND 16 /* the responder's connection bound (SVC_HTTP_MAX_CONNS) */
 
 typedef struct svc {
@@ -41,13 +41,6 @@ typedef struct svc {
 } svc;
 
 static svc g_svc;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* The whole output of a shell command (malloc'd); its exit status in *status. */
 static char *run(const char *cmd, int *status)
@@ -65,7 +58,8 @@ static char *run(const char *cmd, int *status)
     return out;
 }
 
-static char *kvcr_stats(void)
+/* What `kvcr stats --socket` prints (malloc'd); NULL when it fails. */
+static char *stats_text(void)
 {
     char cmd[256];
     snprintf(cmd, sizeof cmd, "'%s' stats --socket '%s'", KVCR_TOOL, g_svc.sock);
@@ -92,7 +86,7 @@ static char *read_file(const char *path)
 static int wait_port(void)
 {
     const char *mark = "metrics at http://127.0.0.1:";
-    for (double end = now_ms() + WAIT_MS; now_ms() < end; usleep(10000)) {
+    for (double end = tool_now() + WAIT_S; tool_now() < end; usleep(10000)) {
         char *log = read_file(g_svc.log);
         char *at = strstr(log, mark);
         int port = at ? atoi(at + strlen(mark)) : 0;
@@ -122,8 +116,8 @@ static int start_service(void **state)
         _exit(127);
     }
     g_svc.port = wait_port();
-    for (double end = now_ms() + WAIT_MS; g_svc.port > 0 && now_ms() < end; usleep(10000)) {
-        char *text = kvcr_stats();
+    for (double end = tool_now() + WAIT_S; g_svc.port > 0 && tool_now() < end; usleep(10000)) {
+        char *text = stats_text();
         free(text);
         if (text != NULL) return 0;
     }
@@ -159,14 +153,14 @@ static int dial(void)
     return fd;
 }
 
-/* Everything the server sends until it closes (bounded: fails after WAIT_MS). */
+/* Everything the server sends until it closes (bounded: fails after WAIT_S). */
 static char *read_to_close(int fd)
 {
     size_t cap = 1 << 16, len = 0;
     char *out = malloc(cap);
-    for (double end = now_ms() + WAIT_MS;;) {
+    for (double end = tool_now() + WAIT_S;;) {
         struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int left = (int)(end - now_ms());
+        int left = (int)((end - tool_now()) * 1e3);
         if (left <= 0 || poll(&pf, 1, left) <= 0) fail_msg("no close from the server in time");
         ssize_t n = recv(fd, out + len, cap - 1 - len, 0);
         if (n <= 0) break; /* closed (a reset after the answer counts as closed too) */
@@ -209,20 +203,11 @@ static const char *body_of(const char *reply)
     return b + 4;
 }
 
-/* A metric's value in the service's text (-1: absent). */
-static double metric(const char *text, const char *name)
-{
-    size_t n = strlen(name);
-    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-        if (strncmp(l, name, n) == 0 && l[n] == ' ') return atof(l + n + 1);
-    return -1;
-}
-
 static double service_metric(const char *name)
 {
-    char *text = kvcr_stats();
+    char *text = stats_text();
     assert_non_null(text);
-    double v = metric(text, name);
+    double v = tool_metric(text, name);
     free(text);
     return v;
 }
@@ -234,14 +219,14 @@ static double service_metric(const char *name)
 static void test_kvcr_stats_text_passes_promtool(void **state)
 {
     (void)state;
-    char *text = kvcr_stats();
+    char *text = stats_text();
     assert_non_null(text);
     assert_non_null(strstr(text, "# TYPE kvcr_guard_claims_total counter\n"
                                  "kvcr_guard_claims_total{guard=\"0\"} 0\n"
                                  "kvcr_guard_claims_total{guard=\"1\"} 0\n"));
-    assert_true(metric(text, "kvcr_guard_phase{guard=\"1\",phase=\"idle\"}") == 1);
-    assert_true(metric(text, "kvcr_service_guards") == 2);
-    assert_true(metric(text, "kvcr_service_http_requests_total{code=\"200\"}") == 0);
+    assert_true(tool_metric(text, "kvcr_guard_phase{guard=\"1\",phase=\"idle\"}") == 1);
+    assert_true(tool_metric(text, "kvcr_service_guards") == 2);
+    assert_true(tool_metric(text, "kvcr_service_http_requests_total{code=\"200\"}") == 0);
     assert_promtool_clean(text);
     free(text);
 }
@@ -257,8 +242,8 @@ static void test_get_metrics(void **state)
     char want[64];
     snprintf(want, sizeof want, "\r\nContent-Length: %zu\r\n", strlen(body));
     assert_non_null(strstr(reply, want));
-    assert_true(metric(body, "kvcr_service_up") == 1);
-    assert_true(metric(body, "kvcr_guard_pool_bytes{guard=\"0\"}") > 0);
+    assert_true(tool_metric(body, "kvcr_service_up") == 1);
+    assert_true(tool_metric(body, "kvcr_guard_pool_bytes{guard=\"0\"}") > 0);
     assert_promtool_clean(body);
     free(reply);
 
@@ -389,9 +374,9 @@ static void test_a_slow_request_times_out(void **state)
     close(slow);
 
     /* Every status has been answered by now: the counts pass promtool too. */
-    char *text = kvcr_stats();
+    char *text = stats_text();
     assert_non_null(text);
-    assert_true(metric(text, "kvcr_service_http_requests_total{code=\"408\"}") == 1);
+    assert_true(tool_metric(text, "kvcr_service_http_requests_total{code=\"408\"}") == 1);
     assert_promtool_clean(text);
     free(text);
 }
