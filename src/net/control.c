@@ -43,6 +43,14 @@
 
 #define CTL_MAX_PEERS 256 /* two fds each; beyond, the least recently used is closed */
 #define CTL_SNDHWM 1000   /* messages queued for one peer before sends fail */
+/* A peer connection whose bytes stay unacknowledged this long is dropped
+ * and made anew (ZMQ_TCP_MAXRT: TCP_USER_TIMEOUT), and an attempt to make
+ * one is given up and retried after CTL_CONNECT_MS: otherwise, after a
+ * partition or a link down, the kernel's retransmission backoff holds every
+ * later message behind the lost ones for seconds past the outage (3 s after
+ * one of 10 s), and a SYN sent during the outage waits as long. */
+#define CTL_MAXRT_MS 1000
+#define CTL_CONNECT_MS 500
 #define TCP "tcp://"
 /* The longest host that leaves room for "tcp://" and ":65535". */
 #define CTL_MAX_HOST (CTL_MAX_ENDPOINT - (sizeof TCP - 1) - 6)
@@ -268,7 +276,8 @@ static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
     endpoint_address(endpoint, addr, sizeof addr);
     if (set_int(s, ZMQ_LINGER, 0) != 0 || set_int(s, ZMQ_SNDHWM, CTL_SNDHWM) != 0 ||
         set_int(s, ZMQ_IMMEDIATE, 0) != 0 || set_int(s, ZMQ_RECONNECT_IVL, 10) != 0 ||
-        set_int(s, ZMQ_RECONNECT_IVL_MAX, 1000) != 0 || set_client_keys(c, s, endpoint) != 0 ||
+        set_int(s, ZMQ_RECONNECT_IVL_MAX, 1000) != 0 || set_int(s, ZMQ_TCP_MAXRT, CTL_MAXRT_MS) != 0 ||
+        set_int(s, ZMQ_CONNECT_TIMEOUT, CTL_CONNECT_MS) != 0 || set_client_keys(c, s, endpoint) != 0 ||
         zmq_connect(s, addr) != 0) {
         rc = kvcr_fail(KVCR_ESYS, "cannot connect to control endpoint %s: %s", endpoint,
                        zmq_strerror(errno));
