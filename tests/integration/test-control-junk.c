@@ -264,13 +264,14 @@ static int raw_connection(uint16_t port, const void *bytes, size_t n)
 /* One message over max_control_message_bytes from a PUSH socket of its
  * own: libzmq drops the connection, reporting no handshake failure. The
  * socket is closed only once the instance hung up (its monitor says so),
- * so that it never leaves mid-handshake. */
+ * and never dials again, so that it never leaves mid-handshake. */
 static int oversize_message(const char *endpoint)
 {
     static uint8_t big[MAX_MESSAGE + 4096];
     void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH), *mon = zmq_socket(ctx, ZMQ_PAIR);
-    int linger = 0, timeout = WAIT_MS / 2, err = 0;
+    int linger = 0, timeout = WAIT_MS / 2, never = -1, err = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &never, sizeof never);
     zmq_setsockopt(mon, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
     if (zmq_socket_monitor(s, "inproc://oversize", ZMQ_EVENT_DISCONNECTED) != 0 ||
         zmq_connect(mon, "inproc://oversize") != 0 || zmq_connect(s, endpoint) != 0 ||
