@@ -70,8 +70,13 @@ class MetricsService:
         while (m := re.search(r"metrics at (http://127\.0\.0\.1:\d+/metrics)",
                               self.log())) is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"no metrics listener (exit {self.proc.poll()}):\n"
-                                     f"{self.log()}")
+                log = self.log()
+                self.proc.kill()
+                self.proc.wait(timeout=START_SECONDS)
+                self._log.close()
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise AssertionError(f"{tool}: no metrics listener (exit {self.proc.returncode})"
+                                     f":\n{log}")
             time.sleep(0.02)
         self.url = m.group(1)
         self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
