@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,22 @@ static int wait_port(void)
     return 0;
 }
 
+/* SIGTERM: the service must exit 0 (it removes its pool files and socket);
+ * then the directory goes. */
+static int stop_service(void **state)
+{
+    (void)state;
+    int status = -1;
+    if (g_svc.pid > 0) {
+        kill(g_svc.pid, SIGTERM);
+        waitpid(g_svc.pid, &status, 0);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_svc.dir);
+    if (system(cmd) != 0) return -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
 static int start_service(void **state)
 {
     (void)state;
@@ -118,27 +135,15 @@ static int start_service(void **state)
     g_svc.port = wait_port();
     for (double end = tool_now() + WAIT_S; g_svc.port > 0 && tool_now() < end; usleep(10000)) {
         char *text = stats_text();
+        bool up = text != NULL;
         free(text);
-        if (text != NULL) return 0;
+        if (up) return 0;
     }
     char *log = read_file(g_svc.log);
     fprintf(stderr, "kvcr service did not come up:\n%s\n", log);
     free(log);
+    stop_service(state); /* cmocka runs no teardown after a failed set-up */
     return -1;
-}
-
-static int stop_service(void **state)
-{
-    (void)state;
-    int status = -1;
-    if (g_svc.pid > 0) {
-        kill(g_svc.pid, SIGTERM);
-        waitpid(g_svc.pid, &status, 0);
-    }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_svc.dir);
-    if (system(cmd) != 0) return -1;
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
 /* ---- a raw HTTP client ------------------------------------------------------------------ */
