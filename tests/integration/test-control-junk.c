@@ -40,6 +40,9 @@
 #define FRAMED_CAP 20000     /* messages per PUSH socket, spread over JUNK_MS */
 #define MAX_MESSAGE 65536    /* the instance's max_control_message_bytes */
 #define WAIT_MS 20000        /* for the instance to count what was sent */
+/* Between two messages of the CURVE peer: dozens a second, a few hundred
+ * in all (a sanitizer build decrypts slowly). */
+#define CURVE_PACE_MS 20
 
 enum { HANDSHAKE, AUTH, MALFORMED, UNKNOWN_TYPE, BAD_SENDER, UNEXPECTED, UNUSABLE, N_CAUSES };
 static const char *const cause_names[N_CAUSES] = {
@@ -202,12 +205,14 @@ static void *framed_main(void *arg)
 {
     framed *f = arg;
     void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH);
-    int linger = WAIT_MS / 2, timeout = 5000;
+    int linger = WAIT_MS / 2, timeout = WAIT_MS / 2;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
     if (zmq_connect(s, f->endpoint) != 0) f->failed = errno;
     mp m;
-    for (uint64_t i = 0; !f->failed && i < FRAMED_CAP && now_ms() < f->deadline_ms; i++) {
+    /* One round of every kind at least, however slow the machine. */
+    for (uint64_t i = 0; !f->failed && (i < 8 || (i < FRAMED_CAP && now_ms() < f->deadline_ms));
+         i++) {
         /* Paced: message i not before its share of the time. */
         while (now_ms() < f->start_ms + i * JUNK_MS / FRAMED_CAP) usleep(1000);
         int cause = framed_message(f, i, &m);
@@ -248,7 +253,7 @@ static int raw_connection(uint16_t port, const void *bytes, size_t n)
     int fd = socket(AF_INET, SOCK_STREAM, 0), err = 0;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {5, 0};
+    struct timeval tv = {WAIT_MS / 2000, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
         send(fd, bytes, n, MSG_NOSIGNAL) != (ssize_t)n || shutdown(fd, SHUT_WR) != 0)
@@ -294,13 +299,14 @@ static void *raw_main(void *arg)
     static const uint8_t cut[] = {0xff, 0, 0, 0, 0};
     uint8_t greeting[64];
     size_t n_greeting = bad_mechanism(greeting);
-    for (uint64_t i = 0; !r->failed && now_ms() < r->deadline_ms; i++) {
+    /* One round of every kind at least, however slow the machine. */
+    for (uint64_t i = 0; !r->failed && (i < 8 || now_ms() < r->deadline_ms); i++) {
         switch (i % 8) {
-        case 0: r->failed = oversize_message(r->endpoint), r->oversize++; break;
-        case 1:
-        case 2: r->failed = raw_connection(r->port, http, sizeof http - 1), r->handshakes++; break;
-        case 3:
-        case 4: r->failed = raw_connection(r->port, cut, sizeof cut), r->handshakes++; break;
+        case 0:
+        case 1: r->failed = raw_connection(r->port, http, sizeof http - 1), r->handshakes++; break;
+        case 2:
+        case 3: r->failed = raw_connection(r->port, cut, sizeof cut), r->handshakes++; break;
+        case 7: r->failed = oversize_message(r->endpoint), r->oversize++; break;
         default:
             r->failed = raw_connection(r->port, greeting, n_greeting), r->handshakes++;
             break;
@@ -446,8 +452,9 @@ static void test_junk_is_counted_by_cause_and_logged_once_a_second(void **state)
         want[HANDSHAKE] += w[i].handshakes;
         oversize += w[i].oversize;
     }
-    assert_true(want[HANDSHAKE] > 0 && want[MALFORMED] > 0 && want[UNKNOWN_TYPE] > 0 &&
-                want[UNEXPECTED] > 0 && want[UNUSABLE] > 0 && oversize > 0);
+    for (int c = 0; c < N_CAUSES; c++)
+        if (c != AUTH && c != BAD_SENDER && want[c] == 0) fail_msg("no %s junk sent", cause_names[c]);
+    assert_true(oversize > 0);
 
     /* Everything sent arrives (PUSH sockets lose nothing while connected,
      * and each raw connection ended before the next began). */
@@ -533,7 +540,7 @@ static void test_curve_junk_is_counted_by_cause(void **state)
         want[cause]++;
         zmq_send(stranger, m.b, m.n, ZMQ_DONTWAIT); /* never delivered */
         zmq_send(plain, m.b, m.n, ZMQ_DONTWAIT);
-        usleep(1000);
+        usleep(CURVE_PACE_MS * 1000);
     }
     zmq_close(stranger);
     zmq_close(plain);
