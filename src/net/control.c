@@ -276,9 +276,10 @@ static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
     endpoint_address(endpoint, addr, sizeof addr);
     if (set_int(s, ZMQ_LINGER, 0) != 0 || set_int(s, ZMQ_SNDHWM, CTL_SNDHWM) != 0 ||
         set_int(s, ZMQ_IMMEDIATE, 0) != 0 || set_int(s, ZMQ_RECONNECT_IVL, 10) != 0 ||
-        set_int(s, ZMQ_RECONNECT_IVL_MAX, 1000) != 0 || set_int(s, ZMQ_TCP_MAXRT, CTL_MAXRT_MS) != 0 ||
-        set_int(s, ZMQ_CONNECT_TIMEOUT, CTL_CONNECT_MS) != 0 || set_client_keys(c, s, endpoint) != 0 ||
-        zmq_connect(s, addr) != 0) {
+        set_int(s, ZMQ_RECONNECT_IVL_MAX, 1000) != 0 ||
+        set_int(s, ZMQ_TCP_MAXRT, CTL_MAXRT_MS) != 0 ||
+        set_int(s, ZMQ_CONNECT_TIMEOUT, CTL_CONNECT_MS) != 0 ||
+        set_client_keys(c, s, endpoint) != 0 || zmq_connect(s, addr) != 0) {
         rc = kvcr_fail(KVCR_ESYS, "cannot connect to control endpoint %s: %s", endpoint,
                        zmq_strerror(errno));
         zmq_close(s);

@@ -342,7 +342,7 @@ static void on_metadata_ack(remote *r, const wire_msg *m)
     if (p && !p->has_inc) p->has_inc = true, memcpy(p->inc, peer->inc, sizeof p->inc);
 }
 
-void target_on_message(remote *r, const wire_msg *m)
+static void on_message(remote *r, const wire_msg *m)
 {
     if (m->type == WIRE_METADATA_ACK) {
         on_metadata_ack(r, m);
@@ -359,6 +359,31 @@ void target_on_message(remote *r, const wire_msg *m)
     case WIRE_WRITE_PROBE_ACK: on_probe_ack(r, p, m); break;
     default: r->dropped_messages++; break;
     }
+}
+
+/* A message from a source shows it reachable again: its pulls still
+ * waiting for terminal evidence whose probes have backed off probe again at
+ * the next turn, from the first interval. A probe lost with a connection
+ * dropped during an outage (control.c's CTL_MAXRT_MS) would otherwise be
+ * repeated only after its backed-off interval, seconds after the source is
+ * back, keeping a fetch's slots quarantined that long. At most one such
+ * probe per pull each REPROBE_FIRST_MS. */
+static void reprobe_on_contact(remote *r, const wire_msg *m)
+{
+    for (pull *p = r->pulls; p; p = p->next) {
+        bool waiting = p->state == PULL_WAIT_TERMINAL || p->state == PULL_QUARANTINED;
+        if (waiting && p->reprobe_ms > REPROBE_FIRST_MS && strlen(p->source) == m->from.len &&
+            memcmp(p->source, m->from.data, m->from.len) == 0) {
+            p->reprobe_ms = 0;
+            p->probe_due = true;
+        }
+    }
+}
+
+void target_on_message(remote *r, const wire_msg *m)
+{
+    on_message(r, m);
+    reprobe_on_contact(r, m);
 }
 
 static void next_at(uint64_t *next_ns, uint64_t t)
