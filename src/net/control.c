@@ -51,6 +51,10 @@
  * one of 10 s), and a SYN sent during the outage waits as long. */
 #define CTL_MAXRT_MS 1000
 #define CTL_CONNECT_MS 500
+/* The longest pause between attempts: with CTL_CONNECT_MS, a peer that
+ * comes back is tried within 0.75 s (1.5 s with a 1 s pause: most of the
+ * 2 s in which pulls must work again after an outage). */
+#define CTL_RECONNECT_MAX_MS 250
 #define TCP "tcp://"
 /* The longest host that leaves room for "tcp://" and ":65535". */
 #define CTL_MAX_HOST (CTL_MAX_ENDPOINT - (sizeof TCP - 1) - 6)
@@ -261,10 +265,11 @@ static int set_client_keys(const ctl_channel *c, void *s, const char *endpoint)
  * and key are checked against the allow-list here, once: a socket in the
  * table was admitted when it was made). ZMQ_IMMEDIATE off: messages queue
  * while the connection is being made, up to SNDHWM.
- * Reconnects start after 10 ms, backing off to 1 s: with ZeroMQ's default
- * (100 ms, plus as much again at random) a peer whose process was replaced
- * at the same endpoint (a restart, a Guard taking over) heard nothing for
- * 100-200 ms, which was nearly all of the failover time. */
+ * Reconnects start after 10 ms, backing off to CTL_RECONNECT_MAX_MS: with
+ * ZeroMQ's default (100 ms, plus as much again at random) a peer whose
+ * process was replaced at the same endpoint (a restart, a Guard taking
+ * over) heard nothing for 100-200 ms, which was nearly all of the failover
+ * time. */
 static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
 {
     int rc = peer_allowed(c, endpoint);
@@ -276,7 +281,7 @@ static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
     endpoint_address(endpoint, addr, sizeof addr);
     if (set_int(s, ZMQ_LINGER, 0) != 0 || set_int(s, ZMQ_SNDHWM, CTL_SNDHWM) != 0 ||
         set_int(s, ZMQ_IMMEDIATE, 0) != 0 || set_int(s, ZMQ_RECONNECT_IVL, 10) != 0 ||
-        set_int(s, ZMQ_RECONNECT_IVL_MAX, 1000) != 0 ||
+        set_int(s, ZMQ_RECONNECT_IVL_MAX, CTL_RECONNECT_MAX_MS) != 0 ||
         set_int(s, ZMQ_TCP_MAXRT, CTL_MAXRT_MS) != 0 ||
         set_int(s, ZMQ_CONNECT_TIMEOUT, CTL_CONNECT_MS) != 0 ||
         set_client_keys(c, s, endpoint) != 0 || zmq_connect(s, addr) != 0) {
