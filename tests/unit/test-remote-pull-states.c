@@ -527,6 +527,45 @@ static void test_a_probe_that_cannot_be_sent_is_sent_at_the_next_turn(void **sta
     assert_false(net.msgs[tried].has_expected_inc); /* it never learned the source's */
 }
 
+/* A source that speaks again (an outage ended) makes a pull whose probes
+ * backed off probe at the next turn instead of seconds later; a second
+ * message right after asks for nothing more. */
+static void test_news_from_a_quiet_source_makes_its_backed_off_probe_come_at_once(void **state)
+{
+    remote *r = *state;
+    pull *p = start_pull(r, false);
+    learn_incarnation(r, p, INC_A);
+    uint64_t next = T0 + OP_TIMEOUT_MS * MS;
+    while (net.n < 6) { /* start_write, then probes 0.5, 1, 1.5 and 4 s apart */
+        clock_ns = next;
+        next = UINT64_MAX;
+        target_timers(r, clock_ns, &next);
+    }
+    assert_int_equal(p->state, PULL_QUARANTINED);
+    assert_true(next - clock_ns >= 4000 * MS); /* the next probe is seconds away */
+    size_t probes = net.n;
+
+    clock_ns += 10 * MS;
+    wire_msg ack = from(SOURCE, WIRE_METADATA_ACK, 0, INC_A);
+    target_on_message(r, &ack);
+    next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(net.n, probes + 1);
+    assert_int_equal(net.msgs[probes].type, WIRE_WRITE_PROBE);
+    assert_int_equal(net.msgs[probes].at_ns, clock_ns);
+
+    clock_ns += 10 * MS;
+    target_on_message(r, &ack);
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(net.n, probes + 1);
+
+    /* A message from another endpoint changes nothing. */
+    wire_msg other = from(OTHER, WIRE_METADATA_ACK, 0, INC_A);
+    target_on_message(r, &other);
+    target_timers(r, clock_ns + MS, &next);
+    assert_int_equal(net.n, probes + 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -542,6 +581,9 @@ int main(void)
             test_abandon_reports_uncertain_and_reprobes_until_death_is_proven, setup, teardown),
         cmocka_unit_test_setup_teardown(test_news_from_another_incarnation_or_endpoint_is_dropped,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_news_from_a_quiet_source_makes_its_backed_off_probe_come_at_once, setup,
+            teardown),
         cmocka_unit_test_setup_teardown(test_a_probe_that_cannot_be_sent_is_sent_at_the_next_turn,
                                         setup, teardown),
     };
