@@ -390,12 +390,8 @@ KVCR_API int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
     }
     /* Three passes over a chunk — table slots, then records, then the
      * lookups — so the cache misses of its keys overlap. */
-    lower_reads *lr = malloc(sizeof *lr);
-    if (lr == NULL) {
-        instance_unlock(kv);
-        return kvcr_fail(KVCR_ENOMEM, "out of memory");
-    }
-    lower_reads_begin(kv, lr, request_id, 0, false, 0, 0);
+    lower_reads lr;
+    lower_reads_begin(kv, &lr, request_id, 0, false, 0, 0);
     uint64_t hash[QUERY_CHUNK];
     for (size_t base = 0; base < n; base += QUERY_CHUNK) {
         size_t m = n - base < QUERY_CHUNK ? n - base : QUERY_CHUNK;
@@ -404,11 +400,10 @@ KVCR_API int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
             index_prefetch_slot(&kv->index, hash[i]);
         }
         for (size_t i = 0; i < m; i++) index_prefetch_record(&kv->index, hash[i]);
-        for (size_t i = 0; i < m; i++) out[base + i] = query_one(kv, &keys[base + i], hash[i], lr);
+        for (size_t i = 0; i < m; i++) out[base + i] = query_one(kv, &keys[base + i], hash[i], &lr);
     }
-    lower_reads_end(kv, lr);
+    lower_reads_end(kv, &lr);
     instance_unlock(kv);
-    free(lr);
     return 0;
 }
 

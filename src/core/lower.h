@@ -7,12 +7,13 @@
 
 #include "core/instance.h"
 
-/* An operation's (or a query's) open batch with every tier, and room for
- * one entry's destination segments. */
+/* An operation's (or a query's) open batch with every tier. */
 typedef struct lower_reads {
     tier_batch *batch[KVCR_MAX_TIERS];
-    tier_dst dst[255];
 } lower_reads;
+
+/* The most segments a block's layout has (an entry's destinations). */
+#define LOWER_MAX_SEGMENTS 255
 
 /* Locked. Opens a batch with every tier for this request. */
 void lower_reads_begin(kvcr_t *kv, lower_reads *lr, const char *request_id, kvcr_op_handle op,

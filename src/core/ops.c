@@ -613,7 +613,7 @@ static void deliver_below(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, lower_
         entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_LAYOUT_MISMATCH);
         return;
     }
-    tier_dst *dst = tr->dst;
+    tier_dst dst[LOWER_MAX_SEGMENTS];
     deliver_dsts(kv, o, e, blk, dst);
     tier_read rd = {ops_entry_token(o, i), id, entry_key(o, e), e->key_len, false, e->n_segs, dst,
                     blk->refs};
@@ -722,7 +722,7 @@ static void fetch_below(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, lower_re
     fill *f = fetch_external(kv, o, i, id, ts->ops->id);
     if (id != BLOCK_NONE) index_get(&kv->index, id)->flags &= (uint8_t)~BF_PROTECTED;
     if (f == NULL) return;
-    tier_dst *dst = tr->dst;
+    tier_dst dst[LOWER_MAX_SEGMENTS];
     for (uint32_t j = 0; j < e->n_segs; j++) host_block_segment(kv, f->block, j, &dst[j]);
     tier_read rd = {ops_fill_token(f), f->block, entry_key(o, e), e->key_len, true, e->n_segs,
                     dst, NULL};
