@@ -173,16 +173,17 @@ static int f_evict(void *ud, const kvcr_block_meta *m, kvcr_tier s, kvcr_placeme
     return f->fail_evict ? -1 : 0;
 }
 
+static const kvcr_policy_ops flaky_ops = {.version = KVCR_POLICY_VERSION, .name = "flaky",
+                                          .decide_ingest = f_ingest, .eviction_score = f_score,
+                                          .decide_eviction = f_evict};
+
 static void test_failing_policy_hooks_are_contained(void **state)
 {
     (void)state;
-    static const kvcr_policy_ops ops = {.version = KVCR_POLICY_VERSION, .name = "flaky",
-                                        .decide_ingest = f_ingest, .eviction_score = f_score,
-                                        .decide_eviction = f_evict};
     flaky f = {0};
     rig r;
     rig_init(&r, BS, 8, 1);
-    r.cfg.policy = &ops;
+    r.cfg.policy = &flaky_ops;
     r.cfg.policy_ud = &f;
     rig_start(&r);
     f.kv = r.kv;
@@ -229,26 +230,28 @@ static void reentrant_log(void *ud, kvcr_log_level level, const char *msg)
     if (strstr(msg, "log line(s) dropped")) l->dropped_notes++;
 }
 
+/* A started rig of fw_count framework blocks whose policy is f and whose
+ * only callback is the reentrant log sink l (counting from now on). */
+static void start_relog(rig *r, relog *l, flaky *f, size_t fw_count)
+{
+    rig_init(r, BS, fw_count, 8);
+    *l = (relog){.r = r};
+    r->cfg.policy = &flaky_ops;
+    r->cfg.policy_ud = f;
+    r->cfg.callbacks = (kvcr_callbacks){.ud = l, .log = reentrant_log};
+    rig_start(r);
+    l->lines = l->reentry_failures = 0; /* the start-up lines came before r->kv was set */
+}
+
 static void test_log_lines_written_under_the_lock_arrive_after_it_is_released(void **state)
 {
     (void)state;
-    static const kvcr_policy_ops ops = {.version = KVCR_POLICY_VERSION, .name = "flaky",
-                                        .decide_ingest = f_ingest, .eviction_score = f_score,
-                                        .decide_eviction = f_evict};
     flaky f = {.fail_ingest = 1};
     rig r;
-    rig_init(&r, BS, 8, 8);
-    relog l = {.r = &r};
-    r.cfg.policy = &ops;
-    r.cfg.policy_ud = &f;
-    r.cfg.callbacks.log = reentrant_log;
-    r.cfg.callbacks.ud = &l;
-    r.cfg.callbacks.inventory = NULL;
-    r.cfg.callbacks.capacity_needed = NULL;
-    rig_start(&r);
+    relog l;
+    start_relog(&r, &l, &f, 8);
     /* decide_ingest fails inside the deposit, with the lock held: the line
      * reaches the sink once the deposit let go of it. */
-    l.lines = l.reentry_failures = 0;
     assert_int_equal(rig_deposit1(&r, "a", 0, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     assert_true(l.lines >= 1);
     assert_non_null(strstr(l.first, "policy 'flaky' decide_ingest failed; admitting the block"));
@@ -259,21 +262,11 @@ static void test_log_lines_written_under_the_lock_arrive_after_it_is_released(vo
 static void test_a_flood_of_log_lines_under_the_lock_is_bounded_and_counted(void **state)
 {
     (void)state;
-    static const kvcr_policy_ops ops = {.version = KVCR_POLICY_VERSION, .name = "flaky",
-                                        .decide_ingest = f_ingest, .eviction_score = f_score,
-                                        .decide_eviction = f_evict};
     enum { N = 1100 }; /* one failing hook a block, all in one locked call */
     flaky f = {.fail_ingest = 1};
     rig r;
-    rig_init(&r, BS, N, 8);
-    relog l = {.r = &r};
-    r.cfg.policy = &ops;
-    r.cfg.policy_ud = &f;
-    r.cfg.callbacks.log = reentrant_log;
-    r.cfg.callbacks.ud = &l;
-    r.cfg.callbacks.inventory = NULL;
-    r.cfg.callbacks.capacity_needed = NULL;
-    rig_start(&r);
+    relog l;
+    start_relog(&r, &l, &f, N);
     static char names[N][8];
     const char *keys[N];
     size_t idx[N];
@@ -282,15 +275,13 @@ static void test_a_flood_of_log_lines_under_the_lock_is_bounded_and_counted(void
         keys[i] = names[i];
         idx[i] = i;
     }
-    l.lines = l.reentry_failures = 0;
-    kvcr_op_handle op = rig_deposit(&r, keys, idx, N, 0);
+    rig_deposit(&r, keys, idx, N, 0);
     /* Every line of the call was delivered before it returned: at most the
      * queue's bound of them, then one line counting the rest. */
     assert_int_equal(l.dropped_notes, 1);
     assert_true(l.lines > 1000 && l.lines <= 1025);
     assert_int_equal(l.reentry_failures, 0);
     rig_pump(&r);
-    (void)op;
     rig_stop(&r);
 }
 
