@@ -37,11 +37,6 @@ bool lower_takes_spills(const kvcr_t *kv, kvcr_tier target)
     return kv->spill_tier != NULL && kv->spill_tier->ops->id == target;
 }
 
-bool lower_spill(kvcr_t *kv, block_id id, kvcr_tier target)
-{
-    return lower_takes_spills(kv, target) && kv->spill_tier->ops->spill(kv->spill_tier->t, id);
-}
-
 void lower_stop(kvcr_t *kv)
 {
     for (uint32_t t = kv->n_tiers; t-- > 0;) /* the peers first: disk reads land meanwhile */

@@ -28,9 +28,6 @@ void lower_reads_end(kvcr_t *kv, lower_reads *lr);
  * keep this layout (or there is none), else KVCR_EINVAL naming the tier. */
 int lower_layout_check(const kvcr_t *kv, const uint32_t *pools, uint32_t n_segs);
 
-/* Locked. Spills a block the policy evicts to `target`; false when no tier
- * takes it or the tier could not. */
-bool lower_spill(kvcr_t *kv, block_id id, kvcr_tier target);
 /* Whether some tier takes spills to `target`. */
 bool lower_takes_spills(const kvcr_t *kv, kvcr_tier target);
 
