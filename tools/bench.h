@@ -63,6 +63,11 @@ _Noreturn void bench_fail(const char *fmt, ...) __attribute__((format(printf, 1,
  * false on anything else. */
 bool bench_options(int argc, char **argv, bench_out *o, bool *quick);
 
+/* The median round trip of a 64-byte message between two processes on
+ * loopback over raw ZeroMQ PUSH/PULL sockets (tools/bench_zmq.c), in
+ * seconds, over `rounds` rounds after a warm-up. */
+double bench_zmq_round_trip_s(int rounds);
+
 int bench_local(int argc, char **argv);
 int bench_peer(int argc, char **argv);
 int bench_g3(int argc, char **argv);

@@ -1481,5 +1481,13 @@ int bench_peer(int argc, char **argv)
 #ifdef KVCR_HAVE_HIREDIS
     redis_stop(rc);
 #endif
+    /* One 4 KiB block per deliver to a connected peer, on the default
+     * lanes, over a raw ZeroMQ round trip between two processes (medians). */
+    job one = {NULL, 4096, 1, 1, quick ? 20 : 1000};
+    double rtt = bench_zmq_round_trip_s(quick ? 50 : 2000), rtts = kvcr_pair(&one).median_s / rtt;
+    char g[64];
+    if (!o.json) fprintf(stderr, "  raw ZeroMQ round trip: %.0f us\n", rtt * 1e6);
+    bench_report(&o, &(bench_figure){.name = "peer_1block_zmq_rtts", .value = rtts, .unit = "rtt",
+                                     .goal = goal(g, sizeof g, quick, "<= 1.3", rtts <= 1.3)});
     return 0;
 }
