@@ -221,7 +221,8 @@ typedef struct kvcr_callbacks {
 
     /* The key adapter: a block key's router hash (the u64 that hints list).
      * Returns 0 with *hash set, non-zero when the key has none. Runs under
-     * the instance lock (like policy hooks). Without it no key is ever
+     * the instance lock (like policy hooks); with kv_events also without
+     * it, inside kvcr_poll and kvcr_deposit_ex. Without it no key is ever
      * REMOTE_G2. */
     int (*key_hash)(void *ud, const kvcr_key *key, uint64_t *hash);
 
@@ -243,9 +244,75 @@ typedef struct kvcr_callbacks {
     void (*resilience)(void *ud, const kvcr_resilience_event *event);
 } kvcr_callbacks;
 
+/* KV events (config version 2): KVCR's inventory published in the wire
+ * format KV-aware routers read (vLLM's ZeroMQ KV events: Dynamo, llm-d).
+ * Each batch is one message of exactly three frames: the topic, an 8-byte
+ * big-endian sequence number counting from 0, and the msgpack payload
+ * [timestamp float64, [events], dp_rank]. Events are BlockStored (a block
+ * became resident in KVCR DRAM, medium medium_dram, or in G3, medium
+ * medium_g3), BlockRemoved and AllBlocksCleared, as maps whose first key
+ * is "type" (legacy_positional: the older arrays, tag first). Block hashes
+ * are the key adapter's router hashes (callbacks.key_hash is required);
+ * a block deposited without token ids (kvcr_deposit, or kvcr_deposit_ex
+ * without them) is announced with its hashes only. Events are batched on
+ * the publisher's own thread every batch_interval_ms or at
+ * max_batch_events; a batch that finds max_queued_batches waiting, or a
+ * subscriber whose queue is full, is dropped and counted (gauges
+ * kv_events_dropped_batches), never waited for. The last buffer_batches
+ * batches are kept for replay: a ROUTER socket at replay_endpoint takes an
+ * 8-byte big-endian start sequence and answers every kept batch from there
+ * as [seq, payload], then [0xFFFFFFFFFFFFFFFF, empty]. An endpoint is
+ * bound when it holds "*", "::", "ipc://" or "inproc://", connected
+ * otherwise. Inventory reaches the publisher inside kvcr_poll(), as it
+ * reaches callbacks.inventory. */
+typedef struct kvcr_kv_events_options {
+    const char *endpoint;        /* ZeroMQ PUB endpoint; NULL: no events */
+    const char *replay_endpoint; /* ZeroMQ ROUTER endpoint for replay; NULL: none */
+    const char *topic;           /* first frame, e.g. "kv@<pod>@<model>"; default "" */
+    uint32_t dp_rank;            /* the payload's data-parallel rank; default 0 */
+    uint32_t buffer_batches;     /* batches kept for replay; default 10000, 1..1048576 */
+    uint32_t max_batch_events;   /* events per batch; default 256, 1..65536 */
+    uint32_t batch_interval_ms;  /* longest wait of an event; default 10, 1..10000 */
+    uint32_t max_queued_batches; /* batches waiting for the thread; default 1024, 1..1048576 */
+    bool legacy_positional;      /* the older array form of events; default false */
+    const char *medium_dram;     /* default "CPU" */
+    const char *medium_g3;       /* default "STORAGE" */
+} kvcr_kv_events_options;
+
+#define KVCR_KV_EVENTS_MAX_NAME 256 /* bytes of an endpoint, topic or medium */
+
+/* Tenants (config version 2): named shares of KVCR DRAM and G3, counted
+ * in slots. A block belongs to at most one tenant, given by the call that
+ * first makes it resident (the "tenant" member of a deposit's or fetch's
+ * hints, see kvcr/policy.h kvcr_hints); it keeps that tenant while any
+ * residency of it lives (a spill to G3 included). A quota is what the
+ * tenant keeps when a tier is full: with a policy that has
+ * KVCR_POLICY_TENANT_QUOTAS (the built-in "tenant_lru", "g3_tenant_lru")
+ * blocks of tenants over their quota are evicted first, so a tenant that
+ * floods the cache evicts its own blocks, not those of a tenant within its
+ * quota. Free slots are anyone's; blocks without a tenant count against a
+ * quota of 0. Rules: at most KVCR_MAX_TENANTS, names 1..KVCR_TENANT_NAME_MAX
+ * bytes of [A-Za-z0-9_.-], unique; the dram_slots of all tenants together
+ * at most the KVCR DRAM slots of local_dram (not checked in guard mode,
+ * where the service's pools are not known yet), the g3_slots at most
+ * G3's slots, and g3_slots 0 without G3. Per-tenant gauges:
+ * tenant_<name>_dram_slots, _dram_quota_slots, _g3_slots,
+ * _g3_quota_slots, _dram_evicted_blocks (and no_tenant_* for blocks
+ * without a tenant). Warm restarts (G3 files, guard mode) do not keep
+ * tenants: recovered blocks have none. */
+#define KVCR_MAX_TENANTS 64
+#define KVCR_TENANT_NAME_MAX 63
+
+typedef struct kvcr_tenant {
+    const char *name;
+    uint64_t dram_slots; /* KVCR DRAM slots (all pools together) it keeps */
+    uint64_t g3_slots;   /* G3 slots it keeps */
+} kvcr_tenant;
+
 /* The layout of kvcr_config (and of its parts) this header declares;
- * kvcr_config_init stores it in kvcr_config.version. */
-#define KVCR_CONFIG_VERSION 1
+ * kvcr_config_init stores it in kvcr_config.version. Version 2 appended
+ * kv_events, then tenants. */
+#define KVCR_CONFIG_VERSION 2
 
 typedef struct kvcr_config {
     uint32_t version;                       /* first, in every version: kvcr_config_init sets it */
@@ -276,6 +343,11 @@ typedef struct kvcr_config {
     void *policy_ud;
 
     kvcr_callbacks callbacks;
+
+    /* version 2 */
+    kvcr_kv_events_options kv_events;       /* default off */
+    const kvcr_tenant *tenants;             /* default none (copied at create) */
+    size_t n_tenants;
 } kvcr_config;
 
 /* Fills *cfg, in the layout of config version `version`, with that
@@ -343,6 +415,45 @@ int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_i
 int kvcr_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags,
                  kvcr_op_handle *op);
 
+/* What a router needs to know of a block besides its router hash, so
+ * that the KV events (kvcr_config.kv_events) announce it the way engines
+ * do: given at deposit, kept while KVCR holds the block (by its router
+ * hash, while a residency of it lives), announced in its BlockStored.
+ * Every field is optional. Without token ids a block is announced with
+ * its hashes only (llm-d then only updates where known blocks live;
+ * Dynamo, which computes its hashes from the tokens, drops it). Kept in
+ * memory only: a warm restart (G3 files) and the Guard announce blocks by
+ * their hashes alone. Ignored without kv_events. */
+#define KVCR_ROUTER_MAX_TOKENS 65536 /* tokens of one block */
+#define KVCR_ROUTER_MAX_EXTRA 64     /* extra keys of one block */
+
+typedef struct kvcr_router_block {
+    bool has_parent;               /* parent_hash is the previous block's router hash */
+    uint64_t parent_hash;
+    const uint32_t *token_ids;     /* the block's block_size_tokens tokens, or NULL */
+    uint32_t block_size_tokens;    /* tokens per block; 0: unknown (no token ids then) */
+    const char *lora_name;         /* NULL: none */
+    const char *const *extra_keys; /* n_extra_keys strings (multimodal hashes, cache salt) */
+    uint32_t n_extra_keys;         /* 0..KVCR_ROUTER_MAX_EXTRA */
+} kvcr_router_block;
+
+/* Options of kvcr_deposit_ex, a struct of its own version (fields are only
+ * appended, with a new version; see "ABI" above). */
+#define KVCR_DEPOSIT_OPTIONS_VERSION 1
+
+typedef struct kvcr_deposit_options {
+    uint32_t version;                 /* KVCR_DEPOSIT_OPTIONS_VERSION */
+    unsigned flags;                   /* KVCR_NO_EVICT */
+    const kvcr_router_block *router;  /* NULL, or one per block */
+} kvcr_deposit_options;
+
+/* kvcr_deposit with options: opts->flags as kvcr_deposit's flags, and per
+ * block what a router needs (kvcr_router_block; strings at most
+ * KVCR_KV_EVENTS_MAX_NAME - 1 bytes). A refused call starts nothing and
+ * keeps nothing. */
+int kvcr_deposit_ex(kvcr_t *kv, const kvcr_block *blocks, size_t n,
+                    const kvcr_deposit_options *opts, kvcr_op_handle *op);
+
 /* Copies cached blocks into framework destinations. */
 int kvcr_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *request_id,
                  kvcr_op_handle *op);
@@ -352,6 +463,23 @@ int kvcr_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *req
  * entry (NULL: the single pool ""). Duplicate keys are answered once. */
 int kvcr_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
                const char *const *expected_layout, size_t layout_len, kvcr_op_handle *op);
+
+/* What a fetch may say beyond its keys (config version 2). hints: the
+ * fetch's framework hints, a JSON object (see kvcr/policy.h kvcr_hints: the
+ * policy's decide_ingest_hints sees them for every fill the fetch starts,
+ * with the router hint kept for request_id; a "tenant" member names the
+ * tenant the filled blocks take when they have none). Checked before
+ * anything starts: strict JSON, an object, a tenant that is configured
+ * (KVCR_EINVAL), at most limits.max_hint_bytes (KVCR_ELIMIT). */
+typedef struct kvcr_fetch_options {
+    const char *hints; /* JSON text, NULL: none */
+    size_t hints_len;
+} kvcr_fetch_options;
+
+/* kvcr_fetch with options; opts NULL is kvcr_fetch. */
+int kvcr_fetch_ex(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
+                  const char *const *expected_layout, size_t layout_len,
+                  const kvcr_fetch_options *opts, kvcr_op_handle *op);
 
 /* Ends claims. released[i] tells whether handles[i] was a live claim. */
 int kvcr_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n, bool *released);

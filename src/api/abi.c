@@ -3,6 +3,7 @@
  * table's version check (api/abi.h). */
 #include "api/abi.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -16,7 +17,8 @@
  * field; a version that grows a part in place is not a prefix any more and
  * needs a conversion here instead (docs/ARCHITECTURE.md "ABI and SONAME"). */
 static const kvcr__config_layout config_layouts[] = {
-    {1, sizeof(kvcr_config)},
+    {1, offsetof(kvcr_config, kv_events)},
+    {2, sizeof(kvcr_config)},
 };
 #define N_CONFIG_LAYOUTS (sizeof config_layouts / sizeof config_layouts[0])
 _Static_assert(N_CONFIG_LAYOUTS == KVCR_CONFIG_VERSION,

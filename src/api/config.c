@@ -37,6 +37,15 @@ void kvcr__config_defaults(kvcr_config *cfg)
         .max_hinted_requests = 65536,
         .max_unpolled_operations = 65536,
     };
+    cfg->kv_events = (kvcr_kv_events_options){
+        .topic = "",
+        .buffer_batches = 10000,
+        .max_batch_events = 256,
+        .batch_interval_ms = 10,
+        .max_queued_batches = 1024,
+        .medium_dram = "CPU",
+        .medium_g3 = "STORAGE",
+    };
 }
 
 static bool name_ok(const char *s)
@@ -125,11 +134,16 @@ static int check_policy(const kvcr_config *cfg, const kvcr_policy_ops *p)
 {
     int rc = kvcr__policy_check(p); /* its version says which fields it has */
     if (rc != 0) return rc;
-    if (p->decide_ingest == NULL || p->eviction_score == NULL || p->decide_eviction == NULL)
+    bool ingest = p->decide_ingest != NULL || (p->version >= 2 && p->decide_ingest_hints);
+    if (!ingest || p->eviction_score == NULL || p->decide_eviction == NULL)
         return kvcr_fail(KVCR_EINVAL,
                          "policy '%s' must provide decide_ingest, eviction_score and "
-                         "decide_eviction",
+                         "decide_eviction (from version 2 decide_ingest_hints may stand for "
+                         "decide_ingest)",
                          p->name ? p->name : "?");
+    if (p->version >= 2 && (p->flags & ~KVCR_POLICY_TENANT_QUOTAS))
+        return kvcr_fail(KVCR_EINVAL, "policy '%s' has unknown flags %#x",
+                         p->name ? p->name : "?", p->flags & ~KVCR_POLICY_TENANT_QUOTAS);
     bool has_dram = cfg->local_dram != NULL && cfg->n_local_dram > 0;
     bool miss_dram = (p->required_tiers & KVCR_TIER_BIT(KVCR_TIER_LOCAL_G2)) && !has_dram;
     bool miss_g3 = (p->required_tiers & KVCR_TIER_BIT(KVCR_TIER_G3)) && cfg->g3.n_paths == 0;
@@ -250,6 +264,75 @@ static int check_remote(const kvcr_remote_options *r)
     return 0;
 }
 
+/* A KV-event string: NULL when optional, else shorter than the bound;
+ * an endpoint also names its transport. */
+static int check_kv_string(const char *s, const char *what, bool optional, bool endpoint)
+{
+    if (s == NULL)
+        return optional ? 0 : kvcr_fail(KVCR_EINVAL, "kv_events.%s must be a string", what);
+    if (strlen(s) >= KVCR_KV_EVENTS_MAX_NAME)
+        return kvcr_fail(KVCR_EINVAL, "kv_events.%s must be shorter than %d bytes", what,
+                         KVCR_KV_EVENTS_MAX_NAME);
+    if (endpoint && strstr(s, "://") == NULL)
+        return kvcr_fail(KVCR_EINVAL, "kv_events.%s must be a ZeroMQ endpoint "
+                         "(transport://address, e.g. tcp://*:5557), got '%s'", what, s);
+    if (!endpoint && !optional && s[0] == '\0')
+        return kvcr_fail(KVCR_EINVAL, "kv_events.%s must not be empty", what);
+    return 0;
+}
+
+/* The KV-event options; the ranges are checked even when no endpoint
+ * turns the publisher on. */
+static int check_kv_events(const kvcr_config *cfg)
+{
+    const kvcr_kv_events_options *k = &cfg->kv_events;
+    static const struct {
+        size_t off;
+        const char *name;
+        uint32_t lo, hi;
+    } rules[] = {
+        {offsetof(kvcr_kv_events_options, buffer_batches), "buffer_batches", 1, 1u << 20},
+        {offsetof(kvcr_kv_events_options, max_batch_events), "max_batch_events", 1, 65536},
+        {offsetof(kvcr_kv_events_options, batch_interval_ms), "batch_interval_ms", 1, 10000},
+        {offsetof(kvcr_kv_events_options, max_queued_batches), "max_queued_batches", 1, 1u << 20},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        uint32_t v;
+        memcpy(&v, (const char *)k + rules[i].off, sizeof v);
+        if (v < rules[i].lo || v > rules[i].hi)
+            return kvcr_fail(KVCR_EINVAL, "kv_events.%s must be between %u and %u (got %u)",
+                             rules[i].name, rules[i].lo, rules[i].hi, v);
+    }
+    int rc = check_kv_string(k->endpoint, "endpoint", true, true);
+    if (rc == 0) rc = check_kv_string(k->replay_endpoint, "replay_endpoint", true, true);
+    if (rc == 0) rc = check_kv_string(k->topic, "topic", true, false);
+    if (rc == 0) rc = check_kv_string(k->medium_dram, "medium_dram", false, false);
+    if (rc == 0) rc = check_kv_string(k->medium_g3, "medium_g3", false, false);
+    if (rc == 0 && k->endpoint == NULL && k->replay_endpoint != NULL)
+        rc = kvcr_fail(KVCR_EINVAL, "kv_events.replay_endpoint needs kv_events.endpoint");
+    if (rc == 0 && k->endpoint != NULL && cfg->callbacks.key_hash == NULL)
+        rc = kvcr_fail(KVCR_EINVAL, "kv_events.endpoint needs callbacks.key_hash: events "
+                       "name blocks by their router hash");
+    return rc;
+}
+
+static void copy_kv_events(const kvcr_config *cfg, kvcr_conf *out)
+{
+    const kvcr_kv_events_options *k = &cfg->kv_events;
+    out->kv_events = *k;
+    snprintf(out->kv_endpoint, sizeof out->kv_endpoint, "%s", k->endpoint ? k->endpoint : "");
+    snprintf(out->kv_replay, sizeof out->kv_replay, "%s",
+             k->replay_endpoint ? k->replay_endpoint : "");
+    snprintf(out->kv_topic, sizeof out->kv_topic, "%s", k->topic ? k->topic : "");
+    snprintf(out->kv_medium_dram, sizeof out->kv_medium_dram, "%s", k->medium_dram);
+    snprintf(out->kv_medium_g3, sizeof out->kv_medium_g3, "%s", k->medium_g3);
+    out->kv_events.endpoint = out->kv_endpoint;
+    out->kv_events.replay_endpoint = out->kv_replay;
+    out->kv_events.topic = out->kv_topic;
+    out->kv_events.medium_dram = out->kv_medium_dram;
+    out->kv_events.medium_g3 = out->kv_medium_g3;
+}
+
 static bool spans_overlap(uintptr_t a, size_t alen, uintptr_t b, size_t blen)
 {
     return a < b + blen && b < a + alen;
@@ -314,6 +397,97 @@ static int check_local_dram(const kvcr_config *cfg)
     return 0;
 }
 
+/* A tenant name: 1..KVCR_TENANT_NAME_MAX bytes of [A-Za-z0-9_.-] (it
+ * becomes part of a gauge's resource name). */
+static bool tenant_name_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > KVCR_TENANT_NAME_MAX) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '.' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+/* The quotas of all tenants together against the slots of a tier. */
+static int check_quota_sum(const kvcr_config *cfg, size_t field, const char *what,
+                           uint64_t slots)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        uint64_t q;
+        memcpy(&q, (const char *)&cfg->tenants[i] + field, sizeof q);
+        if (q > slots || sum > slots - q)
+            return kvcr_fail(KVCR_EINVAL,
+                             "tenants' %s quotas must add up to at most the %s slots (%llu): "
+                             "tenant '%s' brings them past it",
+                             what, what, (unsigned long long)slots, cfg->tenants[i].name);
+        sum += q;
+    }
+    return 0;
+}
+
+static int check_tenants(const kvcr_config *cfg)
+{
+    if (cfg->n_tenants == 0 && cfg->tenants == NULL) return 0;
+    if (cfg->n_tenants == 0 || cfg->tenants == NULL)
+        return kvcr_fail(KVCR_EINVAL, "tenants and n_tenants must be set together");
+    if (cfg->n_tenants > KVCR_MAX_TENANTS)
+        return kvcr_fail(KVCR_EINVAL, "at most %d tenants (got %zu)", KVCR_MAX_TENANTS,
+                         cfg->n_tenants);
+    const kvcr_tenant *t = cfg->tenants;
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        if (!tenant_name_ok(t[i].name))
+            return kvcr_fail(KVCR_EINVAL,
+                             "tenant %zu's name must be 1 to %d bytes of letters, digits, "
+                             "'_', '.' and '-'", i, KVCR_TENANT_NAME_MAX);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(t[i].name, t[j].name) == 0)
+                return kvcr_fail(KVCR_EINVAL, "tenant names must be unique ('%s' twice)",
+                                 t[i].name);
+        if (t[i].g3_slots > 0 && cfg->g3.n_paths == 0)
+            return kvcr_fail(KVCR_EINVAL, "tenant '%s' has a G3 quota but G3 is not configured",
+                             t[i].name);
+    }
+    uint64_t dram = 0;
+    for (size_t i = 0; i < cfg->n_local_dram; i++)
+        dram += cfg->local_dram[i].size /
+                cfg->pool_layouts[pool_by_name(cfg, cfg->local_dram[i].name)].block_size;
+    int rc = cfg->n_local_dram == 0
+                 ? 0 : check_quota_sum(cfg, offsetof(kvcr_tenant, dram_slots), "DRAM", dram);
+    if (rc == 0 && cfg->g3.n_paths > 0)
+        rc = check_quota_sum(cfg, offsetof(kvcr_tenant, g3_slots), "G3",
+                             cfg->g3.n_paths *
+                                 (cfg->g3.capacity_bytes_per_file / cfg->pool_layouts[0].block_size));
+    return rc;
+}
+
+static void copy_tenants(const kvcr_config *cfg, kvcr_conf *out)
+{
+    out->n_tenants = (uint32_t)cfg->n_tenants;
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        snprintf(out->tenant_names[i], sizeof out->tenant_names[i], "%s", cfg->tenants[i].name);
+        out->tenant_dram_quota[i] = cfg->tenants[i].dram_slots;
+        out->tenant_g3_quota[i] = cfg->tenants[i].g3_slots;
+    }
+}
+
+/* The pool a region label names: the pool itself (whole blocks), or
+ * "pool:part" (one part of each block; *part set). -1: neither. */
+static int region_pool(const kvcr_config *cfg, const char *label, bool *part)
+{
+    *part = false;
+    int p = pool_by_name(cfg, label);
+    size_t len = pieces_pool_len(label);
+    if (p >= 0 || label[len] != ':' || label[len + 1] == '\0' || strcmp(label + len, PART_ALL) == 0)
+        return p;
+    char pool[KVCR_NAME_MAX];
+    snprintf(pool, sizeof pool, "%.*s", (int)len, label);
+    *part = true;
+    return pool_by_name(cfg, pool);
+}
+
 static size_t region_span(const kvcr_region *r)
 {
     size_t stride = r->stride ? r->stride : r->element_size;
@@ -344,12 +518,58 @@ static int check_one_region(const kvcr_config *cfg, const kvcr_region *r)
         return kvcr_fail(KVCR_EINVAL, "framework region label must be a string shorter than %d "
                                       "bytes",
                          KVCR_NAME_MAX);
-    if (pool_by_name(cfg, r->label) < 0)
-        return kvcr_fail(KVCR_EINVAL, "framework region label '%s' must name a configured pool",
-                         r->label);
+    bool part;
+    if (region_pool(cfg, r->label, &part) < 0)
+        return strchr(r->label, ':')
+                   ? kvcr_fail(KVCR_EINVAL,
+                               "framework region label '%s' must name a configured pool, or "
+                               "one part of one as 'pool:part' (a part name, not '*')",
+                               r->label)
+                   : kvcr_fail(KVCR_EINVAL,
+                               "framework region label '%s' must name a configured pool",
+                               r->label);
     if (r->mem_type == KVCR_MEM_VRAM)
         return kvcr_fail(KVCR_ENOTSUP, "VRAM framework regions need a CUDA build of KVCR; this "
                                        "build copies host memory only");
+    return 0;
+}
+
+/* The parts of one pool agree: no whole region beside them, one count,
+ * one memory type and device, and sizes adding up to the pool's block. */
+static int check_pool_parts(const kvcr_config *cfg, const bool *dup, int pool)
+{
+    const kvcr_region *r = cfg->framework_regions, *first = NULL;
+    const char *name = cfg->pool_layouts[pool].name;
+    size_t sum = 0;
+    bool whole = false;
+    for (size_t i = 0; i < cfg->n_framework_regions; i++) {
+        bool part;
+        if (dup[i] || region_pool(cfg, r[i].label, &part) != pool) continue;
+        if (!part) {
+            whole = true;
+            continue;
+        }
+        if (first == NULL) first = &r[i];
+        if (r[i].count != first->count)
+            return kvcr_fail(KVCR_EINVAL,
+                             "the parts of pool '%s' must have one count: '%s' has %zu elements, "
+                             "'%s' %zu",
+                             name, first->label, first->count, r[i].label, r[i].count);
+        if (r[i].mem_type != first->mem_type || r[i].device_id != first->device_id)
+            return kvcr_fail(KVCR_EINVAL,
+                             "the parts of pool '%s' must share one memory type and device", name);
+        sum += r[i].element_size;
+    }
+    if (first == NULL) return 0;
+    if (whole)
+        return kvcr_fail(KVCR_EINVAL,
+                         "pool '%s' has a whole framework region and parts ('%s'): its blocks are "
+                         "one or the other",
+                         name, first->label);
+    if (sum != cfg->pool_layouts[pool].block_size)
+        return kvcr_fail(KVCR_EINVAL,
+                         "the parts of pool '%s' add up to %zu bytes, but its blocks are %zu",
+                         name, sum, cfg->pool_layouts[pool].block_size);
     return 0;
 }
 
@@ -403,6 +623,27 @@ static int check_regions(const kvcr_config *cfg, bool *dup)
                 return kvcr_fail(KVCR_EINVAL,
                                  "framework region '%s' overlaps local DRAM pool '%s'",
                                  r[i].label, cfg->local_dram[p].name);
+    for (size_t p = 0; p < cfg->n_pool_layouts; p++) {
+        int rc = check_pool_parts(cfg, dup, (int)p);
+        if (rc != 0) return rc;
+    }
+    return 0;
+}
+
+/* Every pool in parts gets its "pool:*" label, the one references use. */
+static int copy_part_labels(const kvcr_config *cfg, kvcr_conf *out)
+{
+    out->part_labels = calloc(cfg->n_pool_layouts, sizeof *out->part_labels);
+    if (out->part_labels == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < out->n_regions; i++) {
+        const fw_region *f = &out->regions[i];
+        if (!f->part || out->part_labels[f->pool]) continue;
+        const char *name = cfg->pool_layouts[f->pool].name;
+        size_t len = strlen(name) + sizeof PART_ALL;
+        if ((out->part_labels[f->pool] = malloc(len)) == NULL)
+            return kvcr_fail(KVCR_ENOMEM, "out of memory");
+        snprintf(out->part_labels[f->pool], len, "%s%s", name, PART_ALL);
+    }
     return 0;
 }
 
@@ -422,9 +663,16 @@ static int copy_regions(const kvcr_config *cfg, const bool *dup, kvcr_conf *out)
         strcpy(f->label, r->label);
         f->mem_type = r->mem_type;
         f->device_id = r->device_id;
-        f->pool = (uint32_t)pool_by_name(cfg, r->label);
+        f->pool = (uint32_t)region_pool(cfg, r->label, &f->part);
     }
-    return 0;
+    out->geom = calloc(out->n_regions ? out->n_regions : 1, sizeof *out->geom);
+    if (out->geom == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < out->n_regions; i++) {
+        const fw_region *f = &out->regions[i];
+        out->geom[i] = (region_geom){f->label, true, (uint64_t)(uintptr_t)f->addr,
+                                     f->element_size, f->stride, f->count};
+    }
+    return copy_part_labels(cfg, out);
 }
 
 static int copy_g3(const kvcr_config *cfg, kvcr_conf *out)
@@ -456,7 +704,9 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
     if (rc == 0) rc = check_policy(cfg, policy);
     if (rc == 0) rc = check_remote(&cfg->remote);
     if (rc == 0) rc = check_g3(cfg);
+    if (rc == 0) rc = check_kv_events(cfg);
     if (rc == 0) rc = check_local_dram(cfg);
+    if (rc == 0) rc = check_tenants(cfg);
     bool *dup = NULL;
     if (rc == 0 && cfg->n_framework_regions > 0) {
         dup = calloc(cfg->n_framework_regions, sizeof *dup);
@@ -466,6 +716,7 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
         rc = kvcr_fail(KVCR_EINVAL, "request_pin and release_pin must be given together");
     if (rc == 0 && cfg->n_local_dram == 0 && !cfg->remote.enabled)
         rc = kvcr_fail(KVCR_EINVAL, "at least one DRAM backend must be configured");
+    out->n_pools = rc == 0 ? (uint32_t)cfg->n_pool_layouts : 0; /* conf_destroy's bound */
     if (rc == 0) rc = copy_regions(cfg, dup, out);
     free(dup);
     if (rc != 0) {
@@ -473,7 +724,6 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
         return rc;
     }
     strcpy(out->agent_name, cfg->agent_name);
-    out->n_pools = (uint32_t)cfg->n_pool_layouts;
     out->has_local_dram = cfg->n_local_dram > 0;
     out->remote = cfg->remote;
     out->remote.backend = "UCX"; /* the only transport; the caller's name was checked */
@@ -504,6 +754,8 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
     out->policy = policy;
     out->policy_ud = cfg->policy ? cfg->policy_ud : NULL;
     out->cb = cfg->callbacks;
+    copy_kv_events(cfg, out);
+    copy_tenants(cfg, out);
     return 0;
 }
 
@@ -512,6 +764,11 @@ void conf_destroy(kvcr_conf *c)
     for (size_t i = 0; c->g3_paths && i < c->g3.n_paths; i++) free(c->g3_paths[i]);
     free(c->g3_paths);
     c->g3_paths = NULL;
+    for (uint32_t p = 0; c->part_labels && p < c->n_pools; p++) free(c->part_labels[p]);
+    free(c->part_labels);
+    c->part_labels = NULL;
+    free(c->geom);
+    c->geom = NULL;
     free(c->regions);
     c->regions = NULL;
     c->n_regions = 0;

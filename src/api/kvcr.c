@@ -11,6 +11,7 @@
 #include "api/abi.h"
 #include "api/boot.h"
 #include "api/config.h"
+#include "api/events.h"
 #include "core/gauges.h"
 #include "core/instance.h"
 #include "core/lower.h"
@@ -54,6 +55,7 @@ static int guard(const kvcr_t *kv, const char *fn)
 static void release_parts(kvcr_t *kv)
 {
     lower_destroy(kv);
+    api_events_destroy(kv);
     res_destroy(kv);
     hint_table_destroy(&kv->hints);
     ops_discard_done(kv);
@@ -167,6 +169,7 @@ int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
     pthread_mutex_init(&kv->lock, NULL);
     instance_logger_init(kv);
     evq_init(&kv->evq);
+    tenants_init(kv);
     kv->next_op = kvcr_now_ns(); /* a handle from before a restart never matches */
     kv->next_release = 1;
     if (index_init(&kv->index) != 0 || init_pools(kv, cfg) != 0 ||
@@ -178,6 +181,12 @@ int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
     if (kv->event_fd < 0) {
         release_parts(kv);
         return kvcr_fail(KVCR_ESYS, "eventfd failed: %m");
+    }
+    /* Before anything can queue inventory (the G3 scan, recovered blocks). */
+    kv->inventory_on = kv->conf.cb.inventory != NULL;
+    if ((rc = api_events_start(kv, 0)) != 0) {
+        release_parts(kv);
+        return rc; /* the publisher named the endpoint */
     }
     if (kv->conf.g3.n_paths > 0) {
         if ((rc = g3_start(kv, &kv->g3)) != 0) {
@@ -323,6 +332,7 @@ KVCR_API int kvcr_close(kvcr_t *kv)
     svc_hold *hold = kv->hold;
     kv->hold = NULL;
     instance_unlock(kv);
+    api_events_stop(kv); /* before the group is given back */
     if (hold) svc_release(hold, true); /* nothing touches the pool any more */
     while (events != NULL) { /* nobody polls any more: inventory is not reported at close */
         pending_event *next = events->next;
@@ -416,6 +426,52 @@ KVCR_API int kvcr_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsign
     return ops_deposit(kv, blocks, n, flags, op);
 }
 
+/* One block's router metadata within its bounds. */
+static int check_router_block(const kvcr_router_block *rb, size_t i)
+{
+    if (rb->token_ids != NULL &&
+        (rb->block_size_tokens == 0 || rb->block_size_tokens > KVCR_ROUTER_MAX_TOKENS))
+        return kvcr_fail(KVCR_EINVAL, "router block %zu: token_ids need block_size_tokens "
+                         "between 1 and %d", i, KVCR_ROUTER_MAX_TOKENS);
+    if (rb->block_size_tokens > KVCR_ROUTER_MAX_TOKENS)
+        return kvcr_fail(KVCR_EINVAL, "router block %zu: block_size_tokens must be at most %d",
+                         i, KVCR_ROUTER_MAX_TOKENS);
+    if (rb->lora_name != NULL && strlen(rb->lora_name) >= KVCR_KV_EVENTS_MAX_NAME)
+        return kvcr_fail(KVCR_EINVAL, "router block %zu: lora_name must be shorter than %d "
+                         "bytes", i, KVCR_KV_EVENTS_MAX_NAME);
+    if (rb->n_extra_keys > KVCR_ROUTER_MAX_EXTRA || (rb->n_extra_keys > 0 && !rb->extra_keys))
+        return kvcr_fail(KVCR_EINVAL, "router block %zu: extra_keys must hold n_extra_keys "
+                         "(at most %d) strings", i, KVCR_ROUTER_MAX_EXTRA);
+    for (uint32_t j = 0; j < rb->n_extra_keys; j++)
+        if (rb->extra_keys[j] == NULL || strlen(rb->extra_keys[j]) >= KVCR_KV_EVENTS_MAX_NAME)
+            return kvcr_fail(KVCR_EINVAL, "router block %zu: extra key %u must be a string "
+                             "shorter than %d bytes", i, j, KVCR_KV_EVENTS_MAX_NAME);
+    return 0;
+}
+
+KVCR_API int kvcr_deposit_ex(kvcr_t *kv, const kvcr_block *blocks, size_t n,
+                             const kvcr_deposit_options *opts, kvcr_op_handle *op)
+{
+    GUARD(kv);
+    if (opts == NULL) return kvcr_fail(KVCR_EINVAL, "kvcr_deposit_ex: opts must not be NULL");
+    if (opts->version < 1 || opts->version > KVCR_DEPOSIT_OPTIONS_VERSION)
+        return kvcr_fail(KVCR_EINVAL, "kvcr_deposit_options has version %u; libkvcr %s reads "
+                         "version 1 to %d (set .version = KVCR_DEPOSIT_OPTIONS_VERSION)",
+                         opts->version, KVCR_VERSION_STRING, KVCR_DEPOSIT_OPTIONS_VERSION);
+    const kvcr_router_block *rb = opts->router;
+    for (size_t i = 0; rb != NULL && i < n; i++) {
+        int rc = check_router_block(&rb[i], i);
+        if (rc != 0) return rc;
+    }
+    if (n > 0 && blocks == NULL) return ops_deposit(kv, blocks, n, opts->flags, op);
+    /* Kept before the deposit starts: its commit may be polled at once. */
+    int rc = api_events_remember(kv, blocks, n, rb);
+    if (rc != 0) return rc;
+    rc = ops_deposit(kv, blocks, n, opts->flags, op);
+    if (rc != 0) api_events_forget(kv, blocks, n, rb);
+    return rc;
+}
+
 KVCR_API int kvcr_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *request_id,
                           kvcr_op_handle *op)
 {
@@ -428,7 +484,16 @@ KVCR_API int kvcr_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
                         kvcr_op_handle *op)
 {
     GUARD(kv);
-    return ops_fetch(kv, keys, n, request_id, expected_layout, layout_len, op);
+    return ops_fetch(kv, keys, n, request_id, expected_layout, layout_len, NULL, 0, op);
+}
+
+KVCR_API int kvcr_fetch_ex(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
+                           const char *const *expected_layout, size_t layout_len,
+                           const kvcr_fetch_options *opts, kvcr_op_handle *op)
+{
+    GUARD(kv);
+    return ops_fetch(kv, keys, n, request_id, expected_layout, layout_len,
+                     opts ? opts->hints : NULL, opts ? opts->hints_len : 0, op);
 }
 
 KVCR_API int kvcr_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n,
@@ -522,7 +587,8 @@ static void deliver_notices(kvcr_t *kv, pending_event *events, const kvcr_capaci
 {
     while (events != NULL) {
         pending_event *next = events->next;
-        int rc = kv->conf.cb.inventory(kv->conf.cb.ud, &events->ev);
+        api_events_feed(kv, &events->ev);
+        int rc = kv->conf.cb.inventory ? kv->conf.cb.inventory(kv->conf.cb.ud, &events->ev) : 0;
         if (rc != 0)
             kvcr_log(&kv->log, KVCR_LOG_WARN,
                      "inventory sink failed (rc=%d); the event for %zu key(s) is lost", rc,
@@ -605,9 +671,11 @@ static void instance_gauges(kvcr_t *kv, gauge_sink *s)
     gauge_sink_add(s, "", "in_flight_ops", (double)kv->n_live);
     gauge_sink_add(s, "", "completed", (double)kv->n_done);
     gauge_sink_add(s, "", "hinted_requests", (double)kv->hints.count);
+    api_events_gauges(kv, s);
     lower_gauges(kv, s);
     if (!kv->conf.has_local_dram) return;
     pool_gauges(s, "local_g2_", kv->pools, kv->conf.n_pools);
+    tenants_gauges(kv, s);
     for (uint32_t p = 0; p < kv->conf.n_pools; p++) {
         char prefix[KVCR_NAME_MAX + 32];
         const char *name = kv->pools[p].name[0] ? kv->pools[p].name : "default";

@@ -10,6 +10,7 @@
 #include "core/index.h"
 #include "core/recovery.h"
 #include "core/telemetry.h"
+#include "core/tenants.h"
 #include "core/tier.h"
 #include "kvcr/kvcr.h"
 #include "net/hint.h"
@@ -37,7 +38,7 @@ typedef struct op_entry {
     uint8_t status;      /* kvcr_entry_status, once done */
     uint8_t reason;      /* kvcr_reason, once done */
     uint32_t key_off, key_len;
-    uint32_t seg_off;    /* its layout: seg_addr/seg_pool/segs[seg_off ..] */
+    uint32_t seg_off;    /* its layout: seg_pool/seg_piece[seg_off ..] */
     uint32_t n_segs;
     kvcr_release_handle rh;
     op_rec *w_next_op;       /* next waiter of the same fill */
@@ -54,9 +55,11 @@ struct op_rec {
     uint32_t n, pending;
     op_entry *e;
     uint8_t *keys;            /* all keys, back to back */
-    uint8_t **seg_addr;       /* framework address per layout entry */
+    uint32_t *seg_piece;      /* per layout entry (and one past the last): its first
+                               * framework piece in `pieces` (deposit, deliver) */
+    mem_piece *pieces;        /* framework pieces of every layout entry, in order */
     uint32_t *seg_pool;       /* pool per layout entry */
-    copy_seg *segs;           /* a deliver's copy segments */
+    copy_seg *segs;           /* a deliver's copy segments, one per piece */
     kvcr_slot_ref *slot_refs; /* a fetch's result slots, n_segs per entry */
     op_rec *live_prev, *live_next; /* pending ops in deadline order */
     op_rec *done_next;             /* completed ops in completion order */
@@ -115,6 +118,11 @@ struct kvcr {
     op_rec *done_head, *done_tail;
     uint64_t n_live, n_done;
 
+    /* Per tenant (core/tenants.h; 0: blocks without one): slots held and
+     * the evictable queue of its blocks (tenant 0's is evq above). */
+    tenant_use tenants[KVCR_MAX_TENANTS + 1];
+    const admit_ctx *admit;  /* the deposit or fetch admitting entries now, or NULL */
+
     block_id *unscored;      /* blocks the policy failed to score */
     uint32_t n_unscored, cap_unscored;
 
@@ -144,6 +152,11 @@ struct kvcr {
     uint8_t retired[KVCR_RETIRED_MAX][KVCR_INC_LEN];
     size_t n_retired;
 
+    /* Whether inventory events are queued for kvcr_poll: someone takes
+     * them (the inventory callback, the API layer's KV-event publisher).
+     * Set before any thread runs. */
+    bool inventory_on;
+    struct api_events *kv_events; /* the API layer's publisher, NULL when off */
     pending_event *events_head, *events_tail;
     kvcr_capacity_need pressure[KVCR_MAX_POOLS];
     uint32_t n_pressure;

@@ -53,6 +53,7 @@ void res_meta(const kvcr_t *kv, block_id id, uint64_t size_bytes, kvcr_block_met
                            (b->lower.state & LOWER_READY && kv->spill_tier
                                 ? KVCR_TIER_BIT(kv->spill_tier->ops->id) : 0);
     meta->position = -1;
+    tenants_meta(kv, id, meta);
 }
 
 static const char *policy_name(const kvcr_t *kv)
@@ -60,12 +61,30 @@ static const char *policy_name(const kvcr_t *kv)
     return kv->conf.policy->name ? kv->conf.policy->name : "custom";
 }
 
+/* The policy's decide_ingest, with the call's hints when its version
+ * takes them. */
+static int ask_ingest(kvcr_t *kv, const kvcr_block_meta *meta, kvcr_tier source, bool required,
+                      kvcr_placement *d)
+{
+    const kvcr_policy_ops *p = kv->conf.policy;
+    if (p->version < 2 || p->decide_ingest_hints == NULL)
+        return p->decide_ingest(kv->conf.policy_ud, meta, source, required, d);
+    static const kvcr_hints none = {0};
+    return p->decide_ingest_hints(kv->conf.policy_ud, meta, source, required,
+                                  kv->admit ? &kv->admit->hints : &none, d);
+}
+
 bool res_admit(kvcr_t *kv, block_id id, uint64_t size_bytes, kvcr_tier source, bool required)
 {
+    block *b = index_get(&kv->index, id);
+    /* A block takes the call's tenant only while it holds nothing: the
+     * slots it holds are counted under the tenant it had. */
+    if (kv->admit != NULL && b->g2_state == G2_NONE && b->lower.state == 0)
+        b->tenant = kv->admit->tenant;
     kvcr_block_meta meta;
     res_meta(kv, id, size_bytes, &meta);
     kvcr_placement d = {KVCR_ACTION_KEEP, KVCR_TIER_NONE};
-    int rc = kv->conf.policy->decide_ingest(kv->conf.policy_ud, &meta, source, required, &d);
+    int rc = ask_ingest(kv, &meta, source, required, &d);
     if (rc != 0 || (d.action != KVCR_ACTION_KEEP && d.action != KVCR_ACTION_DROP)) {
         kvcr_log(&kv->log, KVCR_LOG_WARN,
                  "policy '%s' decide_ingest %s; admitting the block", policy_name(kv),
@@ -128,7 +147,7 @@ static void make_evictable(kvcr_t *kv, block_id id)
         }
         score = b->score;
     }
-    if (evq_insert(&kv->evq, &kv->index, id, score) != 0) {
+    if (evq_insert(tenant_queue(kv, id), &kv->index, id, score) != 0) {
         remember_unscored(kv, id);
         return;
     }
@@ -140,7 +159,7 @@ static void unqueue(kvcr_t *kv, block_id id)
 {
     block *b = index_get(&kv->index, id);
     if (b->flags & (BF_IN_LIST | BF_IN_HEAP)) {
-        evq_remove(&kv->evq, &kv->index, id);
+        evq_remove(tenant_queue(kv, id), &kv->index, id);
         count_evictable(kv, b, -1);
     }
     b->flags &= (uint8_t)~BF_UNSCORED; /* its unscored-list entry goes stale */
@@ -166,7 +185,7 @@ static void retry_unscored(kvcr_t *kv)
 
 void res_queue_event(kvcr_t *kv, kvcr_tier where, bool removed, const block_id *ids, uint32_t n)
 {
-    if (n == 0 || kv->conf.cb.inventory == NULL) return;
+    if (n == 0 || !kv->inventory_on) return;
     size_t bytes = sizeof(pending_event) + n * sizeof(kvcr_key);
     for (uint32_t i = 0; i < n; i++) bytes += index_get(&kv->index, ids[i])->key_len;
     pending_event *ev = malloc(bytes);
@@ -218,7 +237,7 @@ void res_flush_commits(kvcr_t *kv)
 
 static void batch_commit(kvcr_t *kv, block_id id, kvcr_op_handle origin, uint32_t idx)
 {
-    if (kv->conf.cb.inventory == NULL) return;
+    if (!kv->inventory_on) return;
     if (kv->n_commit > 0 && kv->commit_origin != origin) res_flush_commits(kv);
     kv->commit_origin = origin;
     if (kv->n_commit == kv->cap_commit) {
@@ -262,6 +281,7 @@ static void give_slots(kvcr_t *kv, block *b)
         res_slot(kv, b, i, &pool, &slot);
         dram_pool_give(&kv->pools[pool], slot);
     }
+    tenants_dram_add(kv, b, -(int64_t)b->n_slots);
     if (b->n_slots > 1) free(b->sl.many);
     b->n_slots = 0;
     b->g2_state = G2_NONE;
@@ -349,23 +369,48 @@ typedef struct popped {
     bool spill;
 } popped;
 
-/* Walks candidates in eviction order until the shortage is covered. All or
- * nothing: if it cannot be covered, every candidate goes back in place. */
-static bool plan_evictions(kvcr_t *kv, uint64_t *shortage, popped **out, uint32_t *n_out)
+/* The next eviction candidate, taken out of its queue: with quota-first
+ * eviction (excess not NULL) the first block of a tenant still over its
+ * quota, else the first in plain order. */
+static block_id next_candidate(kvcr_t *kv, const int64_t *excess, bool *from_list)
+{
+    evictq *q = NULL;
+    if (excess != NULL) {
+        bool over[KVCR_MAX_TENANTS + 1];
+        for (uint32_t t = 0; t <= kv->conf.n_tenants; t++) over[t] = excess[t] > 0;
+        q = tenants_first_queue(kv, over);
+    }
+    if (q == NULL) q = tenants_first_queue(kv, NULL);
+    return q ? evq_pop(q, &kv->index, from_list) : BLOCK_NONE;
+}
+
+/* Walks candidates in eviction order until the shortage is covered; the
+ * block being made room for is of tenant `tenant` and asks for `asked`
+ * slots (what it adds to its tenant's count). All or nothing: if it cannot
+ * be covered, every candidate goes back in place. */
+static bool plan_evictions(kvcr_t *kv, uint64_t *shortage, uint8_t tenant, uint64_t asked,
+                           popped **out, uint32_t *n_out)
 {
     popped *list = NULL;
     uint32_t n = 0, cap = 0;
     uint64_t left = 0;
     for (uint32_t p = 0; p < kv->conf.n_pools; p++) left += shortage[p];
+    int64_t excess_v[KVCR_MAX_TENANTS + 1], *excess = NULL;
+    if (tenants_quota_first(kv)) {
+        excess = excess_v;
+        for (uint32_t t = 0; t <= kv->conf.n_tenants; t++)
+            excess[t] = tenants_dram_excess(kv, (uint8_t)t);
+        excess[tenant] += (int64_t)asked;
+    }
     while (left > 0) {
         bool from_list;
-        block_id id = evq_pop(&kv->evq, &kv->index, &from_list);
+        block_id id = next_candidate(kv, excess, &from_list);
         if (id == BLOCK_NONE) break;
         if (n == cap) {
             uint32_t ncap = cap ? cap * 2 : 16;
             popped *l = realloc(list, ncap * sizeof *l);
             if (l == NULL) {
-                evq_restore(&kv->evq, &kv->index, id, from_list);
+                evq_restore(tenant_queue(kv, id), &kv->index, id, from_list);
                 break;
             }
             list = l;
@@ -379,6 +424,7 @@ static bool plan_evictions(kvcr_t *kv, uint64_t *shortage, popped **out, uint32_
         if (act != KVCR_ACTION_KEEP) {
             list[n].victim = true;
             list[n].spill = act == KVCR_ACTION_MOVE_TO;
+            if (excess != NULL) excess[b->tenant] -= b->n_slots;
             for (uint32_t i = 0; i < b->n_slots; i++) {
                 uint32_t pool, slot;
                 res_slot(kv, b, i, &pool, &slot);
@@ -390,7 +436,8 @@ static bool plan_evictions(kvcr_t *kv, uint64_t *shortage, popped **out, uint32_
     /* Put back, newest first, whatever is not evicted. */
     for (uint32_t i = n; i-- > 0;)
         if (left > 0 || !list[i].victim)
-            evq_restore(&kv->evq, &kv->index, list[i].id, list[i].from_list);
+            evq_restore(tenant_queue(kv, list[i].id), &kv->index, list[i].id,
+                        list[i].from_list);
     *out = list;
     *n_out = n;
     return left == 0;
@@ -416,6 +463,7 @@ static void evict_victims(kvcr_t *kv, const popped *list, uint32_t n)
         block *b = index_get(&kv->index, list[i].id);
         /* Popping took it out of the queue but not out of the counts. */
         count_evictable(kv, b, -1);
+        tenants_evicted(kv, b);
         remove_ready(kv, list[i].id);
         res_prune(kv, list[i].id);
     }
@@ -448,7 +496,8 @@ bool res_alloc(kvcr_t *kv, block_id id, const uint32_t *pools, uint32_t n)
         }
         popped *list;
         uint32_t n_list;
-        bool ok = plan_evictions(kv, shortage, &list, &n_list);
+        bool ok = plan_evictions(kv, shortage, index_get(&kv->index, id)->tenant, n, &list,
+                                 &n_list);
         if (ok) evict_victims(kv, list, n_list);
         free(list);
         if (!ok) {
@@ -470,6 +519,7 @@ bool res_alloc(kvcr_t *kv, block_id id, const uint32_t *pools, uint32_t n)
     }
     if (n > 1) b->sl.many = many;
     b->g2_state = G2_FILLING;
+    tenants_dram_add(kv, b, n);
     return true;
 }
 
@@ -500,6 +550,7 @@ bool res_adopt(kvcr_t *kv, block_id id, uint32_t pool, uint32_t slot)
         b->g2_state = G2_NONE;
         return false;
     }
+    tenants_dram_add(kv, b, 1);
     make_evictable(kv, id);
     return true;
 }
@@ -631,4 +682,5 @@ void res_destroy(kvcr_t *kv)
         kv->events_head = next;
     }
     kv->events_tail = NULL;
+    tenants_destroy(kv);
 }

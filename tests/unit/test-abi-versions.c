@@ -15,7 +15,7 @@
 
 enum { BS = 4096 };
 
-#define READS "libkvcr " KVCR_VERSION_STRING " reads version 1"
+#define READS "libkvcr " KVCR_VERSION_STRING " reads versions 1 to 2"
 #define CONFIG_FIX "(kvcr_config_init sets the version of the kvcr.h a program is built with)"
 #define POLICY_FIX "(set .version = KVCR_POLICY_VERSION)"
 

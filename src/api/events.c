@@ -1,0 +1,190 @@
+/* An instance's KV events (api/events.h): inventory turned into events by
+ * router hash and handed to the publisher. */
+#include "api/events.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "api/router_meta.h"
+#include "net/kvpub.h"
+
+#define HASHES_PER_EVENT 1024 /* a long inventory event is split into events this long */
+#define MAX_PENDING_META 65536 /* router metadata of deposits not resident yet */
+
+struct api_events {
+    pthread_mutex_t lock; /* orders feeds against stop; guards meta */
+    kvpub *pub;           /* NULL once stopped */
+    kvpub_counts last;    /* the counts when it stopped */
+    rmeta_map meta;       /* what deposits said of their blocks, by router hash */
+};
+
+int api_events_start(kvcr_t *kv, uint64_t first_seq)
+{
+    const kvcr_kv_events_options *k = &kv->conf.kv_events;
+    if (k->endpoint[0] == '\0') return 0;
+    struct api_events *e = calloc(1, sizeof *e);
+    if (e == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    kvpub_opts o = {
+        .endpoint = k->endpoint,
+        .replay_endpoint = k->replay_endpoint[0] ? k->replay_endpoint : NULL,
+        .topic = k->topic,
+        .dp_rank = k->dp_rank,
+        .buffer_batches = k->buffer_batches,
+        .max_batch_events = k->max_batch_events,
+        .batch_interval_ms = k->batch_interval_ms,
+        .max_queued_batches = k->max_queued_batches,
+        .positional = k->legacy_positional,
+        .first_seq = first_seq,
+    };
+    int rc = kvpub_open(&o, &kv->log, &e->pub);
+    if (rc != 0) {
+        free(e);
+        return rc;
+    }
+    pthread_mutex_init(&e->lock, NULL);
+    rmeta_init(&e->meta, MAX_PENDING_META);
+    kvpub_add(e->pub, &(kvev_event){.type = KVEV_CLEARED});
+    kv->kv_events = e;
+    kv->inventory_on = true;
+    kvcr_log(&kv->log, KVCR_LOG_INFO, "kv events: %s %s, topic '%s'%s%s",
+             kvpub_binds(k->endpoint) ? "bound" : "connected to", k->endpoint, k->topic,
+             o.replay_endpoint ? ", replay at " : "", o.replay_endpoint ? o.replay_endpoint : "");
+    return 0;
+}
+
+static const char *medium_of(const kvcr_t *kv, kvcr_tier where)
+{
+    return where == KVCR_TIER_G3 ? kv->conf.kv_events.medium_g3 : kv->conf.kv_events.medium_dram;
+}
+
+/* Locked: a block its deposit described, in an event of its own (its
+ * parent, tokens, LoRA name and extra keys are its alone). */
+static void publish_described(kvpub *pub, uint64_t hash, const rmeta *m, const char *medium)
+{
+    const char *const *extra[1] = {m->extra};
+    uint32_t n_extra[1] = {m->n_extra};
+    kvev_event ev = {.type = KVEV_STORED, .hashes = &hash, .n_hashes = 1,
+                     .has_parent = m->has_parent, .parent = m->parent,
+                     .tokens = m->n_tokens ? m->tokens : NULL, .n_tokens = m->n_tokens,
+                     .block_size = m->block_size, .medium = medium, .lora_name = m->lora_name,
+                     .extra = m->extra ? extra : NULL, .n_extra = m->extra ? n_extra : NULL};
+    kvpub_add(pub, &ev);
+}
+
+/* Locked (the events' lock): described blocks one by one, the others by
+ * their hashes alone, in events of at most HASHES_PER_EVENT. */
+static void publish_keys(kvcr_t *kv, struct api_events *e, const kvcr_inventory_event *ev)
+{
+    const char *medium = medium_of(kv, ev->tier);
+    unsigned bit = ev->tier == KVCR_TIER_G3 ? RMETA_G3 : RMETA_DRAM;
+    kvev_event plain = {.type = ev->removed ? KVEV_REMOVED : KVEV_STORED, .medium = medium};
+    uint64_t hashes[HASHES_PER_EVENT];
+    size_t n = 0;
+    for (size_t i = 0; i < ev->n_keys; i++) {
+        uint64_t h;
+        if (kv->conf.cb.key_hash(kv->conf.cb.ud, &ev->keys[i], &h) != 0) continue;
+        if (ev->removed) {
+            rmeta_removed(&e->meta, h, bit);
+        } else {
+            const rmeta *m = rmeta_get(&e->meta, h);
+            rmeta_stored(&e->meta, h, bit);
+            if (m != NULL) {
+                publish_described(e->pub, h, m, medium);
+                continue;
+            }
+        }
+        hashes[n++] = h;
+        if (n == HASHES_PER_EVENT) {
+            plain.hashes = hashes;
+            plain.n_hashes = n;
+            kvpub_add(e->pub, &plain);
+            n = 0;
+        }
+    }
+    if (n > 0) {
+        plain.hashes = hashes;
+        plain.n_hashes = n;
+        kvpub_add(e->pub, &plain);
+    }
+}
+
+void api_events_feed(kvcr_t *kv, const kvcr_inventory_event *ev)
+{
+    struct api_events *e = kv->kv_events;
+    if (e == NULL) return;
+    pthread_mutex_lock(&e->lock);
+    if (e->pub) publish_keys(kv, e, ev);
+    pthread_mutex_unlock(&e->lock);
+}
+
+int api_events_remember(kvcr_t *kv, const kvcr_block *blocks, size_t n,
+                        const kvcr_router_block *rb)
+{
+    struct api_events *e = kv->kv_events;
+    if (e == NULL || rb == NULL) return 0;
+    int rc = 0;
+    pthread_mutex_lock(&e->lock);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        uint64_t h;
+        if (kv->conf.cb.key_hash(kv->conf.cb.ud, &blocks[i].key, &h) == 0 &&
+            rmeta_put(&e->meta, h, &rb[i]) != 0)
+            rc = kvcr_fail(KVCR_ENOMEM, "out of memory keeping blocks' router metadata");
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (rc != 0) api_events_forget(kv, blocks, n, rb);
+    return rc;
+}
+
+void api_events_forget(kvcr_t *kv, const kvcr_block *blocks, size_t n,
+                       const kvcr_router_block *rb)
+{
+    struct api_events *e = kv->kv_events;
+    if (e == NULL || rb == NULL) return;
+    pthread_mutex_lock(&e->lock);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h;
+        if (kv->conf.cb.key_hash(kv->conf.cb.ud, &blocks[i].key, &h) == 0)
+            rmeta_unput(&e->meta, h);
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+void api_events_stop(kvcr_t *kv)
+{
+    struct api_events *e = kv->kv_events;
+    if (e == NULL) return;
+    pthread_mutex_lock(&e->lock);
+    kvpub *pub = e->pub;
+    if (pub) {
+        kvpub_add(pub, &(kvev_event){.type = KVEV_CLEARED});
+        kvpub_close(pub, &e->last); /* sends what is queued, the cleared event last */
+        e->pub = NULL;
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+void api_events_destroy(kvcr_t *kv)
+{
+    struct api_events *e = kv->kv_events;
+    if (e == NULL) return;
+    api_events_stop(kv);
+    rmeta_destroy(&e->meta);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+    kv->kv_events = NULL;
+}
+
+void api_events_gauges(kvcr_t *kv, gauge_sink *s)
+{
+    struct api_events *e = kv->kv_events;
+    if (e == NULL) return;
+    kvpub_counts c;
+    pthread_mutex_lock(&e->lock);
+    if (e->pub) kvpub_counts_get(e->pub, &e->last);
+    c = e->last;
+    pthread_mutex_unlock(&e->lock);
+    gauge_sink_add(s, "", "kv_events_published_batches", (double)c.published);
+    gauge_sink_add(s, "", "kv_events_dropped_batches", (double)c.dropped);
+    gauge_sink_add(s, "", "kv_events_dropped_events", (double)c.events_dropped);
+    gauge_sink_add(s, "", "kv_events_next_seq", (double)c.next_seq);
+}

@@ -1,0 +1,50 @@
+/* An instance's KV events (kvcr_config.kv_events): the inventory the core
+ * queues for kvcr_poll, published by a net/kvpub.h publisher in the wire
+ * format routers read. The core knows nothing of it: it only queues
+ * inventory (kvcr_t.inventory_on), and kvcr_poll hands every event here
+ * as well as to the inventory callback.
+ *
+ * Threads: api_events_feed from the polling thread with no instance lock
+ * held; the publisher's own lock makes feed, stop and gauges safe from any
+ * thread. */
+#ifndef KVCR_API_EVENTS_H
+#define KVCR_API_EVENTS_H
+
+#include <stdint.h>
+
+#include "core/instance.h"
+
+/* Starts the publisher when the configuration has an endpoint (before
+ * any inventory is queued), its numbering from first_seq; it first
+ * publishes AllBlocksCleared (what a router knew of an earlier life of
+ * this endpoint is gone; the blocks found again are announced after it).
+ * 0, or the publisher's error (the message names the endpoint). */
+int api_events_start(kvcr_t *kv, uint64_t first_seq);
+
+/* Publishes one inventory event: the keys' router hashes (callbacks.key_hash;
+ * a key without one is left out), BlockStored or BlockRemoved with the
+ * tier's medium. No-op when off or stopped. */
+void api_events_feed(kvcr_t *kv, const kvcr_inventory_event *ev);
+
+/* kvcr_deposit_ex: keeps what the deposit says of its blocks (rb: one
+ * per block, or NULL) for their BlockStored, by router hash, before the
+ * deposit starts. 0, or KVCR_ENOMEM (nothing kept). No-op when off. */
+int api_events_remember(kvcr_t *kv, const kvcr_block *blocks, size_t n,
+                        const kvcr_router_block *rb);
+/* The deposit was refused: what remember kept for it goes. */
+void api_events_forget(kvcr_t *kv, const kvcr_block *blocks, size_t n,
+                       const kvcr_router_block *rb);
+
+/* kvcr_close: AllBlocksCleared (nobody serves this instance's blocks any
+ * more), what is queued is sent, the sockets close. Feeds after it are
+ * ignored. */
+void api_events_stop(kvcr_t *kv);
+
+/* kvcr_free: releases what stop left. */
+void api_events_destroy(kvcr_t *kv);
+
+/* The publisher's counts as gauges (kv_events_published_batches,
+ * kv_events_dropped_batches, kv_events_dropped_events, kv_events_next_seq). */
+void api_events_gauges(kvcr_t *kv, gauge_sink *s);
+
+#endif

@@ -1,0 +1,64 @@
+/* What routers need to know of a block besides its router hash
+ * (kvcr_router_block), kept by router hash for the KV events while a
+ * residency of the block lives.
+ *
+ * An entry is pending from its deposit until the block is announced
+ * stored; then it lives while the block is resident in KVCR DRAM or G3
+ * (a bit per medium) and goes with its last removal. Pending entries whose
+ * block never became resident (a dropped or failed deposit) are bounded:
+ * past max_pending the oldest is forgotten (counted). One allocation per
+ * entry: its tokens and strings follow it.
+ *
+ * Threads: none of its own; the caller serialises (api/events.c's lock). */
+#ifndef KVCR_API_ROUTER_META_H
+#define KVCR_API_ROUTER_META_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcr/kvcr.h"
+
+#define RMETA_DRAM 0x1u
+#define RMETA_G3 0x2u
+
+typedef struct rmeta {
+    struct rmeta *next;              /* the bucket's chain */
+    struct rmeta *p_prev, *p_next;   /* the pending list, oldest first */
+    uint64_t hash;
+    unsigned media;                  /* RMETA_* where the block is resident */
+    bool pending;
+    bool has_parent;
+    uint64_t parent;
+    uint32_t block_size, n_tokens, n_extra;
+    const char *lora_name;           /* NULL: none */
+    const char *const *extra;        /* n_extra strings */
+    uint32_t tokens[];
+} rmeta;
+
+typedef struct rmeta_map {
+    rmeta **buckets;
+    size_t n_buckets, count;
+    rmeta *p_head, *p_tail;
+    size_t n_pending, max_pending;
+    uint64_t forgotten;              /* pending entries pushed out */
+} rmeta_map;
+
+void rmeta_init(rmeta_map *m, size_t max_pending);
+void rmeta_destroy(rmeta_map *m);
+
+/* Keeps rb for the block of router hash `hash`, pending; a resident
+ * block's entry is kept as it is (its metadata cannot have changed). 0,
+ * or -1 out of memory. */
+int rmeta_put(rmeta_map *m, uint64_t hash, const kvcr_router_block *rb);
+
+/* A pending entry whose deposit was refused goes again. */
+void rmeta_unput(rmeta_map *m, uint64_t hash);
+
+const rmeta *rmeta_get(const rmeta_map *m, uint64_t hash);
+
+/* The block became resident in / left a medium (RMETA_*). */
+void rmeta_stored(rmeta_map *m, uint64_t hash, unsigned medium);
+void rmeta_removed(rmeta_map *m, uint64_t hash, unsigned medium);
+
+#endif
