@@ -138,8 +138,7 @@ static int check_policy(const kvcr_config *cfg, const kvcr_policy_ops *p)
     if (!ingest || p->eviction_score == NULL || p->decide_eviction == NULL)
         return kvcr_fail(KVCR_EINVAL,
                          "policy '%s' must provide decide_ingest, eviction_score and "
-                         "decide_eviction (from version 2 decide_ingest_hints may stand for "
-                         "decide_ingest)",
+                         "decide_eviction",
                          p->name ? p->name : "?");
     if (p->version >= 2 && (p->flags & ~KVCR_POLICY_TENANT_QUOTAS))
         return kvcr_fail(KVCR_EINVAL, "policy '%s' has unknown flags %#x",

@@ -53,7 +53,8 @@ typedef struct mem_piece {
  * regions g[0..n): a label names one region exactly; "pool:*" names every
  * framework region labelled "pool:<part>", in table order. Writes the
  * pieces to out[PIECES_MAX] and returns their count, or 0 with *why set
- * to the rule broken (no such region, an index out of one). */
+ * to the rule broken (no such region, or "index out of range": then
+ * out[0].region is the region the index is out of). */
 uint32_t pieces_resolve(const region_geom *g, size_t n, bool framework, const char *label,
                         uint64_t index, mem_piece *out, const char **why);
 /* The length of the pool name a region label starts with: the whole label,

@@ -55,6 +55,17 @@ int host_pool_named(const kvcr_t *kv, const char *name)
     return -1;
 }
 
+int host_label_pool(const kvcr_t *kv, const char *label)
+{
+    int p = host_pool_named(kv, label);
+    size_t len = pieces_pool_len(label);
+    if (p >= 0 || label[len] == '\0' || len >= KVCR_NAME_MAX) return p;
+    char pool[KVCR_NAME_MAX];
+    memcpy(pool, label, len);
+    pool[len] = '\0';
+    return host_pool_named(kv, pool);
+}
+
 void host_incarnation(const kvcr_t *kv, uint8_t out[16])
 {
     _Static_assert(KVCR_INC_LEN == 16, "one incarnation size");
@@ -169,9 +180,9 @@ int host_check_refs(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n)
     return ops_check_refs(kv, refs, n);
 }
 
-uint8_t *host_ref_addr(const kvcr_t *kv, const kvcr_mem_ref *r, uint32_t *pool)
+uint32_t host_ref_pieces(const kvcr_t *kv, const kvcr_mem_ref *r, mem_piece *out, uint32_t *pool)
 {
-    return ops_ref_addr(kv, r, pool);
+    return ops_ref_pieces(kv, r, out, pool);
 }
 
 /* ---- lower-tier residencies ---------------------------------------------- */
@@ -228,6 +239,21 @@ void host_access(kvcr_t *kv, tier_block id)
 kvcr_action host_eviction_decision(kvcr_t *kv, tier_block id, kvcr_tier from)
 {
     return res_eviction_decision(kv, id, from);
+}
+
+void host_lower_slots(kvcr_t *kv, tier_block id, int delta)
+{
+    tenants_g3_add(kv, id, delta);
+}
+
+bool host_quota_first(const kvcr_t *kv)
+{
+    return tenants_quota_first(kv);
+}
+
+bool host_lower_over_quota(kvcr_t *kv, tier_block victim, tier_block incoming)
+{
+    return tenants_g3_over(kv, victim, incoming);
 }
 
 void host_recovery(kvcr_t *kv, tier_block id, kvcr_tier target, kvcr_tier source,

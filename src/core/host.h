@@ -85,9 +85,14 @@ bool host_block_segment(const kvcr_t *kv, tier_block id, uint32_t i, tier_dst *o
 uint32_t host_block_segments(const kvcr_t *kv, tier_block id);
 
 /* Framework references, checked as deposit checks them (0 or an error
- * with its message), and a checked reference's address and pool. */
+ * with its message), and a reference's pieces (core/conf.h: at most
+ * PIECES_MAX; their regions index host_conf()->regions) and pool: 0 pieces
+ * when it does not check. */
 int host_check_refs(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n);
-uint8_t *host_ref_addr(const kvcr_t *kv, const kvcr_mem_ref *r, uint32_t *pool);
+uint32_t host_ref_pieces(const kvcr_t *kv, const kvcr_mem_ref *r, mem_piece *out, uint32_t *pool);
+/* The pool a region label names: a pool's own name, else the pool
+ * "pool:part" or "pool:*" is part of; -1: none. */
+int host_label_pool(const kvcr_t *kv, const char *label);
 
 /* ---- lower-tier residencies (locked) ------------------------------------ */
 
@@ -116,6 +121,15 @@ void host_lower_gone(kvcr_t *kv, tier_block id);
 void host_access(kvcr_t *kv, tier_block id);
 /* The policy's sanitised eviction decision for a block leaving `from`. */
 kvcr_action host_eviction_decision(kvcr_t *kv, tier_block id, kvcr_tier from);
+/* Tenants (core/tenants.h), for the tier that takes spills: a block took
+ * (delta 1) or gave back (-1) one of its slots; whether the policy orders
+ * eviction by tenant quotas; and whether eviction should take the victim
+ * before blocks of tenants within their quota (its
+ * tenant is over its quota in that tier, counting the slot the incoming
+ * block asks for; false when the policy does not order by quotas). */
+void host_lower_slots(kvcr_t *kv, tier_block id, int delta);
+bool host_quota_first(const kvcr_t *kv);
+bool host_lower_over_quota(kvcr_t *kv, tier_block victim, tier_block incoming);
 /* A move the policy asked for failed: decide_recovery, DROP. */
 void host_recovery(kvcr_t *kv, tier_block id, kvcr_tier target, kvcr_tier source,
                    const char *why);

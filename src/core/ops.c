@@ -64,37 +64,40 @@ static long mark_duplicates(const kvcr_key *const *keys, size_t n, bool *dup)
     return count;
 }
 
-static const fw_region *find_region(const kvcr_t *kv, const char *label)
-{
-    for (size_t i = 0; i < kv->conf.n_regions; i++)
-        if (strcmp(kv->conf.regions[i].label, label) == 0) return &kv->conf.regions[i];
-    return NULL;
-}
-
-static int check_ref(const kvcr_t *kv, const kvcr_mem_ref *r, const fw_region **out)
+/* The pieces of a framework reference (core/conf.h): into out[PIECES_MAX],
+ * with the pool its label names. 0 or an error naming the rule. */
+static int ref_pieces(const kvcr_t *kv, const kvcr_mem_ref *r, mem_piece *out, uint32_t *n,
+                      uint32_t *pool)
 {
     if (r->end_point != NULL && r->end_point[0] != '\0' &&
         strcmp(r->end_point, kv->conf.agent_name) != 0)
         return kvcr_fail(KVCR_EINVAL, "block descriptor end point '%s' is not this instance ('%s')",
                          r->end_point, kv->conf.agent_name);
-    const char *label = r->label ? r->label : "";
-    const fw_region *reg = find_region(kv, label);
-    if (reg == NULL)
-        return kvcr_fail(KVCR_EINVAL,
-                         "block descriptors must use configured pools: no framework region is "
-                         "labelled '%s'",
-                         label);
-    if (r->index >= reg->count)
+    const char *label = r->label ? r->label : "", *why = NULL;
+    *n = pieces_resolve(kv->conf.geom, kv->conf.n_regions, true, label, r->index, out, &why);
+    if (*n == 0 && strcmp(why, "index out of range") == 0) {
+        const fw_region *reg = &kv->conf.regions[out[0].region];
         return kvcr_fail(KVCR_EINVAL,
                          "block descriptor index %llu is out of range for region '%s' (count %zu)",
-                         (unsigned long long)r->index, label, reg->count);
-    if (reg->element_size != kv->pools[reg->pool].block_size)
+                         (unsigned long long)r->index, reg->label, reg->count);
+    }
+    if (*n == 0)
+        return kvcr_fail(KVCR_EINVAL,
+                         "block descriptors must use configured pools: no framework region is "
+                         "labelled '%s'%s",
+                         label, strlen(label) > 2 && strcmp(label + strlen(label) - 2, PART_ALL) == 0
+                                    ? " (nor any part of that pool)" : "");
+    const fw_region *reg = &kv->conf.regions[out[0].region];
+    const dram_pool *p = &kv->pools[reg->pool];
+    uint64_t bytes = 0;
+    for (uint32_t k = 0; k < *n; k++) bytes += out[k].len;
+    if (bytes != p->block_size)
         return kvcr_fail(KVCR_EINVAL,
                          "block descriptor has the wrong byte count: region '%s' elements are "
-                         "%zu bytes, pool '%s' blocks %zu",
-                         label, reg->element_size, kv->pools[reg->pool].name,
-                         kv->pools[reg->pool].block_size);
-    *out = reg;
+                         "%zu bytes, pool '%s' blocks %zu%s",
+                         label, (size_t)bytes, p->name, p->block_size,
+                         reg->part ? " (a block in parts is named whole: 'pool:*')" : "");
+    *pool = reg->pool;
     return 0;
 }
 
@@ -103,11 +106,13 @@ int ops_check_refs(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n)
     if (n == 0 || refs == NULL)
         return kvcr_fail(KVCR_EINVAL, "each block requires at least one descriptor");
     if (n > 255) return kvcr_fail(KVCR_EINVAL, "a block spans at most 255 layout entries");
+    mem_piece pc[PIECES_MAX];
     const fw_region *first = NULL;
     for (size_t j = 0; j < n; j++) {
-        const fw_region *reg = NULL;
-        int rc = check_ref(kv, &refs[j], &reg);
+        uint32_t np, pool;
+        int rc = ref_pieces(kv, &refs[j], pc, &np, &pool);
         if (rc != 0) return rc;
+        const fw_region *reg = &kv->conf.regions[pc[0].region];
         if (first == NULL) first = reg;
         if (reg->mem_type != first->mem_type || reg->device_id != first->device_id)
             return kvcr_fail(KVCR_EINVAL, "block descriptors must share one memory type and device");
@@ -115,26 +120,46 @@ int ops_check_refs(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n)
     return 0;
 }
 
-uint8_t *ops_ref_addr(const kvcr_t *kv, const kvcr_mem_ref *r, uint32_t *pool)
+uint32_t ops_ref_pieces(const kvcr_t *kv, const kvcr_mem_ref *r, mem_piece *out, uint32_t *pool)
 {
-    const fw_region *reg = find_region(kv, r->label ? r->label : "");
-    *pool = reg->pool;
-    return reg->addr + r->index * reg->stride;
+    uint32_t n = 0;
+    return ref_pieces(kv, r, out, &n, pool) == 0 ? n : 0;
+}
+
+/* The label peers resolve a checked reference by: the pool's "pool:*" for
+ * a block in parts, else the region's own (configuration-owned: it
+ * outlives the caller's string). */
+static const char *ref_label(const kvcr_t *kv, const mem_piece *first)
+{
+    const fw_region *reg = &kv->conf.regions[first->region];
+    return reg->part ? kv->conf.part_labels[reg->pool] : reg->label;
+}
+
+/* Counts the pieces of checked references refs[0..n). */
+static size_t count_pieces(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n)
+{
+    mem_piece pc[PIECES_MAX];
+    size_t total = 0;
+    for (size_t j = 0; j < n; j++) total += ops_ref_pieces(kv, &refs[j], pc, &(uint32_t){0});
+    return total;
 }
 
 /* Validates a deposit's or deliver's blocks completely; *total_refs is the
  * number of layout entries over all blocks. */
-static int check_blocks(const kvcr_t *kv, const kvcr_block *blocks, size_t n, size_t *total_refs)
+static int check_blocks(const kvcr_t *kv, const kvcr_block *blocks, size_t n, size_t *total_refs,
+                        size_t *total_pieces)
 {
     if (n > 0 && blocks == NULL) return kvcr_fail(KVCR_EINVAL, "blocks must not be NULL");
     if (n > UINT32_MAX / 2) return kvcr_fail(KVCR_EINVAL, "too many blocks in one call");
-    size_t total = 0;
+    size_t total = 0, pieces = 0;
     for (size_t i = 0; i < n; i++) {
         int rc = check_key(&blocks[i].key, i);
         if (rc == 0) rc = ops_check_refs(kv, blocks[i].refs, blocks[i].n_refs);
         if (rc != 0) return rc;
         total += blocks[i].n_refs;
+        pieces += count_pieces(kv, blocks[i].refs, blocks[i].n_refs);
     }
+    if (pieces > UINT32_MAX / 2) return kvcr_fail(KVCR_EINVAL, "too many pieces in one call");
     const kvcr_key **keys = calloc(n ? n : 1, sizeof *keys);
     bool *dup = calloc(n ? n : 1, sizeof *dup);
     long dups = keys && dup ? 0 : -1;
@@ -145,6 +170,7 @@ static int check_blocks(const kvcr_t *kv, const kvcr_block *blocks, size_t n, si
     if (dups < 0) return kvcr_fail(KVCR_ENOMEM, "out of memory");
     if (dups > 0) return kvcr_fail(KVCR_EINVAL, "a batch must not name the same key twice");
     *total_refs = total;
+    *total_pieces = pieces;
     return 0;
 }
 
@@ -155,16 +181,19 @@ static size_t align8(size_t x)
     return (x + 7) & ~(size_t)7;
 }
 
-/* One allocation: the op, its entries, keys, layout and result slots. */
-static op_rec *op_new(enum op_kind kind, const kvcr_key *const *keys, size_t n, size_t total_segs)
+/* One allocation: the op, its entries, keys, layout (with the framework
+ * pieces of each layout entry) and result slots. */
+static op_rec *op_new(enum op_kind kind, const kvcr_key *const *keys, size_t n, size_t total_segs,
+                      size_t total_pieces)
 {
     size_t key_bytes = 0;
     for (size_t i = 0; i < n; i++) key_bytes += keys[i]->len;
     size_t off_e = align8(sizeof(op_rec));
-    size_t off_addr = align8(off_e + n * sizeof(op_entry));
-    size_t off_pool = align8(off_addr + total_segs * sizeof(uint8_t *));
+    size_t off_piece = align8(off_e + n * sizeof(op_entry));
+    size_t off_pieces = align8(off_piece + (total_segs + 1) * sizeof(uint32_t));
+    size_t off_pool = align8(off_pieces + total_pieces * sizeof(mem_piece));
     size_t off_segs = align8(off_pool + total_segs * sizeof(uint32_t));
-    size_t off_slots = align8(off_segs + (kind == OP_DELIVER ? total_segs : 0) * sizeof(copy_seg));
+    size_t off_slots = align8(off_segs + (kind == OP_DELIVER ? total_pieces : 0) * sizeof(copy_seg));
     size_t off_keys = align8(off_slots + (kind == OP_FETCH ? total_segs : 0) * sizeof(kvcr_slot_ref));
     uint8_t *mem = calloc(1, off_keys + key_bytes + 1);
     if (mem == NULL) return NULL;
@@ -172,7 +201,8 @@ static op_rec *op_new(enum op_kind kind, const kvcr_key *const *keys, size_t n, 
     o->kind = (uint8_t)kind;
     o->n = o->pending = (uint32_t)n;
     o->e = (op_entry *)(mem + off_e);
-    o->seg_addr = (uint8_t **)(mem + off_addr);
+    o->seg_piece = (uint32_t *)(mem + off_piece);
+    o->pieces = (mem_piece *)(mem + off_pieces);
     o->seg_pool = (uint32_t *)(mem + off_pool);
     o->segs = (copy_seg *)(mem + off_segs);
     o->slot_refs = (kvcr_slot_ref *)(mem + off_slots);
@@ -188,20 +218,41 @@ static op_rec *op_new(enum op_kind kind, const kvcr_key *const *keys, size_t n, 
     return o;
 }
 
-/* Fills the framework side of a deposit's or deliver's layout. */
+/* Fills the framework side of a deposit's or deliver's layout: each
+ * layout entry's pool and pieces. */
 static void op_set_layout(kvcr_t *kv, op_rec *o, const kvcr_block *blocks)
 {
-    uint32_t s = 0;
+    uint32_t s = 0, p = 0;
     for (uint32_t i = 0; i < o->n; i++) {
         o->e[i].seg_off = s;
         o->e[i].n_segs = (uint32_t)blocks[i].n_refs;
         for (size_t j = 0; j < blocks[i].n_refs; j++, s++) {
-            const kvcr_mem_ref *r = &blocks[i].refs[j];
-            const fw_region *reg = find_region(kv, r->label ? r->label : "");
-            o->seg_addr[s] = reg->addr + r->index * reg->stride;
-            o->seg_pool[s] = reg->pool;
+            o->seg_piece[s] = p;
+            p += ops_ref_pieces(kv, &blocks[i].refs[j], &o->pieces[p], &o->seg_pool[s]);
         }
     }
+    o->seg_piece[s] = p;
+}
+
+/* Framework pieces of an entry, from its first layout entry on. */
+static uint32_t entry_pieces(const op_rec *o, const op_entry *e)
+{
+    return o->seg_piece[e->seg_off + e->n_segs] - o->seg_piece[e->seg_off];
+}
+
+/* The copy segments between KVCR slot `slot` and layout entry s's
+ * framework pieces (into the framework when to_fw). Returns how many. */
+static uint32_t slot_segs(const op_rec *o, uint32_t s, uint8_t *slot, bool to_fw, copy_seg *out)
+{
+    uint32_t n = 0;
+    size_t off = 0;
+    for (uint32_t k = o->seg_piece[s]; k < o->seg_piece[s + 1]; k++, n++) {
+        uint8_t *fw = (uint8_t *)(uintptr_t)o->pieces[k].addr;
+        size_t len = (size_t)o->pieces[k].len;
+        out[n] = to_fw ? (copy_seg){fw, slot + off, len} : (copy_seg){slot + off, fw, len};
+        off += len;
+    }
+    return n;
 }
 
 static const uint8_t *entry_key(const op_rec *o, const op_entry *e)
@@ -294,18 +345,17 @@ static void start_deliver_copy(kvcr_t *kv, op_rec *o, uint32_t i, block_id id)
     op_entry *e = &o->e[i];
     const block *b = index_get(&kv->index, id);
     res_claim(kv, id);
+    copy_seg *segs = &o->segs[o->seg_piece[e->seg_off]];
+    uint32_t n = 0;
     for (uint32_t j = 0; j < e->n_segs; j++) {
         uint32_t pool, slot;
         res_slot(kv, b, j, &pool, &slot);
-        o->segs[e->seg_off + j] = (copy_seg){o->seg_addr[e->seg_off + j],
-                                             dram_slot_addr(&kv->pools[pool], slot),
-                                             kv->pools[pool].block_size};
+        n += slot_segs(o, e->seg_off + j, dram_slot_addr(&kv->pools[pool], slot), true, segs + n);
     }
     e->block = id;
     e->wait = WAIT_COPY;
     e->job = (copy_job){.owner = o, .owner_idx = i, .kind = JOB_DELIVER,
-                        .submit_ns = kvcr_now_ns(), .n_segs = e->n_segs,
-                        .segs = &o->segs[e->seg_off]};
+                        .submit_ns = kvcr_now_ns(), .n_segs = n, .segs = segs};
     copy_submit(&kv->copier, &e->job);
 }
 
@@ -391,9 +441,10 @@ static void fill_done(kvcr_t *kv, fill *f, bool ok, kvcr_reason why)
     res_prune(kv, id);
 }
 
-static fill *fill_new(uint32_t n_segs)
+/* A fill with room for n copy segments (0: a lower tier fills it). */
+static fill *fill_new(uint32_t n)
 {
-    return calloc(1, sizeof(fill) + n_segs * sizeof(copy_seg));
+    return calloc(1, sizeof(fill) + n * sizeof(copy_seg));
 }
 
 /* Reserves the block's slots and prepares (not submits) the fill copy. */
@@ -401,16 +452,17 @@ static fill *start_fill(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, fill *f)
 {
     op_entry *e = &o->e[i];
     block *b = index_get(&kv->index, id);
-    for (uint32_t j = 0; j < e->n_segs; j++) {
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < e->n_segs && o->kind == OP_DEPOSIT; j++) { /* else external */
         uint32_t pool, slot;
         res_slot(kv, b, j, &pool, &slot);
-        f->segs[j] = (copy_seg){dram_slot_addr(&kv->pools[pool], slot), o->seg_addr[e->seg_off + j],
-                                kv->pools[pool].block_size};
+        n += slot_segs(o, e->seg_off + j, dram_slot_addr(&kv->pools[pool], slot), false,
+                       f->segs + n);
     }
     f->block = id;
     f->origin = o->handle;
     f->origin_idx = i;
-    f->job = (copy_job){.owner = f, .kind = JOB_FILL, .n_segs = e->n_segs, .segs = f->segs};
+    f->job = (copy_job){.owner = f, .kind = JOB_FILL, .n_segs = n, .segs = f->segs};
     b->fill = f;
     e->block = id;
     waiter_add(f, o, i);
@@ -533,23 +585,24 @@ static const kvcr_key **block_keys(const kvcr_block *blocks, size_t n)
 }
 
 static op_rec *op_from_blocks(kvcr_t *kv, enum op_kind kind, const kvcr_block *blocks, size_t n,
-                          size_t total_refs)
+                              size_t total_refs, size_t total_pieces)
 {
     const kvcr_key **keys = block_keys(blocks, n);
-    op_rec *o = keys ? op_new(kind, keys, n, total_refs) : NULL;
+    op_rec *o = keys ? op_new(kind, keys, n, total_refs, total_pieces) : NULL;
     free(keys);
     if (o != NULL) op_set_layout(kv, o, blocks);
     return o;
 }
 
-int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, kvcr_op_handle *out)
+int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, const char *hints,
+                size_t hints_len, kvcr_op_handle *out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "op must not be NULL");
     if (flags & ~KVCR_NO_EVICT) return kvcr_fail(KVCR_EINVAL, "unknown deposit flags %#x", flags);
-    size_t total_refs;
-    int rc = check_blocks(kv, blocks, n, &total_refs);
+    size_t total_refs, total_pieces;
+    int rc = check_blocks(kv, blocks, n, &total_refs, &total_pieces);
     if (rc != 0) return rc;
-    op_rec *o = op_from_blocks(kv, OP_DEPOSIT, blocks, n, total_refs);
+    op_rec *o = op_from_blocks(kv, OP_DEPOSIT, blocks, n, total_refs, total_pieces);
     for (uint32_t i = 0; o != NULL && rc == 0 && i < o->n; i++)
         rc = lower_layout_check(kv, &o->seg_pool[o->e[i].seg_off], o->e[i].n_segs);
     if (rc != 0) {
@@ -558,13 +611,18 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
     }
     fill **spare = calloc(n ? n : 1, sizeof *spare);
     bool ok = o != NULL && spare != NULL;
-    for (size_t i = 0; ok && i < n; i++) ok = (spare[i] = fill_new(o->e[i].n_segs)) != NULL;
+    for (size_t i = 0; ok && i < n; i++) ok = (spare[i] = fill_new(entry_pieces(o, &o->e[i]))) != NULL;
     if (ok) o->no_evict = (flags & KVCR_NO_EVICT) != 0;
-    rc = ok ? op_admit(kv, o, o->no_evict ? n : 0) : kvcr_fail(KVCR_ENOMEM, "out of memory");
+    admit_ctx ctx;
+    rc = ok ? tenants_admit_prepare(kv, hints, hints_len, &ctx)
+            : kvcr_fail(KVCR_ENOMEM, "out of memory");
+    if (rc == 0 && (rc = op_admit(kv, o, o->no_evict ? n : 0)) != 0) tenants_admit_free(&ctx);
     if (rc == 0) {
+        tenants_admit_enter(kv, &ctx, NULL);
         protect_batch(kv, o, true);
         for (uint32_t i = 0; i < o->n; i++) deposit_entry(kv, o, i, spare);
         protect_batch(kv, o, false);
+        tenants_admit_leave(kv);
         /* Submit after every allocation so a copy never races an eviction
          * decided later in the same batch. */
         for (uint32_t i = 0; i < o->n; i++) {
@@ -577,6 +635,7 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
             }
         }
         op_admitted(kv, o, out);
+        tenants_admit_free(&ctx);
     } else {
         free(o);
     }
@@ -587,23 +646,33 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
 
 /* ---- deliver ------------------------------------------------------------ */
 
-/* Entry i's destination segments, as a lower tier is given them. */
-static void deliver_dsts(kvcr_t *kv, const op_rec *o, const op_entry *e, const kvcr_block *blk,
+/* Entry i's destination segments, as a lower tier is given them; true
+ * when one of them is a block in parts (no single address: addr NULL). */
+static bool deliver_dsts(kvcr_t *kv, const op_rec *o, const op_entry *e, const kvcr_block *blk,
                          tier_dst *dst)
 {
+    bool parts = false;
     for (uint32_t j = 0; j < e->n_segs; j++) {
-        uint32_t pool = o->seg_pool[e->seg_off + j];
-        /* The configured region's label: the caller's string is gone once
+        uint32_t s = e->seg_off + j, pool = o->seg_pool[s];
+        const mem_piece *first = &o->pieces[o->seg_piece[s]];
+        bool whole = o->seg_piece[s + 1] - o->seg_piece[s] == 1;
+        /* The configured label: the caller's string is gone once
          * kvcr_deliver returns, the read may outlive it. */
-        const kvcr_mem_ref *r = &blk->refs[j];
-        const fw_region *reg = find_region(kv, r->label ? r->label : "");
-        dst[j] = (tier_dst){o->seg_addr[e->seg_off + j], kv->pools[pool].block_size, pool, true,
-                            reg->label, r->index};
+        dst[j] = (tier_dst){whole ? (uint8_t *)(uintptr_t)first->addr : NULL,
+                            kv->pools[pool].block_size, pool, true, ref_label(kv, first),
+                            blk->refs[j].index};
+        parts |= !whole;
     }
+    return parts;
 }
 
+static void fetch_below(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, lower_reads *tr,
+                        uint32_t t);
+
 /* A key KVCR DRAM lacks, read by the lower tier that holds it straight
- * into the framework's memory. */
+ * into the framework's memory; a block in parts, by a tier that writes
+ * only whole blocks, through KVCR DRAM (read into slots, then copied out
+ * piece by piece as any deliver from DRAM). */
 static void deliver_below(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, lower_reads *tr,
                           uint32_t t, const kvcr_block *blk)
 {
@@ -614,7 +683,15 @@ static void deliver_below(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, lower_
         return;
     }
     tier_dst dst[LOWER_MAX_SEGMENTS];
-    deliver_dsts(kv, o, e, blk, dst);
+    if (deliver_dsts(kv, o, e, blk, dst) && !ts->ops->scatters) {
+        if (!kv->conf.has_local_dram)
+            entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_NO_LOCAL_DRAM);
+        else if (id != BLOCK_NONE && index_get(&kv->index, id)->g2_state == G2_DISCARDING)
+            entry_finish(kv, o, i, KVCR_ENTRY_FAILED, KVCR_REASON_DISCARDING);
+        else
+            fetch_below(kv, o, i, id, tr, t);
+        return;
+    }
     tier_read rd = {ops_entry_token(o, i), id, entry_key(o, e), e->key_len, false, e->n_segs, dst,
                     blk->refs};
     e->wait = WAIT_TRANSFER;
@@ -649,10 +726,10 @@ int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *requ
                 kvcr_op_handle *out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "op must not be NULL");
-    size_t total_refs;
-    int rc = check_blocks(kv, blocks, n, &total_refs);
+    size_t total_refs, total_pieces;
+    int rc = check_blocks(kv, blocks, n, &total_refs, &total_pieces);
     if (rc != 0) return rc;
-    op_rec *o = op_from_blocks(kv, OP_DELIVER, blocks, n, total_refs);
+    op_rec *o = op_from_blocks(kv, OP_DELIVER, blocks, n, total_refs, total_pieces);
     rc = o ? op_admit(kv, o, 0) : kvcr_fail(KVCR_ENOMEM, "out of memory");
     if (rc != 0) {
         free(o);
@@ -684,12 +761,12 @@ static void deliver_done(kvcr_t *kv, op_rec *o, uint32_t i, bool ok)
 
 /* ---- fetch -------------------------------------------------------------- */
 
-/* A fetch of a key only G3 or the hinted peer has: KVCR slots now, filled
- * by the disk read or the peer's write. NULL when the entry failed. */
+/* A fetch of a key only G3 or the hinted peer has (or a deliver of a block
+ * in parts staged through KVCR DRAM): KVCR slots now, filled by the disk
+ * read or the peer's write. NULL when the entry failed. */
 static fill *fetch_external(kvcr_t *kv, op_rec *o, uint32_t i, block_id id, kvcr_tier source)
 {
-    op_entry *e = &o->e[i];
-    fill *f = fill_new(e->n_segs);
+    fill *f = fill_new(0);
     if (f == NULL) {
         kvcr_log(&kv->log, KVCR_LOG_ERROR, "out of memory: cannot start a fetch from %s",
                  kvcr_tier_name(source));
@@ -780,7 +857,8 @@ static int layout_pools(const kvcr_t *kv, const char *const *layout, size_t len,
 }
 
 int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
-              const char *const *layout, size_t layout_len, kvcr_op_handle *out)
+              const char *const *layout, size_t layout_len, const char *hints,
+              size_t hints_len, kvcr_op_handle *out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "op must not be NULL");
     if (n > 0 && keys == NULL) return kvcr_fail(KVCR_EINVAL, "keys must not be NULL");
@@ -802,14 +880,18 @@ int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id
     size_t m = 0;
     for (size_t i = 0; dups >= 0 && i < n; i++)
         if (!dup[i]) uniq[m++] = &keys[i];
-    op_rec *o = dups >= 0 ? op_new(OP_FETCH, uniq, m, m * (size_t)len) : NULL;
+    op_rec *o = dups >= 0 ? op_new(OP_FETCH, uniq, m, m * (size_t)len, 0) : NULL;
     free(uniq);
     free(dup);
-    int rc = o ? op_admit(kv, o, m) : kvcr_fail(KVCR_ENOMEM, "out of memory");
+    admit_ctx ctx;
+    int rc = o ? tenants_admit_prepare(kv, hints, hints_len, &ctx)
+               : kvcr_fail(KVCR_ENOMEM, "out of memory");
+    if (rc == 0 && (rc = op_admit(kv, o, m)) != 0) tenants_admit_free(&ctx);
     if (rc != 0) {
         free(o);
         return rc;
     }
+    tenants_admit_enter(kv, &ctx, request_id);
     lower_reads tr;
     lower_reads_begin(kv, &tr, kv->conf.has_local_dram ? request_id : NULL, o->handle, true, m,
                      m * (size_t)len);
@@ -820,7 +902,9 @@ int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id
         fetch_entry(kv, o, i, &tr);
     }
     lower_reads_end(kv, &tr);
+    tenants_admit_leave(kv);
     op_admitted(kv, o, out);
+    tenants_admit_free(&ctx);
     return 0;
 }
 

@@ -6,11 +6,15 @@
 
 #include "core/instance.h"
 
-int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, kvcr_op_handle *op);
+/* hints: the deposit's framework hints (core/tenants.h), NULL: none. */
+int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, const char *hints,
+                size_t hints_len, kvcr_op_handle *op);
 int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *request_id,
                 kvcr_op_handle *op);
+/* hints: the fetch's framework hints (core/tenants.h), NULL: none. */
 int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
-              const char *const *layout, size_t layout_len, kvcr_op_handle *op);
+              const char *const *layout, size_t layout_len, const char *hints,
+              size_t hints_len, kvcr_op_handle *op);
 int ops_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n, bool *released);
 int ops_abort(kvcr_t *kv, kvcr_op_handle op, const kvcr_key *keys, size_t n, size_t *n_aborted);
 
@@ -29,8 +33,9 @@ void ops_discard_done(kvcr_t *kv);
 bool ops_valid_key(const kvcr_key *k);
 /* A block's framework references, checked as deposit checks them. */
 int ops_check_refs(const kvcr_t *kv, const kvcr_mem_ref *refs, size_t n);
-/* The address of a checked reference, and the pool its label names. */
-uint8_t *ops_ref_addr(const kvcr_t *kv, const kvcr_mem_ref *r, uint32_t *pool);
+/* The framework pieces of a reference (core/conf.h) into out[PIECES_MAX],
+ * and the pool its label names; 0 when it does not check. */
+uint32_t ops_ref_pieces(const kvcr_t *kv, const kvcr_mem_ref *r, mem_piece *out, uint32_t *pool);
 
 /* Locked: the remote and G3 tiers settle the entries and fills they were
  * given. */

@@ -39,7 +39,9 @@ typedef struct tier_token {
 
 /* One destination segment of a read: `len` bytes at `addr`, and the same
  * place as a reference peers understand (a framework region label and
- * element index, or a KVCR pool name and slot). */
+ * element index, or a KVCR pool name and slot). A framework block in parts
+ * (core/conf.h) has no single address: addr is NULL, the label "pool:*",
+ * and only a tier that scatters (tier_ops.scatters) is given it. */
 typedef struct tier_dst {
     uint8_t *addr;
     size_t len;
@@ -131,6 +133,11 @@ typedef struct tier_ops {
     /* Whether a layout of n_segs segments of these pools can be kept by
      * this tier (G3 keeps one slot of the first pool). NULL: any. */
     bool (*layout_ok)(const tier *t, const uint32_t *pools, uint32_t n_segs);
+    /* Whether the tier writes a deliver's destination from its reference
+     * (label, index), so a framework block in parts lands piece by piece.
+     * False: the core reads such a block into KVCR DRAM first and copies it
+     * out from there. */
+    bool scatters;
 } tier_ops;
 
 /* A tier as the instance keeps it. */

@@ -57,6 +57,7 @@ typedef struct route {
     size_t worker_len;
     uint32_t n_regions;
     rregion *regions;
+    region_geom *geom;              /* regions[i] as core/conf.h's resolver sees it */
 } route;
 
 /* ---- pulls: target side ---------------------------------------------------- */
@@ -143,8 +144,8 @@ typedef struct sw_key {
 } sw_key;
 
 typedef struct sw_dst {
-    uint64_t addr;            /* in the target */
-    const ucx_rkey *rkey;
+    uint32_t piece_off;       /* its pieces in the target: swrite.dpieces[piece_off ..], */
+    uint32_t n_pieces;        /* regions indexing the route's */
     uint32_t pool;            /* our pool of the same label */
     bool framework;
     char label[WIRE_MAX_NAME + 1];
@@ -173,10 +174,13 @@ typedef struct swrite {
     uint8_t *key_bytes;
     sw_dst *dst;
     uint32_t n_dst;
+    mem_piece *dpieces;           /* the destinations' pieces */
+    uint32_t n_dpieces, cap_dpieces;
     uint64_t *wait_reqs;          /* pin requests it waits for */
     uint32_t n_wait;
     ucx_seg *segs;
-    uint32_t n_segs;
+    uint32_t n_segs, cap_segs;
+    uint32_t n_blocks;            /* destination blocks in segs */
     uint64_t bytes;
     int ucx_status;
     struct remote *owner;

@@ -80,6 +80,7 @@ static void route_free(route *rt)
         free(rt->regions[i].rkey_bytes);
     }
     free(rt->regions);
+    free(rt->geom);
     if (rt->peer) ucx_peer_close(rt->peer);
     free(rt->worker_addr);
     free(rt);
@@ -136,7 +137,8 @@ static int route_load(remote *r, const wire_msg *m, route **out)
     snprintf(rt->key, sizeof rt->key, "%s", sender_key(m));
     rt->worker_addr = malloc(md->worker_addr.len);
     rt->regions = calloc(md->n_regions ? md->n_regions : 1, sizeof *rt->regions);
-    if (rt->worker_addr == NULL || rt->regions == NULL) {
+    rt->geom = calloc(md->n_regions ? md->n_regions : 1, sizeof *rt->geom);
+    if (rt->worker_addr == NULL || rt->regions == NULL || rt->geom == NULL) {
         route_free(rt);
         return kvcr_fail(KVCR_ENOMEM, "out of memory");
     }
@@ -153,6 +155,8 @@ static int route_load(remote *r, const wire_msg *m, route **out)
         g->element_size = w->element_size;
         g->stride = w->stride;
         g->count = w->count;
+        rt->geom[i] = (region_geom){g->label, g->framework, g->addr, g->element_size, g->stride,
+                                    g->count};
         g->rkey_bytes = malloc(w->rkey.len);
         if (g->rkey_bytes == NULL) {
             rc = kvcr_fail(KVCR_ENOMEM, "out of memory");
@@ -805,4 +809,5 @@ const tier_ops remote_tier_ops = {
     .end = remote_end,
     .spill = NULL,
     .layout_ok = NULL,
+    .scatters = true, /* the source writes each part where the target's metadata says */
 };

@@ -176,33 +176,49 @@ static void sw_free(swrite *sw)
     free(sw->keys);
     free(sw->key_bytes);
     free(sw->dst);
+    free(sw->dpieces);
     free(sw->wait_reqs);
     free(sw->segs);
     free(sw);
 }
 
-/* Resolves every destination ref of m against the target's regions. */
+/* Resolves every destination ref of m against the target's regions
+ * (core/conf.h's resolver: a block in parts is several pieces), into
+ * sw->dst and its pieces sw->dpieces. */
 static const char *resolve_dst(remote *r, const wire_msg *m, const route *rt, swrite *sw)
 {
+    mem_piece pc[PIECES_MAX];
     for (uint32_t i = 0; i < m->ref_off[m->n_keys]; i++) {
         const wire_ref *ref = &m->refs[i];
         sw_dst *d = &sw->dst[i];
         copy_str(d->label, sizeof d->label, &ref->label);
-        const rregion *g = NULL;
-        for (uint32_t k = 0; k < rt->n_regions && g == NULL; k++)
-            if (rt->regions[k].framework == ref->framework &&
-                strcmp(rt->regions[k].label, d->label) == 0)
-                g = &rt->regions[k];
-        if (g == NULL) return "a destination names a region the target never published";
-        if (ref->index >= g->count) return "a destination index is out of its region";
-        int pool = host_pool_named(r->kv, d->label);
+        const char *why = NULL;
+        uint32_t n = pieces_resolve(rt->geom, rt->n_regions, ref->framework, d->label, ref->index,
+                                    pc, &why);
+        if (n == 0)
+            return strcmp(why, "index out of range") == 0
+                       ? "a destination index is out of its region"
+                       : "a destination names a region the target never published";
+        int pool = host_label_pool(r->kv, d->label);
         if (pool < 0) return "a destination names a pool this source does not have";
         host_pool pi;
         host_pool_info(r->kv, (uint32_t)pool, &pi);
-        if (g->element_size != pi.block_size)
+        uint64_t bytes = 0;
+        for (uint32_t k = 0; k < n; k++) bytes += pc[k].len;
+        if (bytes != pi.block_size)
             return "a destination's element size differs from this source's block size";
-        d->addr = g->addr + ref->index * g->stride;
-        d->rkey = g->rkey;
+        if (n > sw->cap_dpieces - sw->n_dpieces) {
+            uint32_t cap = sw->cap_dpieces * 2 > sw->n_dpieces + n ? sw->cap_dpieces * 2
+                                                                   : sw->n_dpieces + n;
+            mem_piece *grown = realloc(sw->dpieces, cap * sizeof *grown);
+            if (grown == NULL) return "out of memory";
+            sw->dpieces = grown;
+            sw->cap_dpieces = cap;
+        }
+        memcpy(&sw->dpieces[sw->n_dpieces], pc, n * sizeof *pc);
+        d->piece_off = sw->n_dpieces;
+        d->n_pieces = n;
+        sw->n_dpieces += n;
         d->pool = (uint32_t)pool;
         d->framework = ref->framework;
         d->index = ref->index;
@@ -220,9 +236,8 @@ static swrite *sw_new(remote *r, const wire_msg *m, route *rt, const char **why)
         sw->keys = calloc(m->n_keys, sizeof *sw->keys);
         sw->key_bytes = malloc(key_bytes);
         sw->dst = calloc(n_refs, sizeof *sw->dst);
-        sw->segs = calloc(n_refs, sizeof *sw->segs);
     }
-    if (!sw || !sw->keys || !sw->key_bytes || !sw->dst || !sw->segs) {
+    if (!sw || !sw->keys || !sw->key_bytes || !sw->dst) {
         if (sw) sw_free(sw);
         *why = "out of memory";
         return NULL;
@@ -269,32 +284,69 @@ static bool claim_local(remote *r, swrite *sw)
     return all;
 }
 
-static uint32_t region_index(const kvcr_conf *conf, const char *label)
-{
-    for (uint32_t i = 0; i < conf->n_regions; i++)
-        if (strcmp(conf->regions[i].label, label) == 0) return i;
-    return 0; /* checked references always name a region */
-}
-
-/* Where segment j of key k is read from, and its registration: the claimed
- * KVCR DRAM block, else the framework references its pin gave. NULL: not
- * served (no source, or the framework's layout differs). */
-static const void *segment_source(remote *r, const sw_key *k, uint32_t j, const sw_dst *d,
-                                  const ucx_mem **mem)
+/* Where segment j of key k is read from: the claimed KVCR DRAM block,
+ * else the framework references its pin gave, as pieces whose region
+ * indexes r->mems. 0: not served (no source, or the framework's layout
+ * differs). */
+static uint32_t segment_source(remote *r, const sw_key *k, uint32_t j, const sw_dst *d,
+                               mem_piece *out)
 {
     const kvcr_conf *conf = host_conf(r->kv);
     if (k->local != TIER_BLOCK_NONE) {
         tier_dst seg;
-        if (!host_block_segment(r->kv, k->local, j, &seg)) return NULL;
-        *mem = r->mems[conf->n_regions + seg.pool];
-        return seg.addr;
+        if (!host_block_segment(r->kv, k->local, j, &seg)) return 0;
+        out[0] = (mem_piece){(uint64_t)(uintptr_t)seg.addr, seg.len,
+                             (uint32_t)conf->n_regions + seg.pool};
+        return 1;
     }
-    if (k->fw_refs == NULL || k->n_dst != k->n_fw) return NULL;
+    if (k->fw_refs == NULL || k->n_dst != k->n_fw) return 0;
     uint32_t pool;
-    const void *src = host_ref_addr(r->kv, &k->fw_refs[j], &pool);
-    if (pool != d->pool) return NULL; /* another layout: not served */
-    *mem = r->mems[region_index(conf, k->fw_refs[j].label ? k->fw_refs[j].label : "")];
-    return src;
+    uint32_t n = host_ref_pieces(r->kv, &k->fw_refs[j], out, &pool);
+    return pool == d->pool ? n : 0; /* another layout: not served */
+}
+
+/* Room for n more segments in sw->segs. */
+static bool segs_room(swrite *sw, uint32_t n)
+{
+    if (n <= sw->cap_segs - sw->n_segs) return true;
+    uint32_t cap = sw->cap_segs * 2 > sw->n_segs + n ? sw->cap_segs * 2 : sw->n_segs + n;
+    ucx_seg *grown = realloc(sw->segs, cap * sizeof *grown);
+    if (grown == NULL) return false;
+    sw->segs = grown;
+    sw->cap_segs = cap;
+    return true;
+}
+
+/* Key k's segments, appended to sw->segs: each destination's source and
+ * target pieces paired (either side may be a block in parts). False: the
+ * key is not served (nothing appended). */
+static bool key_segments(remote *r, swrite *sw, const sw_key *k, uint64_t *bytes)
+{
+    mem_piece src[PIECES_MAX];
+    piece_pair pairs[2 * PIECES_MAX];
+    uint32_t first = sw->n_segs;
+    *bytes = 0;
+    for (uint32_t j = 0; j < k->n_dst; j++) {
+        const sw_dst *d = &sw->dst[k->dst_off + j];
+        uint32_t ns = segment_source(r, k, j, d, src);
+        host_pool pi;
+        host_pool_info(r->kv, d->pool, &pi);
+        uint64_t src_bytes = 0;
+        for (uint32_t q = 0; q < ns; q++) src_bytes += src[q].len;
+        uint32_t np = src_bytes == pi.block_size
+                          ? pieces_pair(src, ns, &sw->dpieces[d->piece_off], d->n_pieces, pairs)
+                          : 0;
+        if (np == 0 || !segs_room(sw, np)) {
+            sw->n_segs = first;
+            return false;
+        }
+        for (uint32_t q = 0; q < np; q++)
+            sw->segs[sw->n_segs++] =
+                (ucx_seg){(const void *)(uintptr_t)pairs[q].a, r->mems[pairs[q].a_region],
+                          pairs[q].b, sw->route->regions[pairs[q].b_region].rkey, pairs[q].len};
+        *bytes += pi.block_size;
+    }
+    return true;
 }
 
 /* Fixes the sources: KVCR DRAM first, then framework pins; builds the
@@ -303,24 +355,14 @@ static const void *segment_source(remote *r, const sw_key *k, uint32_t j, const 
 static void assemble(remote *r, swrite *sw)
 {
     sw->n_segs = 0;
+    sw->n_blocks = 0;
     sw->bytes = 0;
     for (uint32_t i = 0; i < sw->n_keys && !sw->forced_fail; i++) {
         sw_key *k = &sw->keys[i];
-        k->included = false;
         uint64_t bytes = 0;
-        for (uint32_t j = 0; j < k->n_dst; j++) {
-            const sw_dst *d = &sw->dst[k->dst_off + j];
-            const ucx_mem *mem = NULL;
-            const void *src = segment_source(r, k, j, d, &mem);
-            if (src == NULL) break;
-            host_pool pi;
-            host_pool_info(r->kv, d->pool, &pi);
-            sw->segs[sw->n_segs + j] = (ucx_seg){src, mem, d->addr, d->rkey, pi.block_size};
-            bytes += pi.block_size;
-            if (j + 1 == k->n_dst) k->included = true;
-        }
+        k->included = key_segments(r, sw, k, &bytes);
         if (!k->included) continue;
-        sw->n_segs += k->n_dst;
+        sw->n_blocks += k->n_dst;
         sw->bytes += bytes;
     }
     to_post(r, sw);
@@ -510,7 +552,7 @@ void source_ucx_settle(remote *r)
                            (unsigned long long)sw->number, sw->agent);
         host_observe(kv, "source_write", sw->success ? "success" : "failed",
                      kvcr_ns_to_s(kvcr_now_ns() - sw->start_ns));
-        if (sw->success) host_count(kv, "source_write", sw->n_segs, sw->bytes);
+        if (sw->success) host_count(kv, "source_write", sw->n_blocks, sw->bytes);
         sw_end(r, sw);
     }
 }
