@@ -1,7 +1,8 @@
 /* Blocks made of parts: a pool's block gathered from several framework
  * regions ("pool:part") into one KVCR slot on deposit and scattered back on
- * deliver ("pool:*"), in several part layouts, with every byte compared;
- * and the rules that refuse parts that do not make a block. */
+ * deliver ("pool:*"), in several part layouts, with every byte compared,
+ * also from G3 (through KVCR DRAM); and the rules that refuse parts that do
+ * not make a block. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,6 +348,67 @@ static void test_references_to_parts_are_checked(void **state)
     prig_free(&p);
 }
 
+static kvcr_query_result query1(parts_rig *p, const char *name)
+{
+    kvcr_key k = key_of(name);
+    kvcr_query_result q;
+    assert_int_equal(kvcr_query(p->kv, &k, 1, NULL, &q), 0);
+    return q;
+}
+
+/* G3 writes whole blocks only: a block in parts that G3 holds is read into
+ * KVCR DRAM first and copied out part by part, bytes intact. */
+static void test_deliver_from_g3_into_parts_goes_through_kvcr_dram(void **state)
+{
+    (void)state;
+    char dir[64], path[96];
+    snprintf(dir, sizeof dir, "/var/tmp/kvcr-parts-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/g3", dir);
+    const char *paths[] = {path};
+    parts_rig p;
+    prig_init(&p, false);
+    p.pools[0].size = 2 * BS; /* two DRAM slots: the third deposit spills */
+    p.cfg.g3.paths = paths;
+    p.cfg.g3.n_paths = 1;
+    p.cfg.g3.capacity_bytes_per_file = 8 * BS;
+    prig_region(&p, "kv:k", 0, BS / 4, 0);
+    prig_region(&p, "kv:v", (size_t)BS * N, 3 * BS / 4, 0);
+    assert_int_equal(prig_start(&p), 0);
+    char names[4][8];
+    for (uint32_t i = 0; i < 4; i++) {
+        scatter_pattern(&p, i, 300 + i);
+        snprintf(names[i], sizeof names[i], "g%u", i);
+        kvcr_mem_ref ref = {NULL, "kv:*", i};
+        kvcr_block b = {key_of(names[i]), &ref, 1};
+        kvcr_op_handle op;
+        assert_int_equal(kvcr_deposit(p.kv, &b, 1, 0, &op), 0);
+        wait_ok(&p, op, 1);
+    }
+    bool in_g3 = false;
+    for (int spins = 0; spins < 5000 && !in_g3; spins++) {
+        kvcr_op_result *res;
+        size_t nr;
+        assert_int_equal(kvcr_poll(p.kv, &res, &nr), 0);
+        kvcr_results_free(res);
+        in_g3 = query1(&p, "g0").tier == KVCR_TIER_G3;
+        if (!in_g3) usleep(1000);
+    }
+    assert_true(in_g3);
+    assert_int_equal(query1(&p, "g0").status, KVCR_QUERY_FETCHABLE);
+    memset(p.fw, 0, p.fw_bytes);
+    kvcr_mem_ref ref = {NULL, "kv:*", 6};
+    kvcr_block b = {key_of("g0"), &ref, 1};
+    kvcr_op_handle op;
+    assert_int_equal(kvcr_deliver(p.kv, &b, 1, NULL, &op), 0);
+    wait_ok(&p, op, 1);
+    assert_true(parts_hold(&p, 6, 300));
+    assert_int_equal(query1(&p, "g0").status, KVCR_QUERY_HIT); /* staged in KVCR DRAM */
+    prig_free(&p);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -355,6 +417,7 @@ int main(void)
         cmocka_unit_test(test_uneven_strided_parts_beside_a_whole_pool),
         cmocka_unit_test(test_parts_that_do_not_make_a_block_are_refused),
         cmocka_unit_test(test_references_to_parts_are_checked),
+        cmocka_unit_test(test_deliver_from_g3_into_parts_goes_through_kvcr_dram),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
