@@ -1,1 +1,1 @@
-"""Framework integrations: vllm (the secondary tier)."""
+"""Framework integrations: vllm (the secondary tier), sglang (the HiCache storage backend)."""

@@ -7,10 +7,10 @@ from __future__ import annotations
 import enum
 import importlib
 import logging
-import sys
-import types
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from standin_modules import register_modules
 
 
 class LookupResult(enum.Enum):
@@ -189,15 +189,4 @@ _MODULES = {
 
 def install() -> None:
     """Registers the stand-in modules (and their parent packages)."""
-    for dotted, names in _MODULES.items():
-        parts = dotted.split(".")
-        for i in range(1, len(parts) + 1):
-            name = ".".join(parts[:i])
-            if name not in sys.modules:
-                mod = types.ModuleType(name)
-                mod.__path__ = []
-                sys.modules[name] = mod
-                if i > 1:
-                    setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], mod)
-        for attr, value in names.items():
-            setattr(sys.modules[dotted], attr, value)
+    register_modules(_MODULES)
