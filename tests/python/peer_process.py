@@ -14,6 +14,8 @@ Modes (option "mode"):
   pins  - no KVCR DRAM: framework blocks 0..n-1 hold keys 0..n-1 and peers
           are served through request_pin / poll_pin_results / release_pin
           (optionally raising the first time, or never answering: "hold").
+          With "parts" (a list of sizes adding up to the block) each block
+          is held in parts, one region ":p<k>" per size, pinned as ":*".
   vllm  - vLLM's KVCRSecondaryTierManager (secondary_g2_slots=0) over the
           stand-ins, serving its primary rows through its pin adapter.
   sglang - SGLang's KVCRHiCacheStorage (kvcr.integrations.sglang) over the
@@ -211,8 +213,9 @@ class _Pins:
     """The framework's pin callbacks over its own framework blocks."""
 
     def __init__(self, agent: str, available: int, raise_request: int, raise_release: int,
-                 hold: bool) -> None:
+                 hold: bool, label: str = "") -> None:
         self.agent = agent
+        self.label = label                  # what a pinned block's reference names
         self.available = available
         self.raise_request = raise_request  # this many request_pin calls raise
         self.raise_release = raise_release  # each handle's first N releases raise
@@ -242,7 +245,8 @@ class _Pins:
             mapping = {}
             for k in keys:
                 i = int.from_bytes(bytes(k)[4:], "big")
-                mapping[k] = ([kvcr.MemoryRef(end_point_name=self.agent, element_index=i)]
+                mapping[k] = ([kvcr.MemoryRef(end_point_name=self.agent, label=self.label,
+                                              element_index=i)]
                               if i < self.available else None)
             self.granted.append(handle)
             out.append((rid, (handle, mapping)))
@@ -371,6 +375,19 @@ def _child(options: dict) -> int:
         for i in range(fw_n):
             fw[i * BLOCK:(i + 1) * BLOCK] = pattern(i)
         addr = ctypes.addressof(ctypes.c_char.from_buffer(fw))
+        regions = [kvcr.RegionDescriptor(addr=addr, size=BLOCK, count=fw_n)]
+        if options.get("parts"):
+            regions = []
+            at = 0
+            for k, size in enumerate(options["parts"]):
+                part = mmap.mmap(-1, fw_n * size)
+                keep.append(part)
+                for i in range(fw_n):
+                    part[i * size:(i + 1) * size] = pattern(i)[at:at + size]
+                regions.append(kvcr.RegionDescriptor(
+                    addr=ctypes.addressof(ctypes.c_char.from_buffer(part)), size=size,
+                    count=fw_n, label=f":p{k}"))
+                at += size
         pins = None
         local = None
         if mode == "dram":
@@ -381,7 +398,8 @@ def _child(options: dict) -> int:
             bindings = kvcr.KVCRBindings(None, None, None)
         else:
             pins = _Pins(agent, options.get("available", n), options.get("raise_request", 0),
-                         options.get("raise_release", 0), options.get("hold", False))
+                         options.get("raise_release", 0), options.get("hold", False),
+                         ":*" if options.get("parts") else "")
             bindings = kvcr.KVCRBindings(pins.request_pin, pins.poll_pin_results,
                                          pins.release_pin, pins.cancel_pin_request)
         bindings = kvcr.KVCRBindings(
@@ -395,7 +413,7 @@ def _child(options: dict) -> int:
                             operation_timeout_ms=op_ms, abandon_timeout_ms=2 * op_ms),
             bindings,
             kvcr.KVCRBackendConfigs(
-                framework_regions=[kvcr.RegionDescriptor(addr=addr, size=BLOCK, count=fw_n)],
+                framework_regions=regions,
                 local_dram=local))
         if mode == "dram":
             refs = {key(i): [kvcr.MemoryRef(end_point_name=agent, element_index=i)]
