@@ -100,8 +100,8 @@ done < <(find src -name '*.[ch]' | sort)
 
 # Programs of the library: the Python extension includes include/ alone; the
 # `kvcr` tool, besides include/, only the modules it links itself
-# (tools/CMakeLists.txt): the daemon, the G3 store and the logging.
-TOOL_SRC_HEADERS=" service/service.h tiers/g3_store.h util/log.h "
+# (tools/CMakeLists.txt): the daemon, the G3 store, the logging and the KV-event decoder.
+TOOL_SRC_HEADERS=" service/service.h tiers/g3_store.h util/log.h net/kvev.h "
 while IFS= read -r path; do
   for inc in $(src_includes "$path"); do
     case "$path:$TOOL_SRC_HEADERS" in

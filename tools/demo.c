@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,6 +50,10 @@ static const char usage_text[] =
     "  --quick             a short run for ctest (64 KiB blocks, 60 requests, 8 conversations,\n"
     "                      4 system blocks, 128 slots, 60 s limit); options given explicitly win\n"
     "  --json              print the final figures as one JSON object\n"
+    "  --kv-events-port P  the router's index comes from KV events (always): engine e's KVCR\n"
+    "                      publishes to tcp://127.0.0.1:(P+e) (the router binds it), topic\n"
+    "                      kv@engine-<e>@demo, with replay on tcp://127.0.0.1:(P+100+e);\n"
+    "                      without it the demo picks free ports\n"
     "  --hosts N           N hosts on this machine (the netns rig, needs root): the router on\n"
     "                      198.18.0.1, engine e on 198.18.0.<e+2>, each in its own network,\n"
     "                      IPC and UTS namespaces, so blocks cross a network link as between\n"
@@ -136,6 +142,7 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
         {"--time-limit", 1, 86400, .d = &o->time_limit_s},
         {"--duration", 1, 86400, .d = &o->duration_s},
         {"--hosts", 2, DEMO_MAX_ENGINES + 1, .i = &o->hosts},
+        {"--kv-events-port", 1024, 65535 - 100 - DEMO_MAX_ENGINES, .i = &o->kv_events_port},
     };
     bool engines_given = false;
     for (int i = 0; i < argc; i++) {
@@ -214,6 +221,52 @@ static int parse_opts(int argc, char **argv, demo_opts *o)
         fprintf(stderr, "kvcr: demo: --block-size must be a multiple of 8 (got %zu)\n%s",
                 o->block_size, usage_text);
         return 2;
+    }
+    return 0;
+}
+
+/* ---- KV events ------------------------------------------------------------------ */
+
+/* A TCP port free on 127.0.0.1 now (the system's choice) and none of
+ * taken[0 .. n), or 0. */
+static uint16_t free_port(const uint16_t *taken, int n)
+{
+    for (int attempt = 0; attempt < 16; attempt++) {
+        int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof a;
+        uint16_t port = 0;
+        if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+            getsockname(s, (struct sockaddr *)&a, &len) == 0)
+            port = ntohs(a.sin_port);
+        if (s >= 0) close(s);
+        bool seen = false;
+        for (int i = 0; i < n; i++) seen |= taken[i] == port;
+        if (port == 0 || !seen) return port;
+    }
+    return 0;
+}
+
+/* Every engine's KV-event ports: --kv-events-port's, or free ones. 0, or
+ * -1 with a message. */
+static int kv_ports(demo_opts *o, const netrig *rig)
+{
+    snprintf(o->router_addr, sizeof o->router_addr, "%s", rig ? netrig_addr(rig, 0) : "127.0.0.1");
+    uint16_t taken[2 * DEMO_MAX_ENGINES];
+    int n = 0, p = o->kv_events_port;
+    for (int e = 0; e < o->engines; e++) {
+        if (!p) {
+            taken[n] = free_port(taken, n);
+            n++;
+            taken[n] = free_port(taken, n);
+            n++;
+        }
+        o->kv_pub_port[e] = p ? (uint16_t)(p + e) : taken[n - 2];
+        o->kv_replay_port[e] = p ? (uint16_t)(p + 100 + e) : taken[n - 1];
+        if (o->kv_pub_port[e] == 0 || o->kv_replay_port[e] == 0) {
+            fprintf(stderr, "kvcr demo: no free port for the KV events: %s\n", strerror(errno));
+            return -1;
+        }
     }
     return 0;
 }
@@ -745,6 +798,10 @@ int cmd_demo(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     netrig *rig; /* SIGINT or SIGKILL here: its keepers remove it (netrig.h) */
     if ((rc = hosts_up(&o, &rig)) != 0) return rc;
+    if (kv_ports(&o, rig) != 0) {
+        netrig_down(rig);
+        return 1;
+    }
     if (!o.json && o.chaos)
         printf("kvcr demo --chaos: %d engines + a router + the KVCR service for %.0f s, "
                "%s blocks, %d DRAM slots (guard mode) and %d G3 slots per engine, seed %" PRIu64

@@ -4,7 +4,8 @@
  * traffic between the engines crossing the rig's links).
  *
  *   driver --REQ--> router --REQ + kv_hint--> engine i
- *   engine i --HELLO, INV, DONE--> router --READY, DONE--> driver
+ *   engine i --HELLO, DONE--> router --READY, DONE--> driver
+ *   engine i's KVCR --KV events (ZeroMQ, vLLM's wire format)--> router
  *
  * Every process is forked by the driver before any KVCR (or UCX)
  * initialisation anywhere; only the engines create a KVCR instance. Blocks
@@ -18,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <zmq.h>
 
 #include "tool_util.h" /* tool_now, whole reads and writes */
 
@@ -62,6 +64,12 @@ typedef struct demo_opts {
      * its host's address; 0: every process on this host, on 127.0.0.1. */
     int hosts;
     char engine_addr[DEMO_MAX_ENGINES][16]; /* set by the driver with the rig */
+    char router_addr[16];                   /* 127.0.0.1, or the router's rig host */
+    /* KV events: engine e's KVCR publishes to the router on kv_pub_port[e]
+     * and answers replay on kv_replay_port[e] (--kv-events-port P: P + e
+     * and P + 100 + e; without it, free ports the driver picks). */
+    int kv_events_port;
+    uint16_t kv_pub_port[DEMO_MAX_ENGINES], kv_replay_port[DEMO_MAX_ENGINES];
 } demo_opts;
 
 /* Message types. Payloads are the structs below (one binary, so one layout)
@@ -70,7 +78,6 @@ enum demo_msg_type {
     MSG_HELLO = 1, /* engine -> router: demo_hello */
     MSG_READY,     /* router -> driver: no payload */
     MSG_REQ,       /* driver -> router: demo_req + hashes; router -> engine: + hint JSON */
-    MSG_INV,       /* engine -> router: demo_inv + hashes */
     MSG_DONE,      /* engine -> router -> driver: demo_result */
     MSG_STOP,      /* driver -> router -> engines: no payload */
     MSG_FATAL,     /* router -> driver: text */
@@ -98,12 +105,6 @@ typedef struct demo_req {
 
 /* Why a request got no answer from an engine (demo_result.failed). */
 enum demo_fail { DEMO_FAIL_NONE = 0, DEMO_FAIL_ENGINE_DIED, DEMO_FAIL_NO_ENGINE, DEMO_FAILS };
-
-typedef struct demo_inv {
-    int32_t engine;
-    uint32_t removed;
-    uint32_t n;
-} demo_inv;
 
 /* One request's outcome, measured by the engine that served it. */
 typedef struct demo_result {
@@ -185,6 +186,12 @@ int demo_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, 
  * EMSGSIZE for a message larger than cap. */
 int demo_recv(int fd, uint32_t *type, void *buf, size_t cap, size_t *len, double deadline);
 
+/* Engine e's KV-event endpoints: where it publishes (the router's address:
+ * a literal host, so the engine connects and the router binds) and where
+ * it answers replay (its own address, bound). */
+void demo_kv_endpoints(const demo_opts *o, int e, char *pub, size_t pub_len, char *replay,
+                       size_t replay_len);
+
 /* Child processes: die with the driver, ignore SIGPIPE (writes fail),
  * SIGINT and SIGHUP (the driver's). */
 void demo_child_setup(int driver_pid);
@@ -233,6 +240,30 @@ int demo_restart_engine(const demo_opts *o, cluster *cl, int e, double deadline)
  * takes them (the receiver owns them). 0 or -1 with errno. */
 int demo_send_fds(int sock, int32_t engine, int fd0, int fd1);
 int demo_recv_fds(int sock, int32_t *engine, int *fd0, int *fd1);
+
+/* ---- demo_events.c: the router's KV events --------------------------------------- */
+
+typedef struct demo_events demo_events;
+
+typedef struct demo_events_figures {
+    uint64_t batches, events; /* decoded, from every engine */
+    uint64_t replays;         /* gaps in an engine's numbering, filled from its replay */
+    uint64_t unfilled;        /* replays that did not bring the whole gap */
+} demo_events_figures;
+
+/* One event of engine e: type 0 BlockStored, 1 BlockRemoved, 2
+ * AllBlocksCleared; medium NULL for the last. 0, or -1 to stop. */
+typedef int (*demo_events_apply)(void *ud, int engine, int type, const char *medium,
+                                 const uint64_t *hashes, size_t n);
+
+/* Binds one SUB socket per engine (the message says why it could not). */
+int demo_events_open(const demo_opts *o, demo_events_apply apply, void *ud, demo_events **out);
+void demo_events_close(demo_events *d);
+/* Fills items[0 .. engines) with the sockets to poll (items[e]: engine e). */
+int demo_events_items(demo_events *d, zmq_pollitem_t *items);
+/* Applies what engine e's stream holds now (bounded). 0, or -1: broken. */
+int demo_events_read(demo_events *d, int e);
+const demo_events_figures *demo_events_figures_of(const demo_events *d);
 
 /* ---- demo_chaos.c: faults while the workload runs ------------------------------- */
 

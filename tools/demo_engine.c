@@ -49,7 +49,6 @@ typedef struct engine {
     int kfd;
     uint8_t *fw, *pool;
     size_t bs;
-    bool router_gone;
     uint32_t resilience; /* events since the last request's report */
 } engine;
 
@@ -68,26 +67,6 @@ static int key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
     (void)ud;
     if (key->len != 8) return -1;
     memcpy(hash, key->data, 8);
-    return 0;
-}
-
-/* Forwards KVCR DRAM inventory to the router, so it knows what we can serve. */
-static int on_inventory(void *ud, const kvcr_inventory_event *ev)
-{
-    engine *e = ud;
-    if (ev->tier != KVCR_TIER_LOCAL_G2 || e->router_gone) return 0;
-    enum { CHUNK = 4096 };
-    static uint64_t h[CHUNK];
-    for (size_t at = 0; at < ev->n_keys; at += CHUNK) {
-        uint32_t n = 0;
-        for (size_t i = at; i < ev->n_keys && i < at + CHUNK; i++)
-            if (key_hash(NULL, &ev->keys[i], &h[n]) == 0) n++;
-        demo_inv inv = {e->idx, ev->removed, n};
-        if (demo_send(e->to_router, MSG_INV, &inv, sizeof inv, h, n * sizeof *h) != 0) {
-            e->router_gone = true;
-            return -1;
-        }
-    }
     return 0;
 }
 
@@ -176,8 +155,29 @@ static int wait_ops(engine *e, pending *p, int n)
     }
 }
 
+/* What the router's KV events say of block idx of a request: its parent
+ * (the block before it), and DEMO_BLOCK_TOKENS token ids made up from its
+ * hash (the demo has no tokenizer; the router only needs them to be the
+ * block's own). */
+enum { DEMO_BLOCK_TOKENS = 16 };
+
+static void router_block(const kvcr_key *keys, uint32_t idx, uint32_t *tokens,
+                         kvcr_router_block *rb)
+{
+    uint64_t h;
+    memcpy(&h, keys[idx].data, 8);
+    for (uint32_t t = 0; t < DEMO_BLOCK_TOKENS; t++)
+        tokens[t] = (uint32_t)(demo_mix(h + t) % 32000u);
+    *rb = (kvcr_router_block){.token_ids = tokens, .block_size_tokens = DEMO_BLOCK_TOKENS};
+    if (idx > 0) {
+        rb->has_parent = true;
+        memcpy(&rb->parent_hash, keys[idx - 1].data, 8);
+    }
+}
+
 /* Submits a deliver (or deposit when deliver is false) of blocks listed by
- * index: key keys[idx[i]], framework element idx[i]. */
+ * index: key keys[idx[i]], framework element idx[i]. A deposit tells the
+ * KV events each block's parent and tokens. */
 static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t *idx, size_t n,
                   const char *rid, pending *p, kvcr_entry_status *st, kvcr_reason *why,
                   const char *what)
@@ -190,9 +190,13 @@ static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t 
         refs[i] = (kvcr_mem_ref){NULL, "", idx[i]};
         b[i] = (kvcr_block){keys[idx[i]], &refs[i], 1};
     }
-    int rc =
-        deliver ? kvcr_deliver(e->kv, b, n, rid, &p->op) : kvcr_deposit(e->kv, b, n, 0, &p->op);
-    return rc == 0 ? 0 : fail(e, deliver ? "kvcr_deliver" : "kvcr_deposit", rc);
+    static uint32_t tokens[DEMO_MAX_BLOCKS][DEMO_BLOCK_TOKENS];
+    kvcr_router_block rb[DEMO_MAX_BLOCKS];
+    for (size_t i = 0; !deliver && i < n; i++) router_block(keys, idx[i], tokens[i], &rb[i]);
+    kvcr_deposit_options opts = {.version = KVCR_DEPOSIT_OPTIONS_VERSION, .router = rb};
+    int rc = deliver ? kvcr_deliver(e->kv, b, n, rid, &p->op)
+                     : kvcr_deposit_ex(e->kv, b, n, &opts, &p->op);
+    return rc == 0 ? 0 : fail(e, deliver ? "kvcr_deliver" : "kvcr_deposit_ex", rc);
 }
 
 /* ---- one request ---------------------------------------------------------------- */
@@ -326,8 +330,9 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
         else
             out->deposit_not_stored++;
     }
-    /* One more poll: the inventory of that deposit reaches the router before
-     * the driver hears the request is done (its next turn may need it). */
+    /* One more poll: the inventory of that deposit goes to the KV events
+     * before the driver hears the request is done (its next turn may need
+     * it; the router reads an engine's events before its answers). */
     kvcr_op_result *res;
     size_t n_res;
     if ((rc = kvcr_poll(e->kv, &res, &n_res)) != 0) return fail(e, "kvcr_poll", rc);
@@ -421,8 +426,15 @@ static int start(engine *e)
     cfg.remote.control_port = 0;
     cfg.callbacks.ud = e;
     cfg.callbacks.key_hash = key_hash;
-    cfg.callbacks.inventory = on_inventory;
     cfg.callbacks.resilience = on_resilience;
+    /* The router's index: KV events to its bound socket, replay on ours. */
+    char kv_pub[DEMO_ENDPOINT_MAX], kv_replay[DEMO_ENDPOINT_MAX], topic[64];
+    demo_kv_endpoints(o, e->idx, kv_pub, sizeof kv_pub, kv_replay, sizeof kv_replay);
+    snprintf(topic, sizeof topic, "kv@engine-%d@demo", e->idx);
+    cfg.kv_events.endpoint = kv_pub;
+    cfg.kv_events.replay_endpoint = kv_replay;
+    cfg.kv_events.topic = topic;
+    cfg.kv_events.batch_interval_ms = 1;
     cfg.enable_telemetry = true; /* the gauges: what was recovered, what leaked */
     char g3_path[512];
     const char *g3_paths[1] = {g3_path};
@@ -508,7 +520,6 @@ static int loop(engine *e)
         int rc = kvcr_poll(e->kv, &res, &n_res);
         if (rc != 0) return fail(e, "kvcr_poll", rc);
         kvcr_results_free(res);
-        if (e->router_gone) return 1;
         if (!(fds[0].revents & (POLLIN | POLLHUP))) continue;
         uint32_t type;
         size_t len;

@@ -1,6 +1,7 @@
 /* kvcr demo: the KV-aware router. It learns every engine's control
- * endpoint (HELLO) and which block hashes each holds in its KVCR DRAM (the
- * engines forward their inventory events), spreads the driver's requests
+ * endpoint (HELLO) and which block hashes each holds in its KVCR DRAM from
+ * the KV events each engine's KVCR publishes (demo_events.c: ZeroMQ, in
+ * vLLM's wire format, as Dynamo's or llm-d's router reads them), spreads the driver's requests
  * over the engines by load alone (least busy, random among equals, so a
  * conversation's prefix often lives elsewhere), and attaches a kv_hint
  * naming the engine that holds the longest prefix of the request's blocks.
@@ -9,11 +10,10 @@
  * answered as failed (never as served), no new one goes to it, hints may
  * still name it (its Guard serves its blocks on its endpoint), and when
  * the driver restarts it the new process's pipes arrive on the descriptor
- * socket; its HELLO brings the endpoint again and its inventory starts
- * afresh. */
+ * socket; its HELLO brings the endpoint again and its event stream starts
+ * afresh (AllBlocksCleared, then the blocks it recovered). */
 #include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +91,7 @@ typedef struct router {
     int busy[DEMO_MAX_ENGINES];                 /* entries of held */
     bool ready, stopping;
     inventory inv;
+    demo_events *ev;
     uint64_t rng;
 } router;
 
@@ -148,7 +149,7 @@ static int engine_gone(router *r, int e, const char *why)
 }
 
 /* A restarted engine's pipe ends, from the driver. Its blocks are
- * announced again by its own inventory events. */
+ * announced again by its KV events. */
 static int engine_back(router *r)
 {
     int32_t e;
@@ -288,18 +289,6 @@ static int handle(router *r, int e, uint32_t type, const uint8_t *msg, size_t le
         return route(r, &rq, h) != 0 ? -1 : 0;
     }
     if (e >= 0 && type == MSG_HELLO && len == sizeof(demo_hello)) return hello(r, e, msg);
-    if (e >= 0 && type == MSG_INV && len >= sizeof(demo_inv)) {
-        demo_inv iv;
-        memcpy(&iv, msg, sizeof iv);
-        if (len != sizeof iv + iv.n * 8)
-            return fatal(r, "router: malformed inventory from engine %d", e);
-        uint64_t *h = malloc(iv.n * 8 + 8);
-        if (h == NULL) return fatal(r, "router: out of memory");
-        memcpy(h, msg + sizeof iv, iv.n * 8);
-        int rc = inv_update(&r->inv, e, iv.removed != 0, h, iv.n);
-        free(h);
-        return rc != 0 ? fatal(r, "router: out of memory") : 0;
-    }
     if (e >= 0 && type == MSG_DONE && len == sizeof(demo_result)) return done(r, e, msg, len);
     if (e >= 0 && type == MSG_BYE && len == sizeof(demo_bye) && r->stopping) {
         if (demo_send(r->to_driver, MSG_BYE, msg, len, NULL, 0) != 0) return -1;
@@ -316,6 +305,30 @@ static bool running(const router *r)
     for (int e = 0; e < r->o->engines; e++)
         if (r->from_engine[e] >= 0) return true;
     return false;
+}
+
+/* One KV event into the index: only KVCR DRAM ("CPU") is what peers pull. */
+static int apply_event(void *ud, int engine, int type, const char *medium, const uint64_t *h,
+                       size_t n)
+{
+    router *r = ud;
+    if (type == 2) {
+        inv_forget(&r->inv, engine);
+        return 0;
+    }
+    if (medium == NULL || strcmp(medium, "CPU") != 0) return 0;
+    return inv_update(&r->inv, engine, type == 1, h, n) != 0 ? fatal(r, "router: out of memory")
+                                                             : 0;
+}
+
+/* The router's summary line of what the events brought. */
+static void events_line(const router *r)
+{
+    const demo_events_figures *f = demo_events_figures_of(r->ev);
+    fprintf(stderr,
+            "kvcr demo: router: index from KV events: %" PRIu64 " batches, %" PRIu64
+            " events, %" PRIu64 " gaps filled by replay (%" PRIu64 " not whole)\n",
+            f->batches, f->events, f->replays, f->unfilled);
 }
 
 int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds_from_driver,
@@ -337,6 +350,11 @@ int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds
         fatal(&r, "router: out of memory");
         return 1;
     }
+    if (demo_events_open(o, apply_event, &r, &r.ev) != 0) {
+        fatal(&r, "router: the KV-event endpoints could not be bound");
+        free(r.inv.t);
+        return 1;
+    }
     static uint8_t msg[DEMO_MSG_MAX];
     int rc = 0;
     while (rc == 0 && running(&r)) {
@@ -344,23 +362,30 @@ int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds
             rc = fatal(&r, "router: the time limit passed");
             break;
         }
-        /* [0] the driver, [1] the descriptor socket, then the engines with pipes */
-        struct pollfd fds[2 + DEMO_MAX_ENGINES];
-        int who[2 + DEMO_MAX_ENGINES], n = 0;
-        fds[n] = (struct pollfd){from_driver, POLLIN, 0}, who[n++] = -1;
-        fds[n] = (struct pollfd){fds_from_driver, POLLIN, 0}, who[n++] = -2;
+        /* the engines' KV events first, then [0] the driver, [1] the
+         * descriptor socket, then the engines with pipes */
+        zmq_pollitem_t fds[2 * DEMO_MAX_ENGINES + 2];
+        int who[2 * DEMO_MAX_ENGINES + 2];
+        int n_ev = demo_events_items(r.ev, fds), n = n_ev;
+        fds[n] = (zmq_pollitem_t){NULL, from_driver, ZMQ_POLLIN, 0}, who[n++] = -1;
+        fds[n] = (zmq_pollitem_t){NULL, fds_from_driver, ZMQ_POLLIN, 0}, who[n++] = -2;
         for (int e = 0; e < o->engines; e++)
             if (r.from_engine[e] >= 0)
-                fds[n] = (struct pollfd){r.from_engine[e], POLLIN, 0}, who[n++] = e;
-        if (poll(fds, (nfds_t)n, 100) <= 0) continue;
-        for (int i = 0; i < n && rc == 0; i++) {
-            if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+                fds[n] = (zmq_pollitem_t){NULL, r.from_engine[e], ZMQ_POLLIN, 0}, who[n++] = e;
+        if (zmq_poll(fds, n, 100) <= 0) continue;
+        for (int e = 0; e < n_ev && rc == 0; e++)
+            if (fds[e].revents & ZMQ_POLLIN) rc = demo_events_read(r.ev, e);
+        for (int i = n_ev; i < n && rc == 0; i++) {
+            if (!(fds[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) continue;
             if (who[i] == -2) {
                 rc = engine_back(&r);
                 continue;
             }
             int e = who[i];
             if (e >= 0 && r.from_engine[e] != fds[i].fd) continue; /* gone meanwhile */
+            /* What an engine published before its answer goes into the
+             * index before the answer reaches the driver. */
+            if (e >= 0 && (rc = demo_events_read(r.ev, e)) != 0) continue;
             uint32_t type;
             size_t len;
             if (demo_recv(fds[i].fd, &type, msg, sizeof msg, &len, deadline) != 0) {
@@ -370,6 +395,8 @@ int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds
             rc = handle(&r, e, type, msg, len);
         }
     }
+    if (!o->json) events_line(&r);
+    demo_events_close(r.ev);
     free(r.inv.t);
     return rc == 0 ? 0 : 1;
 }
