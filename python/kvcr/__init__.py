@@ -47,11 +47,13 @@ from .api import (DURATION_METRIC, KVCR, STATE_METRIC, TRANSFER_BLOCKS_METRIC,
                   TRANSFER_BYTES_METRIC, KVCRBindings)
 from .config import (FRAMEWORK_MEMORY_TYPES, FrameworkControl, FrameworkDramInput, G3Options,
                      InventorySink, KeyAdapter, KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig,
-                     KVCRLimits, LocalDramOptions, RemoteFWDramOptions, TelemetryStats)
+                     KVCRLimits, KVEventsOptions, LocalDramOptions, RemoteFWDramOptions,
+                     TelemetryStats, TenantQuota)
 from .control_channels import (KVCRGuardProtocolError, KVCRMsgFramingError, KVCRServiceError,
                                KVCRSocketError, ZmqPeerControlChannel)
 from .hints import ROUTER_HINT_CAPABILITIES, ROUTER_HINT_KEY
-from .policy import FIFOPolicy, G3FIFOPolicy, G3LRUPolicy, KVCachePolicy, LRUPolicy
+from .policy import (FIFOPolicy, G3FIFOPolicy, G3LRUPolicy, G3TenantLRUPolicy, KVCachePolicy,
+                     LRUPolicy, TenantLRUPolicy)
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError,
                     LocalDramRegions, MemoryRef, OpEntryResult, OpEntryStatus, OpHandle, OpResult,
                     PinHandle, PinRequestId, PinResult, PlacementAction, PlacementDecision,
@@ -67,7 +69,7 @@ __all__ = [
     # kvcr.config
     "KVCRConfig", "KVCRBackendConfigs", "LocalDramOptions", "G3Options", "RemoteFWDramOptions",
     "KVCRGuardConfig", "KeyAdapter", "FrameworkDramInput", "FrameworkControl", "TelemetryStats",
-    "InventorySink", "FRAMEWORK_MEMORY_TYPES", "KVCRLimits",
+    "InventorySink", "FRAMEWORK_MEMORY_TYPES", "KVCRLimits", "KVEventsOptions",
     # kvcr.types
     "BlockKey", "RegionDescriptor", "MemoryRef", "QueryStatus", "CacheTier", "InventoryEvent",
     "OpHandle", "OpEntryStatus", "OpEntryResult", "OpResult", "PinHandle", "PinRequestId",
@@ -76,6 +78,7 @@ __all__ = [
     "KVCRStartupError", "TransferError", "RecoveryMirrorError",
     # kvcr.policy
     "KVCachePolicy", "FIFOPolicy", "LRUPolicy", "G3FIFOPolicy", "G3LRUPolicy",
+    "TenantLRUPolicy", "G3TenantLRUPolicy", "TenantQuota",
     # kvcr.control_channels
     "ZmqPeerControlChannel", "KVCRServiceError", "KVCRSocketError", "KVCRMsgFramingError",
     "KVCRGuardProtocolError",

@@ -136,9 +136,15 @@ PyMODINIT_FUNC PyInit__native(void)
         "max_control_message_bytes", dl->max_control_message_bytes, "max_hint_bytes",
         dl->max_hint_bytes, "max_hinted_requests", dl->max_hinted_requests,
         "max_unpolled_operations", dl->max_unpolled_operations);
+    const kvcr_kv_events_options *ke = &defaults.kv_events; /* kvcr.config.KVEventsOptions' */
+    PyObject *kv_events = Py_BuildValue(
+        "{sIsIsIsI}", "buffer_batches", ke->buffer_batches, "max_batch_events",
+        ke->max_batch_events, "batch_interval_ms", ke->batch_interval_ms, "max_queued_batches",
+        ke->max_queued_batches);
     Py_INCREF(&nat_instance_type);
-    if (staging == NULL || limits == NULL ||
+    if (staging == NULL || limits == NULL || kv_events == NULL ||
         PyModule_AddObjectRef(m, "LIMIT_DEFAULTS", limits) != 0 ||
+        PyModule_AddObjectRef(m, "KV_EVENTS_DEFAULTS", kv_events) != 0 ||
         PyModule_AddObject(m, "Instance", (PyObject *)&nat_instance_type) != 0 ||
         PyModule_AddStringConstant(m, "LIBRARY_VERSION", kvcr_version_string()) != 0 ||
         PyModule_AddIntConstant(m, "NO_EVICT", KVCR_NO_EVICT) != 0 ||
@@ -146,10 +152,12 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddObjectRef(m, "G3_MAX_STAGING_BYTES", staging) != 0) {
         Py_XDECREF(staging);
         Py_XDECREF(limits);
+        Py_XDECREF(kv_events);
         Py_DECREF(m);
         return NULL;
     }
     Py_DECREF(staging);
     Py_DECREF(limits);
+    Py_DECREF(kv_events);
     return m;
 }

@@ -93,6 +93,8 @@ typedef struct nat_config_args {
     double watermark;
     int telemetry;
     PyObject *remote, *g3, *guard, *limits; /* Py_None when not given */
+    PyObject *kv_events;                    /* Py_None when not given */
+    PyObject *tenants;                      /* ((name, dram_slots, g3_slots), ...) or Py_None */
 } nat_config_args;
 
 /* A kvcr_config and what it points into: the arrays it owns and `keep`,
@@ -104,6 +106,7 @@ typedef struct nat_config {
     kvcr_dram_pool *pools;
     kvcr_region *regions;
     const char **g3_paths, **curve_keys;
+    kvcr_tenant *tenants;
 } nat_config;
 
 /* Fills c->cfg from `a` (no policy, no callbacks): 0, or -1 with a Python

@@ -168,6 +168,50 @@ static int parse_remote(PyObject *remote, kvcr_remote_options *out, const char *
     return 0;
 }
 
+/* kv_events: (endpoint, replay or None, topic, dp_rank, buffer_batches,
+ * max_batch_events, batch_interval_ms, max_queued_batches, positional,
+ * medium_dram, medium_g3) (libkvcr checks the values) */
+static int parse_kv_events(PyObject *t, kvcr_kv_events_options *out, PyObject *keep)
+{
+    PyObject *endpoint, *replay, *topic, *dram, *g3;
+    int positional;
+    if (!PyArg_ParseTuple(t, "OOOIIIIIpOO", &endpoint, &replay, &topic, &out->dp_rank,
+                          &out->buffer_batches, &out->max_batch_events,
+                          &out->batch_interval_ms, &out->max_queued_batches, &positional,
+                          &dram, &g3) ||
+        (out->endpoint = nat_str_of(endpoint, keep, "kv_events.endpoint")) == NULL ||
+        (out->topic = nat_str_of(topic, keep, "kv_events.topic")) == NULL ||
+        (out->medium_dram = nat_str_of(dram, keep, "kv_events.medium_dram")) == NULL ||
+        (out->medium_g3 = nat_str_of(g3, keep, "kv_events.medium_g3")) == NULL)
+        return -1;
+    out->legacy_positional = positional != 0;
+    if (replay != Py_None &&
+        (out->replay_endpoint = nat_str_of(replay, keep, "kv_events.replay_endpoint")) == NULL)
+        return -1;
+    return 0;
+}
+
+/* tenants: ((name, dram_slots, g3_slots), ...) (libkvcr checks the rules) */
+static int parse_tenants(PyObject *seq, kvcr_tenant **out, size_t *n, PyObject *keep)
+{
+    PyObject *t = PySequence_Tuple(seq);
+    if (t == NULL) return -1;
+    *n = (size_t)PyTuple_GET_SIZE(t);
+    int rc = (*out = nat_alloc(*n, sizeof **out)) == NULL ? -1 : 0;
+    for (size_t i = 0; rc == 0 && i < *n; i++) {
+        PyObject *name;
+        kvcr_tenant *e = &(*out)[i];
+        unsigned long long dram, g3;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "OKK", &name, &dram, &g3) ||
+            (e->name = nat_str_of(name, keep, "tenant name")) == NULL)
+            rc = -1;
+        e->dram_slots = dram;
+        e->g3_slots = g3;
+    }
+    Py_DECREF(t);
+    return rc;
+}
+
 int nat_config_build(const nat_config_args *a, nat_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -196,6 +240,12 @@ int nat_config_build(const nat_config_args *a, nat_config *c)
         return -1;
     if (a->g3 != Py_None && parse_g3(a->g3, &cfg->g3, &c->g3_paths, c->keep) != 0) return -1;
     if (a->guard != Py_None && parse_guard(a->guard, &cfg->guard, c->keep) != 0) return -1;
+    if (a->kv_events != Py_None && parse_kv_events(a->kv_events, &cfg->kv_events, c->keep) != 0)
+        return -1;
+    if (a->tenants != Py_None &&
+        parse_tenants(a->tenants, &c->tenants, &cfg->n_tenants, c->keep) != 0)
+        return -1;
+    cfg->tenants = cfg->n_tenants ? c->tenants : NULL;
     /* limits: the seven kvcr_limits fields in their C order (libkvcr checks the ranges) */
     if (a->limits != Py_None) {
         kvcr_limits *l = &cfg->limits;
@@ -215,5 +265,6 @@ void nat_config_free(nat_config *c)
     free(c->regions);
     free(c->g3_paths);
     free(c->curve_keys);
+    free(c->tenants);
     Py_CLEAR(c->keep);
 }

@@ -48,18 +48,19 @@ static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
                             "regions", "operation_timeout_ms", "abandon_timeout_ms",
                             "watermark_percent", "telemetry", "copy_threads", "policy",
                             "inventory", "capacity", "log", "make_entry", "remote", "key_hash",
-                            "pins", "resilience", "g3", "guard", "limits", NULL};
+                            "pins", "resilience", "g3", "guard", "limits", "kv_events",
+                            "tenants", NULL};
     nat_config_args a = {.remote = Py_None, .g3 = Py_None, .guard = Py_None,
-                         .limits = Py_None};
+                         .limits = Py_None, .kv_events = Py_None, .tenants = Py_None};
     PyObject *policy, *inventory, *capacity, *log, *make_entry;
     PyObject *key_hash = Py_None, *pins = Py_None, *resilience = Py_None;
     if (!nat_ready() ||
-        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOOOOO", names, &a.agent,
+        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOOOOOOO", names, &a.agent,
                                      &a.layouts, &a.dram, &a.local_backend, &a.regions,
                                      &a.op_ms, &a.abandon_ms, &a.watermark, &a.telemetry,
                                      &a.threads, &policy, &inventory, &capacity, &log,
                                      &make_entry, &a.remote, &key_hash, &pins, &resilience,
-                                     &a.g3, &a.guard, &a.limits))
+                                     &a.g3, &a.guard, &a.limits, &a.kv_events, &a.tenants))
         return -1;
     if (self->kv != NULL || self->make_entry != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "instance already initialised");
@@ -143,11 +144,30 @@ static PyObject *Instance_query(Instance *self, PyObject *const *args, Py_ssize_
     return list;
 }
 
-/* deposit(blocks, flags) / deliver(blocks, request_id) -> op handle */
+/* An operation's framework hints: None, or JSON text as bytes (valid while
+ * the caller holds the argument). 0, or -1 with TypeError. */
+static int hints_of(PyObject *o, const char **text, size_t *len)
+{
+    *text = NULL;
+    *len = 0;
+    if (o == Py_None) return 0;
+    if (!PyBytes_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "hints must be JSON text as bytes or None");
+        return -1;
+    }
+    *text = PyBytes_AS_STRING(o);
+    *len = (size_t)PyBytes_GET_SIZE(o);
+    return 0;
+}
+
+/* deposit(blocks, flags, hints) / deliver(blocks, request_id) -> op handle */
 static PyObject *submit_blocks(Instance *self, PyObject *args, int deliver)
 {
-    PyObject *mapping, *extra = Py_None;
-    if (!live(self) || !PyArg_ParseTuple(args, "O|O", &mapping, &extra)) return NULL;
+    PyObject *mapping, *extra = Py_None, *hints_o = Py_None;
+    kvcr_deposit_options opts = {.version = KVCR_DEPOSIT_OPTIONS_VERSION};
+    if (!live(self) || !PyArg_ParseTuple(args, "O|OO", &mapping, &extra, &hints_o) ||
+        hints_of(hints_o, &opts.hints, &opts.hints_len) != 0)
+        return NULL;
     unsigned flags = 0;
     const char *rid = NULL;
     if (deliver) {
@@ -165,8 +185,9 @@ static PyObject *submit_blocks(Instance *self, PyObject *args, int deliver)
     int rc;
     self->calls++;
     Py_BEGIN_ALLOW_THREADS
+    opts.flags = flags;
     rc = deliver ? kvcr_deliver(self->kv, b.blocks, b.n, rid, &op)
-                 : kvcr_deposit(self->kv, b.blocks, b.n, flags, &op);
+                 : kvcr_deposit_ex(self->kv, b.blocks, b.n, &opts, &op);
     Py_END_ALLOW_THREADS
     self->calls--;
     nat_blocks_free(&b);
@@ -183,11 +204,14 @@ static PyObject *Instance_deliver(Instance *self, PyObject *args)
     return submit_blocks(self, args, 1);
 }
 
-/* fetch(keys, request_id, layout | None) -> op handle */
+/* fetch(keys, request_id, layout | None, hints | None) -> op handle */
 static PyObject *Instance_fetch(Instance *self, PyObject *args)
 {
-    PyObject *seq, *rid_o = Py_None, *layout = Py_None;
-    if (!live(self) || !PyArg_ParseTuple(args, "O|OO", &seq, &rid_o, &layout)) return NULL;
+    PyObject *seq, *rid_o = Py_None, *layout = Py_None, *hints_o = Py_None;
+    kvcr_fetch_options opts;
+    if (!live(self) || !PyArg_ParseTuple(args, "O|OOO", &seq, &rid_o, &layout, &hints_o) ||
+        hints_of(hints_o, &opts.hints, &opts.hints_len) != 0)
+        return NULL;
     const char *rid;
     if (nat_request_id(rid_o, &rid) != 0) return NULL;
     PyObject *lt = NULL, *keep = PyList_New(0), *result = NULL;
@@ -208,7 +232,7 @@ static PyObject *Instance_fetch(Instance *self, PyObject *args)
     int rc;
     self->calls++;
     Py_BEGIN_ALLOW_THREADS
-    rc = kvcr_fetch(self->kv, k.keys, (size_t)k.n, rid, names, (size_t)n_names, &op);
+    rc = kvcr_fetch_ex(self->kv, k.keys, (size_t)k.n, rid, names, (size_t)n_names, &opts, &op);
     Py_END_ALLOW_THREADS
     self->calls--;
     result = rc == 0 ? PyLong_FromUnsignedLongLong(op) : nat_raise(rc);
@@ -493,11 +517,12 @@ static PyObject *Instance_fd(Instance *self, PyObject *noargs)
 static PyMethodDef Instance_methods[] = {
     {"query", (PyCFunction)(void (*)(void))Instance_query, METH_FASTCALL,
      "query(keys, request_id=None) -> [(QueryStatus, CacheTier | None)]"},
-    {"deposit", (PyCFunction)Instance_deposit, METH_VARARGS, "deposit(blocks, flags=0) -> op"},
+    {"deposit", (PyCFunction)Instance_deposit, METH_VARARGS,
+     "deposit(blocks, flags=0, hints=None) -> op"},
     {"deliver", (PyCFunction)Instance_deliver, METH_VARARGS,
      "deliver(blocks, request_id=None) -> op"},
     {"fetch", (PyCFunction)Instance_fetch, METH_VARARGS,
-     "fetch(keys, request_id=None, layout=None) -> op"},
+     "fetch(keys, request_id=None, layout=None, hints=None) -> op"},
     {"release", (PyCFunction)Instance_release, METH_O, "release(handles) -> [(handle, bool)]"},
     {"abort", (PyCFunction)Instance_abort, METH_VARARGS, "abort(op, keys=None) -> bool"},
     {"poll", (PyCFunction)Instance_poll, METH_NOARGS, "poll() -> [(op, {key: entry})]"},

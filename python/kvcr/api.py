@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import inspect
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -10,11 +12,11 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from . import _native
 from .config import (KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig, config_args, g3_args,
-                     guard_args, local_dram_args, region_args, remote_args)
+                     guard_args, kv_events_args, local_dram_args, region_args, remote_args)
 from .config import control_endpoint as control_endpoint_of
 from .control_channels import (KVCRGuardProtocolError, KVCRServiceError, KVCRSocketError,
                                ZmqPeerControlChannel)
-from .hints import encode_router_hint
+from .hints import encode_hints, encode_router_hint
 from .policy import KVCachePolicy, native_builtin
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError, MemoryRef,
                     OpEntryResult, OpEntryStatus, OpHandle, PlacementAction, PlacementFailure,
@@ -362,9 +364,40 @@ def _entry_factory(agent: str, pool_names: list) -> Callable:
 
 
 def _meta(t: tuple) -> BlockMeta:
-    key, size, count, last, tiers, position = t
+    key, size, count, last, tiers, position, tenant, t_dram, q_dram, t_g3, q_g3 = t
     resident = frozenset(tier for i, tier in enumerate(_TIERS) if tier and tiers & (1 << i))
-    return BlockMeta(BlockKey(key), size, count, last, resident, position)
+    return BlockMeta(BlockKey(key), size, count, last, resident, position, tenant, t_dram,
+                     q_dram, t_g3, q_g3)
+
+
+def _hint_params(fn) -> tuple:
+    """Whether a decide_ingest takes router_hints and framework_hints (by
+    name or **kwargs): a policy written before hints reached policies is
+    called as it was."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return (False, False)
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return (var_kw or "router_hints" in params, var_kw or "framework_hints" in params)
+
+
+class _HintCache:
+    """JSON text from libkvcr as Python objects, the last text kept decoded:
+    a deposit's or fetch's entries share theirs (policies must not change
+    the objects they are given)."""
+
+    def __init__(self) -> None:
+        self._text = None
+        self._obj = None
+
+    def get(self, text: Optional[str]):
+        if text is None:
+            return None
+        if text != self._text:
+            self._obj = json.loads(text)
+            self._text = text
+        return self._obj
 
 
 class _PolicyAdapter:
@@ -385,6 +418,10 @@ class _PolicyAdapter:
         self._wants_on_ingest = overridden("on_ingest")
         self._wants_on_remove = overridden("on_remove")
         self._wants_recovery = overridden("decide_recovery")
+        self._tenant_quotas = bool(getattr(policy, "tenant_quotas", False))
+        self._takes_router, self._takes_framework = _hint_params(policy.decide_ingest)
+        self._router = _HintCache()
+        self._framework = _HintCache()
 
     def _fail(self, hook: str, detail: Optional[str] = None) -> None:
         if detail is None:
@@ -400,9 +437,14 @@ class _PolicyAdapter:
             return (_ACTION_INT[decision[0]], _TIER_INT.get(decision[1], 0))
         return self._fail(hook, f"{decision!r}, not a (PlacementAction, CacheTier | None)")
 
-    def _decide_ingest(self, meta, source, required):
+    def _decide_ingest(self, meta, source, required, framework=None, router=None):
         try:
-            d = self.policy.decide_ingest(_meta(meta), _TIERS[source], required)
+            kw = {}
+            if self._takes_router:
+                kw["router_hints"] = self._router.get(router)
+            if self._takes_framework:
+                kw["framework_hints"] = self._framework.get(framework)
+            d = self.policy.decide_ingest(_meta(meta), _TIERS[source], required, **kw)
         except Exception:
             return self._fail("decide_ingest")
         return self._decision("decide_ingest", d)
@@ -530,7 +572,8 @@ class KVCR:
             log=_log_from_native,
             make_entry=_entry_factory(config.nixl_agent_name, pool_names),
             key_hash=(_key_hash_callback(bindings.key_adapter)
-                      if peer and bindings.key_adapter is not None else None),
+                      if (peer or config.kv_events is not None)
+                      and bindings.key_adapter is not None else None),
             pins=self._pins,
             resilience=self._sink.event if self._sink is not None else None,
         )
@@ -609,6 +652,7 @@ class KVCR:
                 "register framework_regions of RegionDescriptor instead")
         return dict(
             args,
+            kv_events=kv_events_args(config.kv_events),
             local_dram=pools,
             local_backend=local_backend,
             regions=regions,
@@ -649,8 +693,13 @@ class KVCR:
     def deposit(self, blocks: Mapping, no_evict: bool = False, hints=None) -> OpHandle:
         """Copies {key: [MemoryRef, ...]} framework blocks into KVCR DRAM.
         With no_evict each stored entry carries a release_handle that keeps
-        the block resident. `hints` is accepted and not used yet."""
-        return self._native.deposit(blocks, _native.NO_EVICT if no_evict else 0)
+        the block resident. `hints` (a Mapping, JSON-encodable, or None)
+        reach the policy's decide_ingest as framework_hints (with
+        required_local = no_evict); a "tenant" key names the tenant
+        (KVCRConfig.tenants) new blocks take. A hint libkvcr refuses (not
+        JSON, an unknown tenant) raises ValueError and starts nothing."""
+        return self._native.deposit(blocks, _native.NO_EVICT if no_evict else 0,
+                                    encode_hints(hints))
 
     def deliver(self, blocks: Mapping, request_id: Optional[str] = None) -> OpHandle:
         """Copies cached blocks into the {key: [MemoryRef, ...]} framework
@@ -665,10 +714,13 @@ class KVCR:
         """Claims keys in KVCR DRAM — resident ones, or ones read first from G3
         or pulled from the peer that request_id's hint names. Each success
         carries the slots' MemoryRefs (and their addresses) and a
-        release_handle."""
+        release_handle. Each fill (from G3 or the peer) asks the policy's
+        decide_ingest with `hints` as framework_hints (a "tenant" key names
+        the tenant of blocks that have none) and the router hint kept for
+        request_id as router_hints."""
         if isinstance(expected_layout, (str, bytes)):
             raise TypeError("expected_layout must be a list of pool names")
-        return self._native.fetch(keys, request_id, expected_layout)
+        return self._native.fetch(keys, request_id, expected_layout, encode_hints(hints))
 
     def release(self, handles: Iterable) -> list:
         """[(handle, released)] in order; False for unknown or repeated handles."""

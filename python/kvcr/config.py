@@ -35,6 +35,27 @@ class KVCRConfig:
     copy_threads: int = 2
     # KVCR's own: libkvcr's resource limits (see KVCRLimits).
     limits: "KVCRLimits" = field(default_factory=lambda: KVCRLimits())
+    # KVCR's own: KV events for routers (see KVEventsOptions); None: off.
+    kv_events: Optional["KVEventsOptions"] = None
+    # KVCR's own: tenants and their quotas (see TenantQuota); () : none.
+    tenants: tuple = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuota:
+    """KVCR's own: a tenant (libkvcr's kvcr_tenant) and the KVCR DRAM and G3
+    slots it keeps when the tier is full. A block takes the tenant its
+    deposit's (or fetch's) hints name ({"tenant": name}) and keeps it while
+    KVCR holds it. With TenantLRUPolicy / G3TenantLRUPolicy a tenant over its
+    quota has its own blocks evicted first, so one tenant's flood does not
+    evict another's blocks within its quota; free slots are anyone's. Rules
+    (checked by libkvcr, ValueError naming the rule): at most 64 tenants,
+    names of 1..63 letters, digits, '_', '.', '-', unique; quotas together
+    at most the tier's slots; g3_slots 0 without G3."""
+
+    name: str
+    dram_slots: int = 0
+    g3_slots: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +90,46 @@ class KVCRLimits:
         return (self.max_source_writes_per_peer, self.max_source_writes, self.max_pin_requests,
                 self.max_control_message_bytes, self.max_hint_bytes, self.max_hinted_requests,
                 self.max_unpolled_operations)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KVEventsOptions:
+    """KVCR's own: KVCR's inventory published as KV events in the ZeroMQ wire
+    format KV-aware routers read (vLLM's KV events, as Dynamo and llm-d
+    consume them); libkvcr's kvcr_kv_events_options, defaults from libkvcr,
+    values checked by libkvcr (ValueError naming the option).
+
+    `endpoint` — the ZeroMQ PUB endpoint: bound when it holds "*", "::",
+    "ipc://" or "inproc://" ("tcp://*:5557"), connected otherwise (a
+    router's bound SUB socket). `replay_endpoint` — an optional ROUTER
+    endpoint (always bound) answering an 8-byte start sequence with every
+    kept batch from there. `topic` — the first frame, "kv@<pod>@<model>"
+    for llm-d. `dp_rank` — the payload's data-parallel rank.
+    `buffer_batches` — batches kept for replay (10,000). Events wait at
+    most `batch_interval_ms` and a batch holds at most `max_batch_events`;
+    `max_queued_batches` bound what waits for the publisher's thread (a
+    batch that finds them full, or a subscriber's queue full, is dropped
+    and counted: the gauge kv_events_dropped_batches). `legacy_positional`
+    — the older array form of events. `medium_dram` / `medium_g3` — the
+    medium named for KVCR DRAM ("CPU") and G3 ("STORAGE").
+
+    Events name blocks by their router hash: bindings.key_adapter.decode
+    must give an int for every key to be announced. A block deposited
+    without token ids (see KVCR.deposit's block_meta) is announced with its
+    hashes only: llm-d then only updates where blocks it already knows
+    live, Dynamo drops it (it computes its hashes from the tokens)."""
+
+    endpoint: str
+    replay_endpoint: Optional[str] = None
+    topic: str = ""
+    dp_rank: int = 0
+    buffer_batches: int = _native.KV_EVENTS_DEFAULTS["buffer_batches"]
+    max_batch_events: int = _native.KV_EVENTS_DEFAULTS["max_batch_events"]
+    batch_interval_ms: int = _native.KV_EVENTS_DEFAULTS["batch_interval_ms"]
+    max_queued_batches: int = _native.KV_EVENTS_DEFAULTS["max_queued_batches"]
+    legacy_positional: bool = False
+    medium_dram: str = "CPU"
+    medium_g3: str = "STORAGE"
 
 
 @dataclass(frozen=True)
@@ -278,7 +339,40 @@ def config_args(config: KVCRConfig) -> dict:
         # libkvcr's messages quote these values: they reach it as given or not at all.
         limits=tuple(_c_int(f"limits.{name}", value, 0, _U32_MAX)
                      for name, value in zip(KVCRLimits.__slots__, limits.as_tuple())),
+        tenants=_tenants_args(config.tenants),
     )
+
+
+def _tenants_args(tenants) -> tuple:
+    if not isinstance(tenants, (list, tuple)) or not all(
+            isinstance(t, TenantQuota) for t in tenants):
+        raise TypeError("tenants must be a list of TenantQuota")
+    return tuple((_c_str("tenant name", t.name),
+                  _c_int(f"tenant {t.name!r} dram_slots", t.dram_slots, 0, _U64_MAX),
+                  _c_int(f"tenant {t.name!r} g3_slots", t.g3_slots, 0, _U64_MAX))
+                 for t in tenants)
+
+
+def kv_events_args(events: Optional[KVEventsOptions]) -> Optional[tuple]:
+    """KVEventsOptions as kvcr._native.Instance(kv_events=...): (endpoint,
+    replay endpoint or None, topic, dp_rank, buffer_batches,
+    max_batch_events, batch_interval_ms, max_queued_batches,
+    legacy_positional, medium_dram, medium_g3); None: off."""
+    if events is None:
+        return None
+    if not isinstance(events, KVEventsOptions):
+        raise TypeError("config.kv_events must be a KVEventsOptions or None")
+    replay = events.replay_endpoint
+    return (_c_str("kv_events.endpoint", events.endpoint),
+            None if replay is None else _c_str("kv_events.replay_endpoint", replay),
+            _c_str("kv_events.topic", events.topic),
+            _c_int("kv_events.dp_rank", events.dp_rank, 0, _U32_MAX),
+            *(_c_int(f"kv_events.{name}", getattr(events, name), 0, _U32_MAX)
+              for name in ("buffer_batches", "max_batch_events", "batch_interval_ms",
+                           "max_queued_batches")),
+            bool(events.legacy_positional),
+            _c_str("kv_events.medium_dram", events.medium_dram),
+            _c_str("kv_events.medium_g3", events.medium_g3))
 
 
 def local_dram_args(local: LocalDramOptions) -> tuple:

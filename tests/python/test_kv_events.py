@@ -1,0 +1,310 @@
+"""KV events from Python (KVCRConfig.kv_events = KVEventsOptions): a
+subscriber written here from the ZeroMQ wire protocol (ZMTP 3.0, NULL
+security) and a strict msgpack reader — no pyzmq, no msgpack package —
+decodes every frame: exactly three per message, the topic, consecutive
+8-byte big-endian sequence numbers, [ts float64, [events], dp_rank] with
+maps whose first key is "type"; replay answers every kept batch byte for
+byte and ends with 0xFFFFFFFFFFFFFFFF; the options' types and rules."""
+import hashlib
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import time
+
+import pytest
+
+import kvcr
+from conftest import address_of, poll_until
+
+TOPIC = b"kv@pod-7@model-b"
+BLOCK = 4096
+
+
+# ---- a strict msgpack reader (the subset the wire format uses) ---------------
+
+class Reader:
+    def __init__(self, data: bytes):
+        self.d, self.i = data, 0
+
+    def take(self, n):
+        if self.i + n > len(self.d):
+            raise ValueError("truncated msgpack")
+        b = self.d[self.i:self.i + n]
+        self.i += n
+        return b
+
+    def obj(self):
+        t = self.take(1)[0]
+        if t <= 0x7F:
+            return t
+        if t >= 0xE0:
+            return t - 0x100
+        if 0x80 <= t <= 0x8F:
+            return self.map(t & 0x0F)
+        if 0x90 <= t <= 0x9F:
+            return [self.obj() for _ in range(t & 0x0F)]
+        if 0xA0 <= t <= 0xBF:
+            return self.take(t & 0x1F).decode()
+        fixed = {0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q", 0xD0: ">b", 0xD1: ">h",
+                 0xD2: ">i", 0xD3: ">q", 0xCA: ">f", 0xCB: ">d"}
+        if t in fixed:
+            fmt = fixed[t]
+            v = struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+            return Float64(v) if t == 0xCB else v
+        if t == 0xC0:
+            return None
+        if t in (0xC2, 0xC3):
+            return t == 0xC3
+        if t in (0xD9, 0xDA, 0xDB):
+            n = int.from_bytes(self.take(1 << (t - 0xD9)), "big")
+            return self.take(n).decode()
+        if t in (0xDC, 0xDD):
+            n = int.from_bytes(self.take(2 if t == 0xDC else 4), "big")
+            return [self.obj() for _ in range(n)]
+        if t in (0xDE, 0xDF):
+            return self.map(int.from_bytes(self.take(2 if t == 0xDE else 4), "big"))
+        raise ValueError(f"msgpack type 0x{t:02x} is not used by the wire format")
+
+    def map(self, n):
+        items = [(self.obj(), self.obj()) for _ in range(n)]
+        keys = [k for k, _ in items]
+        assert len(set(keys)) == len(keys), "duplicate map key"
+        return items  # ordered pairs: the order is part of the format
+
+
+class Float64(float):
+    """A float that was encoded as float64 (the timestamp must be)."""
+
+
+def unpack(data: bytes):
+    r = Reader(data)
+    o = r.obj()
+    assert r.i == len(data), "trailing bytes after the payload"
+    return o
+
+
+STORED = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+          "lora_name"]
+REMOVED = ["block_hashes", "medium"]
+
+
+def check_batch(payload: bytes, dp_rank: int, medium: str):
+    """The payload's shape, field by field; returns [(type, fields dict)]."""
+    batch = unpack(payload)
+    assert isinstance(batch, list) and len(batch) == 3
+    ts, events, rank = batch
+    assert isinstance(ts, Float64) and 1.7e9 < ts < 4.1e9
+    assert rank == dp_rank
+    out = []
+    for ev in events:
+        assert isinstance(ev, list) and ev[0][0] == "type"
+        kind = ev[0][1]
+        names = [k for k, _ in ev[1:]]
+        fields = dict(ev[1:])
+        if kind == "BlockStored":
+            assert names[:7] == STORED and names[7:] in ([], ["extra_keys"])
+            assert fields["medium"] == medium and fields["lora_id"] is None
+            hashes = fields["block_hashes"]
+            assert fields["token_ids"] == [] or (
+                len(fields["token_ids"]) == len(hashes) * fields["block_size"])
+        elif kind == "BlockRemoved":
+            assert names == REMOVED and fields["medium"] == medium
+        else:
+            assert kind == "AllBlocksCleared" and names == []
+        for h in fields.get("block_hashes", []):
+            assert type(h) is int and 0 <= h < 2**64
+        out.append((kind, fields))
+    return out
+
+
+# ---- a ZMTP 3.0 peer over a Unix socket --------------------------------------
+
+class ZmtpPeer:
+    def __init__(self, path: str, socket_type: bytes):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.settimeout(5.0)
+        self.s.connect(path)
+        greeting = (b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0")
+                    + b"\0" + bytes(31))
+        self.s.sendall(greeting)
+        peer = self.exact(64)
+        assert peer[0] == 0xFF and peer[9] == 0x7F and peer[10] == 3
+        body = (bytes([5]) + b"READY" + bytes([11]) + b"Socket-Type"
+                + struct.pack(">I", len(socket_type)) + socket_type)
+        self.s.sendall(bytes([0x04, len(body)]) + body)
+        flags, cmd = self.frame()
+        assert flags & 0x04 and cmd[1:6] == b"READY"
+
+    def exact(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.s.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("peer closed")
+            buf += chunk
+        return buf
+
+    def frame(self):
+        flags = self.exact(1)[0]
+        size = (struct.unpack(">Q", self.exact(8))[0] if flags & 0x02 else self.exact(1)[0])
+        return flags, self.exact(size)
+
+    def message(self):
+        """One message's frames (commands such as PING skipped)."""
+        frames = []
+        while True:
+            flags, body = self.frame()
+            if flags & 0x04:
+                continue
+            frames.append(body)
+            if not flags & 0x01:
+                return frames
+
+    def send(self, frames):
+        for i, f in enumerate(frames):
+            more = 0x01 if i + 1 < len(frames) else 0
+            if len(f) > 255:
+                self.s.sendall(bytes([more | 0x02]) + struct.pack(">Q", len(f)) + f)
+            else:
+                self.s.sendall(bytes([more, len(f)]) + f)
+
+    def close(self):
+        self.s.close()
+
+
+# ---- the rig --------------------------------------------------------------------
+
+def router_hash(key: bytes) -> int:
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
+
+
+class Adapter:
+    def encode(self, key):
+        return key
+
+    def decode(self, key):
+        return router_hash(bytes(key))
+
+
+@pytest.fixture
+def ipc_dir():
+    d = tempfile.mkdtemp(prefix="kvcr-pytest-kvev-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def make_kv(ipc_dir, slots=4, **opts):
+    fw = bytearray(BLOCK * 8)
+    pool = bytearray(BLOCK * slots)
+    events = kvcr.KVEventsOptions(endpoint=f"ipc://{ipc_dir}/pub",
+                                  replay_endpoint=f"ipc://{ipc_dir}/replay",
+                                  topic=TOPIC.decode(), **opts)
+    kv = kvcr.KVCR(
+        kvcr.KVCRConfig(nixl_agent_name="py-kvev", pool_layouts=[("", BLOCK)],
+                        kv_events=events),
+        kvcr.KVCRBindings(None, None, None, key_adapter=Adapter()),
+        kvcr.KVCRBackendConfigs(
+            framework_regions=[kvcr.RegionDescriptor(addr=address_of(fw), size=BLOCK, count=8)],
+            local_dram=kvcr.LocalDramOptions(pools=[("", address_of(pool), BLOCK * slots)])))
+    return kv, fw, pool
+
+
+def ref(i):
+    return [kvcr.MemoryRef(end_point_name="py-kvev", element_index=i)]
+
+
+def subscribe(ipc_dir):
+    sub = ZmtpPeer(f"{ipc_dir}/pub", b"SUB")
+    sub.send([b"\x01" + TOPIC])  # ZMTP 3.0: a subscription is a message
+    return sub
+
+
+def read_stream(kv, sub, want, seen, dp_rank=0, medium="CPU"):
+    """Reads messages until every hash of `want` was stored (bounded)."""
+    deadline = time.monotonic() + 10
+    sub.s.settimeout(0.05)
+    last = seen.get("last")
+    for _ in range(2000):
+        if want <= seen["stored"] or time.monotonic() > deadline:
+            break
+        kv.poll_completed()
+        try:
+            frames = sub.message()
+        except (socket.timeout, TimeoutError):
+            continue
+        assert len(frames) == 3 and frames[0] == TOPIC and len(frames[1]) == 8
+        seq = int.from_bytes(frames[1], "big")
+        if last is not None:
+            assert seq == last + 1
+        last = seq
+        seen.setdefault("payloads", {})[seq] = frames[2]
+        for kind, fields in check_batch(frames[2], dp_rank, medium):
+            if kind == "BlockStored":
+                seen["stored"].update(fields["block_hashes"])
+            elif kind == "BlockRemoved":
+                seen["removed"].update(fields["block_hashes"])
+    seen["last"] = last
+    assert want <= seen["stored"]
+
+
+def test_stream_and_replay_decode_frame_by_frame(ipc_dir):
+    kv, fw, pool = make_kv(ipc_dir, dp_rank=5)
+    sub = subscribe(ipc_dir)
+    seen = {"stored": set(), "removed": set()}
+    try:
+        # The subscription reaches the publisher some time after connecting:
+        # deposits go on until one is seen.
+        for i in range(50):
+            key = b"join-%d" % i
+            poll_until(kv, kv.deposit({key: ref(0)}))
+            try:
+                read_stream(kv, sub, {router_hash(key)}, seen, dp_rank=5)
+                break
+            except AssertionError:
+                continue
+        keys = [b"blk-%d" % i for i in range(6)]  # 4 slots: the first ones are evicted
+        for i, k in enumerate(keys):
+            [entry] = poll_until(kv, kv.deposit({k: ref(i)})).values()
+            assert entry.success
+        read_stream(kv, sub, {router_hash(k) for k in keys}, seen, dp_rank=5)
+        assert seen["removed"], "evictions are announced"
+
+        rep = ZmtpPeer(f"{ipc_dir}/replay", b"DEALER")
+        rep.send([b"", (0).to_bytes(8, "big")])
+        got = []
+        for _ in range(100_000):
+            frames = rep.message()
+            assert len(frames) == 3 and frames[0] == b""
+            seq = int.from_bytes(frames[1], "big")
+            if seq == 2**64 - 1:
+                assert frames[2] == b""
+                break
+            got.append((seq, frames[2]))
+        rep.close()
+        assert [s for s, _ in got] == list(range(len(got)))
+        assert check_batch(got[0][1], 5, "CPU")[0][0] == "AllBlocksCleared"
+        for seq, payload in seen["payloads"].items():
+            assert got[seq][1] == payload  # byte for byte what the subscriber got
+    finally:
+        sub.close()
+        kv.close()
+
+
+def test_options_types_and_rules(ipc_dir):
+    with pytest.raises(TypeError, match="kv_events must be a KVEventsOptions"):
+        kvcr.config.kv_events_args("tcp://*:5557")
+    with pytest.raises(TypeError, match="kv_events.topic must be a str"):
+        kvcr.config.kv_events_args(kvcr.KVEventsOptions(endpoint="tcp://*:1", topic=7))
+    with pytest.raises(ValueError, match="kv_events.dp_rank must be between 0 and"):
+        kvcr.config.kv_events_args(kvcr.KVEventsOptions(endpoint="tcp://*:1", dp_rank=-1))
+    assert kvcr.KVEventsOptions(endpoint="x").buffer_batches == 10000
+    with pytest.raises(ValueError, match="kv_events.max_batch_events must be between 1 and"):
+        make_kv(ipc_dir, max_batch_events=0)
+    with pytest.raises(ValueError, match="must be a ZeroMQ endpoint"):
+        kvcr.KVCR(kvcr.KVCRConfig(nixl_agent_name="x", pool_layouts=[("", BLOCK)],
+                                  kv_events=kvcr.KVEventsOptions(endpoint="localhost:1")),
+                  kvcr.KVCRBindings(None, None, None, key_adapter=Adapter()),
+                  kvcr.KVCRBackendConfigs(local_dram=kvcr.LocalDramOptions(
+                      pools=[("", address_of(bytearray(BLOCK)), BLOCK)])))
