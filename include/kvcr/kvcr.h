@@ -445,6 +445,13 @@ typedef struct kvcr_deposit_options {
     uint32_t version;                 /* KVCR_DEPOSIT_OPTIONS_VERSION */
     unsigned flags;                   /* KVCR_NO_EVICT */
     const kvcr_router_block *router;  /* NULL, or one per block */
+    /* The deposit's framework hints, a JSON object (kvcr/policy.h
+     * kvcr_hints: a version-2 policy's decide_ingest_hints sees them; a
+     * "tenant" member names the tenant, config.tenants, new blocks take).
+     * Checked before anything starts: strict JSON, an object, a configured
+     * tenant (KVCR_EINVAL), at most limits.max_hint_bytes (KVCR_ELIMIT). */
+    const char *hints;                /* JSON text, NULL: none */
+    size_t hints_len;
 } kvcr_deposit_options;
 
 /* kvcr_deposit with options: opts->flags as kvcr_deposit's flags, and per

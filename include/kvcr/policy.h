@@ -36,7 +36,36 @@ typedef struct kvcr_block_meta {
     double last_access;      /* monotonic seconds; negative if never */
     unsigned resident_tiers; /* KVCR_TIER_BIT()s of FW_G2, LOCAL_G2, G3 */
     int64_t position;        /* -1 when never aligned */
+    /* policy version 2: the block's tenant (config.tenants) and how many
+     * slots that tenant holds and keeps under pressure (its quota), in
+     * KVCR DRAM and in G3. NULL and zeros for a block without a tenant;
+     * blocks without a tenant together have a quota of 0. */
+    const char *tenant;
+    uint64_t tenant_dram_slots, tenant_dram_quota;
+    uint64_t tenant_g3_slots, tenant_g3_quota;
 } kvcr_block_meta;
+
+/* What the caller told KVCR about the work that makes a residency
+ * (policy version 2: decide_ingest_hints). Both are JSON text, NUL-
+ * terminated, valid only during the hook call:
+ *   framework: the hints given to the operation itself (kvcr_deposit_ex,
+ *     kvcr_fetch_ex), a JSON object the library checked strictly (at most
+ *     limits.max_hint_bytes; a "tenant" member, if any, is a string naming
+ *     a configured tenant); NULL when the call gave none.
+ *   router: the router's kv_hint kept for the operation's request_id
+ *     (kvcr_submit_hint), as submitted; NULL when the operation has no
+ *     request_id or no hint is kept for it.
+ * A deposit's admission sees its framework hints (source FW_G2,
+ * required_local = KVCR_NO_EVICT); a fetch's fills (source G3 or
+ * REMOTE_G2, required_local true) see the fetch's framework hints and the
+ * router hint of its request. A deliver makes no KVCR residency and calls
+ * no admission hook. */
+typedef struct kvcr_hints {
+    const char *framework;
+    size_t framework_len;
+    const char *router;
+    size_t router_len;
+} kvcr_hints;
 
 typedef struct kvcr_placement_failure {
     kvcr_placement attempted;
@@ -52,15 +81,24 @@ typedef struct kvcr_placement_failure {
  * rest, are in that version's layout too). A table whose version the
  * library does not read (0, or newer than the library) is refused by
  * kvcr_create with KVCR_EINVAL. */
-#define KVCR_POLICY_VERSION 1
+#define KVCR_POLICY_VERSION 2
+
+/* kvcr_policy_ops.flags (version 2). KVCR_POLICY_TENANT_QUOTAS: when
+ * KVCR DRAM or G3 must make room, victims come first from tenants over
+ * their quota in that tier (config.tenants; the tenant being made room for
+ * counts the slots it asks for, and blocks without a tenant have a quota
+ * of 0), least recent (lowest score) first; only when none of those can
+ * give does eviction fall back to the plain score order. */
+#define KVCR_POLICY_TENANT_QUOTAS 0x1u
 
 typedef struct kvcr_policy_ops {
     uint32_t version;        /* first, in every version: KVCR_POLICY_VERSION */
     const char *name;
     unsigned required_tiers; /* KVCR_TIER_BIT()s that must be configured */
 
-    /* Required. Only KEEP and DROP are honoured; DROP of required-local
-     * work is overridden to KEEP. */
+    /* Required (version 2: unless decide_ingest_hints is set). Only KEEP
+     * and DROP are honoured; DROP of required-local work is overridden to
+     * KEEP. */
     int (*decide_ingest)(void *ud, const kvcr_block_meta *meta, kvcr_tier source,
                          bool required_local, kvcr_placement *out);
     /* Required. Lower scores are evicted first; ties go to the block that
@@ -80,10 +118,20 @@ typedef struct kvcr_policy_ops {
                            const kvcr_placement_failure *failure, kvcr_placement *out);
     /* Optional. Called once when the instance is freed. */
     void (*destroy)(void *ud);
+
+    /* ---- version 2 ---- */
+    uint32_t flags; /* KVCR_POLICY_TENANT_QUOTAS */
+    /* Optional: decide_ingest with the hints of the call (kvcr_hints).
+     * When set it is called instead of decide_ingest (which may then be
+     * NULL), with the same rules. */
+    int (*decide_ingest_hints)(void *ud, const kvcr_block_meta *meta, kvcr_tier source,
+                               bool required_local, const kvcr_hints *hints,
+                               kvcr_placement *out);
 } kvcr_policy_ops;
 
-/* Built-in policies, by name: "fifo", "lru", and (with the
- * G3 tier) "g3_fifo", "g3_lru". NULL for an unknown name. The tables are
+/* Built-in policies, by name: "fifo", "lru", "tenant_lru" (LRU with
+ * KVCR_POLICY_TENANT_QUOTAS), and (with the G3 tier) "g3_fifo", "g3_lru",
+ * "g3_tenant_lru" (the same, spilling to G3). NULL for an unknown name. The tables are
  * static, of this library's KVCR_POLICY_VERSION (a copy keeps that
  * version). */
 const kvcr_policy_ops *kvcr_policy_builtin(const char *name);

@@ -423,7 +423,7 @@ KVCR_API int kvcr_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsign
                           kvcr_op_handle *op)
 {
     GUARD(kv);
-    return ops_deposit(kv, blocks, n, flags, op);
+    return ops_deposit(kv, blocks, n, flags, NULL, 0, op);
 }
 
 /* One block's router metadata within its bounds. */
@@ -463,11 +463,12 @@ KVCR_API int kvcr_deposit_ex(kvcr_t *kv, const kvcr_block *blocks, size_t n,
         int rc = check_router_block(&rb[i], i);
         if (rc != 0) return rc;
     }
-    if (n > 0 && blocks == NULL) return ops_deposit(kv, blocks, n, opts->flags, op);
+    if (n > 0 && blocks == NULL)
+        return ops_deposit(kv, blocks, n, opts->flags, opts->hints, opts->hints_len, op);
     /* Kept before the deposit starts: its commit may be polled at once. */
     int rc = api_events_remember(kv, blocks, n, rb);
     if (rc != 0) return rc;
-    rc = ops_deposit(kv, blocks, n, opts->flags, op);
+    rc = ops_deposit(kv, blocks, n, opts->flags, opts->hints, opts->hints_len, op);
     if (rc != 0) api_events_forget(kv, blocks, n, rb);
     return rc;
 }

@@ -11,6 +11,7 @@ void evq_init(evictq *q)
     q->heap_n = q->heap_cap = 0;
     q->count = 0;
     q->next_seq = 1;
+    q->shared_seq = NULL;
 }
 
 void evq_destroy(evictq *q)
@@ -151,7 +152,7 @@ int evq_insert(evictq *q, block_index *ix, block_id id, double score)
 {
     block *b = index_get(ix, id);
     b->score = score;
-    b->seq = q->next_seq++;
+    b->seq = q->shared_seq ? (*q->shared_seq)++ : q->next_seq++;
     int rc = place(q, ix, id);
     if (rc == 0) q->count++;
     return rc;
@@ -169,13 +170,30 @@ void evq_remove(evictq *q, block_index *ix, block_id id)
     q->count--;
 }
 
-block_id evq_pop(evictq *q, block_index *ix, bool *from_list)
+/* The front of the queue and whether it is the list's. */
+static block_id front(const evictq *q, const block_index *ix, bool *from_list)
 {
     block_id l = q->head, h = q->heap_n ? q->heap[0] : BLOCK_NONE;
     if (l == BLOCK_NONE && h == BLOCK_NONE) return BLOCK_NONE;
     *from_list = h == BLOCK_NONE || (l != BLOCK_NONE && before(index_get(ix, l), index_get(ix, h)));
-    block_id id = *from_list ? l : h;
-    evq_remove(q, ix, id);
+    return *from_list ? l : h;
+}
+
+block_id evq_front(const evictq *q, const block_index *ix)
+{
+    bool from_list;
+    return front(q, ix, &from_list);
+}
+
+bool evq_before(const block_index *ix, block_id a, block_id b)
+{
+    return before(index_get(ix, a), index_get(ix, b));
+}
+
+block_id evq_pop(evictq *q, block_index *ix, bool *from_list)
+{
+    block_id id = front(q, ix, from_list);
+    if (id != BLOCK_NONE) evq_remove(q, ix, id);
     return id;
 }
 

@@ -19,6 +19,7 @@ typedef struct evictq {
     uint32_t heap_n, heap_cap;
     uint64_t count;
     uint64_t next_seq;
+    uint64_t *shared_seq; /* queues compared with each other share one counter; NULL: next_seq */
 } evictq;
 
 void evq_init(evictq *q);
@@ -28,6 +29,13 @@ void evq_destroy(evictq *q);
  * unqueued. */
 int evq_insert(evictq *q, block_index *ix, block_id id, double score);
 void evq_remove(evictq *q, block_index *ix, block_id id);
+
+/* The lowest (score, seq) block, left in place; BLOCK_NONE when empty.
+ * With evq_before, the caller picks among several queues (one per
+ * tenant, core/tenants.h) whose blocks share one seq counter. */
+block_id evq_front(const evictq *q, const block_index *ix);
+/* Whether a comes before b in eviction order (score, then seq). */
+bool evq_before(const block_index *ix, block_id a, block_id b);
 
 /* Takes the lowest (score, seq) block out; *from_list says where it was. */
 block_id evq_pop(evictq *q, block_index *ix, bool *from_list);

@@ -44,6 +44,7 @@ typedef struct block {
     uint8_t g2_state;
     uint8_t flags;
     uint8_t n_slots; /* layout length of the G2 residency; 0 if none */
+    uint8_t tenant;  /* 0: none; else conf tenant tenant - 1 (core/tenants.h) */
     uint32_t claims;
     uint32_t access_count;
     uint32_t q_prev, q_next; /* list links; q_prev is the heap index in the heap */

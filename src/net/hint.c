@@ -107,6 +107,15 @@ int hint_parse(const char *text, size_t len, const kvcr_logger *log, hint *out)
     const json_node *payload = fetch_payload(&d, log);
     int rc = payload ? read_payload(&d, payload, out) : kvcr_fail(KVCR_EINVAL, INVALID);
     json_free(&d);
+    if (rc == 0 && (out->text = malloc(len + 1)) == NULL) {
+        hint_clear(out);
+        rc = kvcr_fail(KVCR_ENOMEM, "out of memory");
+    }
+    if (rc == 0) {
+        memcpy(out->text, text, len);
+        out->text[len] = '\0';
+        out->text_len = len;
+    }
     return rc;
 }
 
@@ -114,6 +123,7 @@ void hint_clear(hint *h)
 {
     free(h->source);
     free(h->hashes);
+    free(h->text);
     memset(h, 0, sizeof *h);
 }
 

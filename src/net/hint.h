@@ -13,6 +13,8 @@ typedef struct hint {
     char *source;      /* source_control_endpoint */
     uint64_t *hashes;  /* sorted, unique, at least one */
     size_t n_hashes;
+    char *text;        /* the JSON text as submitted, NUL-terminated (what policies see) */
+    size_t text_len;
 } hint;
 
 /* Validates JSON text strictly. On failure returns KVCR_EINVAL (or ENOMEM)

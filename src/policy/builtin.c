@@ -1,7 +1,9 @@
 /* The built-in policies: FIFO (every block scores the same, so ties — the
  * order of entering the evictable set — decide) and LRU (the score is the
  * last access time), and their G3 variants, which spill what KVCR DRAM
- * evicts to G3 instead of dropping it (and drop what G3 evicts). */
+ * evicts to G3 instead of dropping it (and drop what G3 evicts).
+ * tenant_lru is LRU with KVCR_POLICY_TENANT_QUOTAS: the core then takes
+ * victims first from tenants over their quota (core/tenants.h). */
 #include <float.h>
 #include <stdbool.h>
 #include <string.h>
@@ -85,10 +87,30 @@ static const kvcr_policy_ops g3_lru_policy = {
     .decide_eviction = spill_on_eviction,
 };
 
+static const kvcr_policy_ops tenant_lru_policy = {
+    .version = KVCR_POLICY_VERSION,
+    .name = "tenant_lru",
+    .decide_ingest = keep_on_ingest,
+    .eviction_score = lru_score,
+    .decide_eviction = drop_on_eviction,
+    .flags = KVCR_POLICY_TENANT_QUOTAS,
+};
+
+static const kvcr_policy_ops g3_tenant_lru_policy = {
+    .version = KVCR_POLICY_VERSION,
+    .name = "g3_tenant_lru",
+    .required_tiers = KVCR_TIER_BIT(KVCR_TIER_G3),
+    .decide_ingest = keep_on_ingest,
+    .eviction_score = lru_score,
+    .decide_eviction = spill_on_eviction,
+    .flags = KVCR_POLICY_TENANT_QUOTAS,
+};
+
 KVCR_API const kvcr_policy_ops *kvcr_policy_builtin(const char *name)
 {
-    static const kvcr_policy_ops *const all[] = {&fifo_policy, &lru_policy, &g3_fifo_policy,
-                                                 &g3_lru_policy};
+    static const kvcr_policy_ops *const all[] = {&fifo_policy,       &lru_policy,
+                                                 &g3_fifo_policy,    &g3_lru_policy,
+                                                 &tenant_lru_policy, &g3_tenant_lru_policy};
     for (size_t i = 0; name != NULL && i < sizeof all / sizeof all[0]; i++)
         if (strcmp(all[i]->name, name) == 0) return all[i];
     return NULL;

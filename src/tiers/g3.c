@@ -97,10 +97,18 @@ static void free_push(g3_tier *t, uint32_t s)
     t->n_free++;
 }
 
+/* A slot's block, counted under the block's tenant (core/tenants.h). */
+static void set_owner(g3_tier *t, uint32_t s, tier_block id)
+{
+    if (t->owner[s] != TIER_BLOCK_NONE) host_lower_slots(t->kv, t->owner[s], -1);
+    t->owner[s] = id;
+    if (id != TIER_BLOCK_NONE) host_lower_slots(t->kv, id, 1);
+}
+
 /* A slot that failed its check is never handed out again. */
 static void retire_slot(g3_tier *t, uint32_t s)
 {
-    t->owner[s] = TIER_BLOCK_NONE;
+    set_owner(t, s, TIER_BLOCK_NONE);
     t->n_retired++;
 }
 
@@ -119,24 +127,32 @@ static void drop_residency(kvcr_t *kv, tier_block id)
     host_lower_gone(kv, id);
 }
 
-/* The oldest evictable slot the policy lets go, or NO_SLOT. */
-static uint32_t evict_one(kvcr_t *kv, g3_tier *t)
+/* The oldest evictable slot the policy lets go, or NO_SLOT; `over`: only
+ * slots of tenants over their G3 quota (counting the slot `incoming`
+ * asks for). */
+static uint32_t evict_one(kvcr_t *kv, g3_tier *t, tier_block incoming, bool over)
 {
     for (uint32_t s = t->ev_head; s != NO_SLOT; s = t->next[s]) {
         tier_block id = t->owner[s];
         if (host_protected(kv, id)) continue;
+        if (over && !host_lower_over_quota(kv, id, incoming)) continue;
         if (host_eviction_decision(kv, id, KVCR_TIER_G3) == KVCR_ACTION_KEEP) continue;
         ev_unlink(t, s);
-        t->owner[s] = TIER_BLOCK_NONE;
+        set_owner(t, s, TIER_BLOCK_NONE);
         drop_residency(kv, id);
         return s;
     }
     return NO_SLOT;
 }
 
-static uint32_t take_slot(kvcr_t *kv, g3_tier *t)
+/* A slot for `incoming`: a free one, else an evicted one (tenants over
+ * their quota first when the policy orders by quotas). */
+static uint32_t take_slot(kvcr_t *kv, g3_tier *t, tier_block incoming)
 {
-    if (t->n_free == 0) return evict_one(kv, t);
+    if (t->n_free == 0) {
+        uint32_t s = host_quota_first(kv) ? evict_one(kv, t, incoming, true) : NO_SLOT;
+        return s != NO_SLOT ? s : evict_one(kv, t, incoming, false);
+    }
     uint32_t s = t->free_ring[t->free_head];
     t->free_head = (t->free_head + 1) % t->n_slots;
     t->n_free--;
@@ -247,7 +263,7 @@ static bool g3_spill(tier *tt, tier_block id)
     if (host_block_segments(kv, id) != 1 || key_len > G3_KEY_MAX) return false;
     if (t->staging_bytes + t->slot_size > host_conf(kv)->g3.max_staging_bytes) return false;
     host_protect(kv, id, true); /* not its own G3 victim */
-    uint32_t s = take_slot(kv, t);
+    uint32_t s = take_slot(kv, t, id);
     host_protect(kv, id, false);
     if (s == NO_SLOT) return false;
     g3_req *r = req_new(t, REQ_WRITE, s, id);
@@ -265,7 +281,7 @@ static bool g3_spill(tier *tt, tier_block id)
     memcpy(r->buf, seg.addr, t->slot_size);
     lw->state = G3_STORING;
     lw->slot = s;
-    t->owner[s] = id;
+    set_owner(t, s, id);
     t->staging_bytes += t->slot_size;
     t->pending_stores++;
     enqueue(t, r);
@@ -472,7 +488,7 @@ static int recover(kvcr_t *kv, g3_tier *t)
         tier_lower *lw = host_lower(kv, id);
         lw->state = G3_READY;
         lw->slot = a.v[i].slot;
-        t->owner[a.v[i].slot] = id;
+        set_owner(t, a.v[i].slot, id);
     }
     for (size_t i = 0; rc == 0 && i < a.n; i++) /* oldest first: evicted first */
         if (a.v[i].slot != NO_SLOT) {

@@ -1,0 +1,183 @@
+/* Tenants: slot counts, per-tenant evictable queues, quota checks, the
+ * policy's view and the gauges (core/tenants.h). */
+#include "core/tenants.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/instance.h"
+#include "net/json.h"
+
+void tenants_init(kvcr_t *kv)
+{
+    for (uint32_t t = 0; t <= KVCR_MAX_TENANTS; t++) {
+        evq_init(&kv->tenants[t].evq);
+        kv->tenants[t].evq.shared_seq = &kv->evq.next_seq;
+    }
+}
+
+void tenants_destroy(kvcr_t *kv)
+{
+    for (uint32_t t = 0; t <= KVCR_MAX_TENANTS; t++) evq_destroy(&kv->tenants[t].evq);
+}
+
+/* The "tenant" member of checked hints: 0 for none or null. */
+static int hints_tenant(const kvcr_t *kv, const json_doc *d, uint8_t *tenant)
+{
+    const json_node *t = json_get(d, json_root(d), "tenant");
+    if (t == NULL || t->type == JSON_NULL) return 0;
+    if (t->type != JSON_STRING)
+        return kvcr_fail(KVCR_EINVAL, "hints' \"tenant\" must be a string or null");
+    for (uint32_t i = 0; i < kv->conf.n_tenants; i++)
+        if (strlen(kv->conf.tenant_names[i]) == t->str_len &&
+            memcmp(kv->conf.tenant_names[i], json_str(d, t), t->str_len) == 0) {
+            *tenant = (uint8_t)(i + 1);
+            return 0;
+        }
+    return kvcr_fail(KVCR_EINVAL, "hints name tenant '%.*s', which is not configured",
+                     (int)(t->str_len > 64 ? 64 : t->str_len), json_str(d, t));
+}
+
+int tenants_admit_prepare(const kvcr_t *kv, const char *json, size_t len, admit_ctx *ctx)
+{
+    *ctx = (admit_ctx){0};
+    if (json == NULL)
+        return len == 0 ? 0 : kvcr_fail(KVCR_EINVAL, "hints are NULL but hints_len is %zu", len);
+    if (len > kv->conf.limits.max_hint_bytes)
+        return kvcr_fail(KVCR_ELIMIT, "hints have %zu bytes, over limits.max_hint_bytes (%u)",
+                         len, kv->conf.limits.max_hint_bytes);
+    json_doc d;
+    if (json_parse(json, len, &d) != 0)
+        return kvcr_fail(KVCR_EINVAL, "hints must be strict JSON text (RFC 8259)");
+    int rc = json_root(&d)->type == JSON_OBJECT
+                 ? hints_tenant(kv, &d, &ctx->tenant)
+                 : kvcr_fail(KVCR_EINVAL, "hints must be a JSON object");
+    json_free(&d);
+    if (rc == 0 && (ctx->framework_copy = malloc(len + 1)) == NULL)
+        rc = kvcr_fail(KVCR_ENOMEM, "out of memory");
+    if (rc != 0) {
+        ctx->tenant = 0;
+        return rc;
+    }
+    memcpy(ctx->framework_copy, json, len);
+    ctx->framework_copy[len] = '\0';
+    ctx->hints.framework = ctx->framework_copy;
+    ctx->hints.framework_len = len;
+    return 0;
+}
+
+void tenants_admit_enter(kvcr_t *kv, admit_ctx *ctx, const char *request_id)
+{
+    const hint_state *h = request_id ? hint_table_find(&kv->hints, request_id) : NULL;
+    ctx->hints.router = h ? h->hint.text : NULL;
+    ctx->hints.router_len = h ? h->hint.text_len : 0;
+    kv->admit = ctx;
+}
+
+void tenants_admit_leave(kvcr_t *kv)
+{
+    kv->admit = NULL;
+}
+
+void tenants_admit_free(admit_ctx *ctx)
+{
+    free(ctx->framework_copy);
+    *ctx = (admit_ctx){0};
+}
+
+evictq *tenant_queue(kvcr_t *kv, block_id id)
+{
+    uint8_t t = index_get(&kv->index, id)->tenant;
+    return t ? &kv->tenants[t].evq : &kv->evq;
+}
+
+bool tenants_quota_first(const kvcr_t *kv)
+{
+    const kvcr_policy_ops *p = kv->conf.policy;
+    return kv->conf.n_tenants > 0 && p->version >= 2 && (p->flags & KVCR_POLICY_TENANT_QUOTAS);
+}
+
+evictq *tenants_first_queue(kvcr_t *kv, const bool *eligible)
+{
+    evictq *best = NULL;
+    block_id best_id = BLOCK_NONE;
+    for (uint32_t t = 0; t <= kv->conf.n_tenants; t++) {
+        if (eligible && !eligible[t]) continue;
+        evictq *q = t ? &kv->tenants[t].evq : &kv->evq;
+        block_id id = evq_front(q, &kv->index);
+        if (id != BLOCK_NONE && (best_id == BLOCK_NONE || evq_before(&kv->index, id, best_id))) {
+            best = q;
+            best_id = id;
+        }
+    }
+    return best;
+}
+
+static uint64_t dram_quota(const kvcr_t *kv, uint8_t t)
+{
+    return t ? kv->conf.tenant_dram_quota[t - 1] : 0;
+}
+
+static uint64_t g3_quota(const kvcr_t *kv, uint8_t t)
+{
+    return t ? kv->conf.tenant_g3_quota[t - 1] : 0;
+}
+
+int64_t tenants_dram_excess(const kvcr_t *kv, uint8_t t)
+{
+    return (int64_t)kv->tenants[t].dram_slots - (int64_t)dram_quota(kv, t);
+}
+
+void tenants_dram_add(kvcr_t *kv, const block *b, int64_t slots)
+{
+    kv->tenants[b->tenant].dram_slots += (uint64_t)slots;
+}
+
+void tenants_evicted(kvcr_t *kv, const block *b)
+{
+    kv->tenants[b->tenant].dram_evicted++;
+}
+
+void tenants_g3_add(kvcr_t *kv, block_id id, int delta)
+{
+    kv->tenants[index_get(&kv->index, id)->tenant].g3_slots += (uint64_t)(int64_t)delta;
+}
+
+bool tenants_g3_over(const kvcr_t *kv, block_id victim, block_id incoming)
+{
+    if (!tenants_quota_first(kv)) return false;
+    uint8_t t = index_get(&kv->index, victim)->tenant;
+    uint64_t held = kv->tenants[t].g3_slots;
+    if (incoming != BLOCK_NONE && index_get(&kv->index, incoming)->tenant == t) held++;
+    return held > g3_quota(kv, t);
+}
+
+void tenants_meta(const kvcr_t *kv, block_id id, kvcr_block_meta *meta)
+{
+    uint8_t t = index_get(&kv->index, id)->tenant;
+    meta->tenant = t ? kv->conf.tenant_names[t - 1] : NULL;
+    meta->tenant_dram_slots = kv->tenants[t].dram_slots;
+    meta->tenant_dram_quota = dram_quota(kv, t);
+    meta->tenant_g3_slots = kv->tenants[t].g3_slots;
+    meta->tenant_g3_quota = g3_quota(kv, t);
+}
+
+void tenants_gauges(kvcr_t *kv, gauge_sink *s)
+{
+    if (kv->conf.n_tenants == 0) return;
+    for (uint32_t t = 0; t <= kv->conf.n_tenants; t++) {
+        char prefix[KVCR_TENANT_NAME_MAX + 16];
+        if (t == 0)
+            snprintf(prefix, sizeof prefix, "no_tenant_");
+        else
+            snprintf(prefix, sizeof prefix, "tenant_%s_", kv->conf.tenant_names[t - 1]);
+        const tenant_use *u = &kv->tenants[t];
+        gauge_sink_add(s, prefix, "dram_slots", (double)u->dram_slots);
+        gauge_sink_add(s, prefix, "dram_quota_slots", (double)dram_quota(kv, (uint8_t)t));
+        gauge_sink_add(s, prefix, "dram_evicted_blocks", (double)u->dram_evicted);
+        if (kv->conf.g3.n_paths == 0) continue;
+        gauge_sink_add(s, prefix, "g3_slots", (double)u->g3_slots);
+        gauge_sink_add(s, prefix, "g3_quota_slots", (double)g3_quota(kv, (uint8_t)t));
+    }
+}

@@ -1,0 +1,82 @@
+/* Tenants: each tenant's slots in KVCR DRAM and G3, the queue of its
+ * evictable KVCR DRAM blocks, the quota checks eviction makes, the
+ * policy's view of them and their gauges; and the admission context a
+ * deposit or fetch gives its entries (the hints and the tenant of the
+ * call). Tenant 0 is "none"; tenant t > 0 is configured tenant t - 1
+ * (kvcr_conf.tenant_names). Every function runs with the instance lock
+ * held unless it says otherwise. */
+#ifndef KVCR_CORE_TENANTS_H
+#define KVCR_CORE_TENANTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/evictq.h"
+#include "core/tier.h"
+#include "kvcr/kvcr.h"
+
+typedef struct tenant_use {
+    evictq evq;            /* its ready, unclaimed KVCR DRAM blocks (tenant 0: kvcr_t.evq) */
+    uint64_t dram_slots;   /* KVCR DRAM slots its blocks hold (FILLING ones too) */
+    uint64_t g3_slots;     /* G3 slots its blocks hold (being written too) */
+    uint64_t dram_evicted; /* blocks of it evicted from KVCR DRAM, since start */
+} tenant_use;
+
+/* What the entries of one deposit or fetch are admitted with: the
+ * policy's kvcr_hints and the tenant new residencies take. Lives on the
+ * caller's stack for the call; kvcr_t.admit points at it while the call
+ * holds the lock. */
+typedef struct admit_ctx {
+    kvcr_hints hints;
+    uint8_t tenant;
+    char *framework_copy; /* hints.framework, owned (NUL-terminated for the policy) */
+} admit_ctx;
+
+/* No lock (before any thread runs): the tenants' queues share the main
+ * queue's order counter, so their fronts compare. */
+void tenants_init(kvcr_t *kv);
+void tenants_destroy(kvcr_t *kv);
+
+/* No lock (the configuration is immutable), before the call changes
+ * anything: checks the call's hints, JSON text of len bytes (NULL: none;
+ * strict; an object; at most limits.max_hint_bytes, else KVCR_ELIMIT; a
+ * "tenant" member is a string naming a configured tenant, or null), and
+ * fills *ctx with a copy of them and their tenant. KVCR_EINVAL names the
+ * rule broken; nothing is kept then. */
+int tenants_admit_prepare(const kvcr_t *kv, const char *json, size_t len, admit_ctx *ctx);
+/* Locked: the context is in effect for the entries admitted from now on
+ * (the router hint kept for request_id, NULL: none, joins it) until
+ * tenants_admit_leave. */
+void tenants_admit_enter(kvcr_t *kv, admit_ctx *ctx, const char *request_id);
+void tenants_admit_leave(kvcr_t *kv);
+/* No lock: frees what prepare kept. */
+void tenants_admit_free(admit_ctx *ctx);
+
+/* The evictable queue a block belongs in, by its tenant. */
+evictq *tenant_queue(kvcr_t *kv, block_id id);
+/* Whether eviction puts tenants over their quota first: the policy asks
+ * for it (KVCR_POLICY_TENANT_QUOTAS) and tenants are configured. */
+bool tenants_quota_first(const kvcr_t *kv);
+/* The queue whose front comes first in eviction order among the tenants
+ * with eligible[t] (NULL: all), or NULL when they are all empty. */
+evictq *tenants_first_queue(kvcr_t *kv, const bool *eligible);
+/* How far tenant t is over its KVCR DRAM quota (negative: under it). */
+int64_t tenants_dram_excess(const kvcr_t *kv, uint8_t t);
+
+/* A block's KVCR DRAM residency gained (slots > 0) or gave back slots. */
+void tenants_dram_add(kvcr_t *kv, const block *b, int64_t slots);
+void tenants_evicted(kvcr_t *kv, const block *b);
+/* A block took (1) or gave back (-1) a G3 slot. */
+void tenants_g3_add(kvcr_t *kv, block_id id, int delta);
+/* With quota-first eviction: whether the victim's tenant is over its G3
+ * quota, counting the slot the incoming block (TIER_BLOCK_NONE: none)
+ * asks for. False when quotas do not order eviction. */
+bool tenants_g3_over(const kvcr_t *kv, block_id victim, block_id incoming);
+
+/* The policy's view of the block's tenant (kvcr_block_meta, version 2). */
+void tenants_meta(const kvcr_t *kv, block_id id, kvcr_block_meta *meta);
+
+/* The tenants' gauges (tenant_<name>_*, no_tenant_*). */
+void tenants_gauges(kvcr_t *kv, gauge_sink *s);
+
+#endif
