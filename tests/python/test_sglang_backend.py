@@ -195,6 +195,25 @@ def test_hinted_pages_are_hits_and_pulled_from_the_peer(backends, peers, kind, l
     assert final["set_pages"] == 6 and not final["warnings"]
 
 
+def test_an_mla_rank_reads_the_pages_its_rank_0_stored(backends, peers):
+    base = free_port_pair()
+    src = peers(mode="sglang", pool="mla", layout="layer_first", n=4, port=base)
+    assert src.endpoint.endswith(f":{base}")
+    b, pool = backends("mla", "layer_first", control_port=base, tp_rank=1)
+    keys = [sglang_key(i) for i in range(4)]
+    # No router hint: every page counts as rank 0's (SGLang takes the least
+    # of its ranks' counts, and rank 0 counts only what it holds) ...
+    assert b.batch_exists(keys + [sglang_key(30)]) == 5
+    # ... and the reads pull from rank 0 what it has.
+    got = b.batch_get_v1(keys + [sglang_key(30)], indices(pool, range(8, 13)))
+    assert got == [True] * 4 + [False]
+    for i in range(4):
+        assert pool.read_page((8 + i) * pool.page_size) == sglang_page(i, pool.page_bytes())
+    mha, _ = backends("mha", "layer_first", control_port=base + 2, tp_rank=1)
+    assert mha.batch_exists(keys) == 0  # MHA ranks hold their own heads: never rank 0's
+    src.stop()
+
+
 # ---- errors never raise ------------------------------------------------------------------
 
 def test_data_path_calls_never_raise(backends, caplog):

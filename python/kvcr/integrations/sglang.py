@@ -29,6 +29,12 @@ TP rank is created:
   `extra_info.extra_info["request_id"]`: hinted pages count as hits in
   `batch_exists` and `batch_get_v1` pulls them from the named peer. The
   last HINTS_KEPT requests' hints are kept.
+* MLA: SGLang stores pages from TP rank 0 only. With a `control_port`
+  base, the other ranks read them from rank 0's KVCR on the same host
+  (advertise_host:base) when no router hint names a source: they count
+  every page as a hit (SGLang takes the least count of its ranks, and rank
+  0 counts only what it holds) and pull them from rank 0. Without a base
+  port they see no pages, and SGLang none from storage.
 * Data-path calls never raise (SGLang's controller threads die on an
   exception): a failure returns False / 0 / None and is logged.
 
@@ -74,6 +80,7 @@ log = logging.getLogger("kvcr.sglang")
 POOL = "kv"
 STAGE_PAGES = 128    # the controller's largest batch
 HINTS_KEPT = 1024    # requests whose router hint is kept
+RANK0_REQUEST = "sglang-mla-tp0"  # an MLA rank's reads from its rank 0
 DEFAULT_DRAM = 1 << 30
 U64 = 1 << 64
 
@@ -148,7 +155,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
                          for p in paths]
         self.g3_bytes = int(extra.get("g3_bytes_per_file", 4 * self.dram_bytes))
         self.control_host = str(extra.get("control_host", "127.0.0.1"))
-        base = int(extra.get("control_port", 0))
+        self.control_base = base = int(extra.get("control_port", 0))
         self.control_port = base + self.tp_rank if base else 0
         self.advertise_host = str(extra.get("advertise_host", self.control_host))
         self.kv_events_endpoint = extra.get("kv_events_endpoint")
@@ -310,12 +317,13 @@ class KVCRHiCacheStorage(HiCacheStorage):
     def _key(self, key: str) -> bytes:
         return f"{key}{self.namespace}".encode()
 
-    def _request(self, extra_info) -> Optional[str]:
+    def _request(self, extra_info, keys: List[str]) -> Optional[str]:
         """The request whose router hint covers this call, submitted to KVCR
-        the first time it is seen; None without a hint."""
+        the first time it is seen; without one, an MLA rank other than 0
+        hints its own rank 0 (below); else None."""
         info = getattr(extra_info, "extra_info", None) if extra_info is not None else None
         if not isinstance(info, dict) or info.get("kv_hint") is None:
-            return None
+            return self._rank0_request(keys)
         hint = info["kv_hint"]
         if isinstance(hint, (str, bytes)):
             hint = json.loads(hint)
@@ -336,6 +344,22 @@ class KVCRHiCacheStorage(HiCacheStorage):
                 old, _ = self._hints.popitem(last=False)
                 self._kv.discard_hint(old)
         return rid
+
+    def _rank0_request(self, keys: List[str]) -> Optional[str]:
+        """MLA pages are the same on every TP rank and SGLang stores them from
+        rank 0 alone: another rank reads them from rank 0's KVCR on this
+        host (control port base + 0), as if a router had hinted them."""
+        if not (self.is_mla and self.tp_rank > 0 and self.control_base):
+            return None
+        hashes = [h for h in map(_PageKeys().decode, (k.encode() for k in keys)) if h is not None]
+        if not hashes:
+            return None
+        source = f"tcp://{self.advertise_host}:{self.control_base}"
+        self._kv.submit_hint({"protocol_version": "0.1", "actions": [
+            {"action_type": "kv.fetch", "action_version": "1.0",
+             "payload": {"source_control_endpoint": source, "block_hashes": hashes}}]},
+            request_id=RANK0_REQUEST)
+        return RANK0_REQUEST
 
     def _pages(self, host_indices, n: int) -> Optional[list]:
         """The host pool page of each of n keys, or None when the indices
@@ -380,7 +404,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
             if pages is None:
                 log.warning("batch_get_v1: host indices are not %d whole pages", len(keys))
                 return [False] * len(keys)
-            rid = self._request(extra_info)
+            rid = self._request(extra_info, keys)
             nkeys = [self._key(k) for k in keys]
             blocks = {nk: self._refs(p // self.page_size) for nk, p in zip(nkeys, pages)}
             out = self._run("get", lambda: self._kv.deliver(blocks, request_id=rid), nkeys)
@@ -403,7 +427,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
         try:
             if self._kv is None:
                 return 0
-            rid = self._request(extra_info)
+            rid = self._request(extra_info, keys)
             n = 0
             for status, _tier in self._kv.query([self._key(k) for k in keys], rid):
                 if status is kvcr.QueryStatus.MISS:
