@@ -58,7 +58,7 @@ from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupE
                     LocalDramRegions, MemoryRef, OpEntryResult, OpEntryStatus, OpHandle, OpResult,
                     PinHandle, PinRequestId, PinResult, PlacementAction, PlacementDecision,
                     PlacementFailure, PoolBlockLayouts, QueryStatus, RecoveryMirrorError,
-                    RegionDescriptor, ReleaseHandle, ReleaseResult, TransferError)
+                    RegionDescriptor, ReleaseHandle, ReleaseResult, RouterBlock, TransferError)
 
 __version__ = "0.1.0"
 
@@ -75,7 +75,7 @@ __all__ = [
     "OpHandle", "OpEntryStatus", "OpEntryResult", "OpResult", "PinHandle", "PinRequestId",
     "PinResult", "PlacementAction", "PlacementDecision", "PlacementFailure", "BlockMeta",
     "ReleaseHandle", "ReleaseResult", "LocalDramRegions", "PoolBlockLayouts",
-    "KVCRStartupError", "TransferError", "RecoveryMirrorError",
+    "KVCRStartupError", "TransferError", "RecoveryMirrorError", "RouterBlock",
     # kvcr.policy
     "KVCachePolicy", "FIFOPolicy", "LRUPolicy", "G3FIFOPolicy", "G3LRUPolicy",
     "TenantLRUPolicy", "G3TenantLRUPolicy", "TenantQuota",

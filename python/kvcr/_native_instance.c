@@ -160,12 +160,97 @@ static int hints_of(PyObject *o, const char **text, size_t *len)
     return 0;
 }
 
-/* deposit(blocks, flags, hints) / deliver(blocks, request_id) -> op handle */
+/* What a deposit says of its blocks for the KV events. */
+typedef struct routerset {
+    kvcr_router_block *rb;     /* n entries, or NULL: none given */
+    uint32_t *tokens;          /* every block's token ids, back to back */
+    const char **extra;        /* every block's extra keys, back to back */
+    PyObject *keep;            /* the strings libkvcr reads */
+} routerset;
+
+static void routers_free(routerset *r)
+{
+    free(r->rb);
+    free(r->tokens);
+    free(r->extra);
+    Py_CLEAR(r->keep);
+}
+
+/* One block's (parent | None, token ids tuple, block_size, lora | None,
+ * extra keys tuple) (kvcr.api shapes it; libkvcr checks the bounds). */
+static int router_one(PyObject *t, kvcr_router_block *rb, uint32_t *tokens, size_t *n_tok,
+                      const char **extra, size_t *n_ext, PyObject *keep)
+{
+    PyObject *parent, *toks, *lora, *keys;
+    unsigned int bs;
+    if (!PyArg_ParseTuple(t, "OO!IOO!", &parent, &PyTuple_Type, &toks, &bs, &lora,
+                          &PyTuple_Type, &keys))
+        return -1;
+    *rb = (kvcr_router_block){.block_size_tokens = bs};
+    if (parent != Py_None) {
+        rb->has_parent = true;
+        rb->parent_hash = PyLong_AsUnsignedLongLong(parent);
+        if (PyErr_Occurred()) return -1;
+    }
+    Py_ssize_t nt = PyTuple_GET_SIZE(toks), nx = PyTuple_GET_SIZE(keys);
+    if (nt > 0) rb->token_ids = tokens + *n_tok;
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        unsigned long v = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(toks, i));
+        if (PyErr_Occurred()) return -1;
+        tokens[(*n_tok)++] = (uint32_t)v;
+    }
+    if (lora != Py_None && (rb->lora_name = nat_str_of(lora, keep, "lora_name")) == NULL)
+        return -1;
+    rb->extra_keys = extra + *n_ext;
+    rb->n_extra_keys = (uint32_t)nx;
+    for (Py_ssize_t i = 0; i < nx; i++)
+        if ((extra[(*n_ext)++] = nat_str_of(PyTuple_GET_ITEM(keys, i), keep, "extra key")) ==
+            NULL)
+            return -1;
+    return 0;
+}
+
+/* router: None, or a list of n (tuple | None), one per block in order. */
+static int routers_of(PyObject *router, size_t n, routerset *r)
+{
+    memset(r, 0, sizeof *r);
+    if (router == Py_None) return 0;
+    if (!PyList_Check(router) || (size_t)PyList_GET_SIZE(router) != n) {
+        PyErr_SetString(PyExc_TypeError, "router must be a list of one entry per block");
+        return -1;
+    }
+    size_t n_tok = 0, n_ext = 0;
+    for (size_t i = 0; i < n; i++) { /* sizes first: one allocation of each */
+        PyObject *t = PyList_GET_ITEM(router, (Py_ssize_t)i);
+        if (t == Py_None) continue;
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5 ||
+            !PyTuple_Check(PyTuple_GET_ITEM(t, 1)) || !PyTuple_Check(PyTuple_GET_ITEM(t, 4))) {
+            PyErr_SetString(PyExc_TypeError, "a router entry must be a 5-tuple or None");
+            return -1;
+        }
+        n_tok += (size_t)PyTuple_GET_SIZE(PyTuple_GET_ITEM(t, 1));
+        n_ext += (size_t)PyTuple_GET_SIZE(PyTuple_GET_ITEM(t, 4));
+    }
+    if ((r->keep = PyList_New(0)) == NULL || (r->rb = nat_alloc(n, sizeof *r->rb)) == NULL ||
+        (r->tokens = nat_alloc(n_tok, sizeof *r->tokens)) == NULL ||
+        (r->extra = nat_alloc(n_ext, sizeof *r->extra)) == NULL)
+        return -1;
+    n_tok = n_ext = 0;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(router, (Py_ssize_t)i);
+        if (t != Py_None &&
+            router_one(t, &r->rb[i], r->tokens, &n_tok, r->extra, &n_ext, r->keep) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* deposit(blocks, flags, hints, router) / deliver(blocks, request_id) -> op handle */
 static PyObject *submit_blocks(Instance *self, PyObject *args, int deliver)
 {
-    PyObject *mapping, *extra = Py_None, *hints_o = Py_None;
+    PyObject *mapping, *extra = Py_None, *hints_o = Py_None, *router = Py_None;
     kvcr_deposit_options opts = {.version = KVCR_DEPOSIT_OPTIONS_VERSION};
-    if (!live(self) || !PyArg_ParseTuple(args, "O|OO", &mapping, &extra, &hints_o) ||
+    if (!live(self) || !PyArg_ParseTuple(args, "O|OOO", &mapping, &extra, &hints_o, &router) ||
         hints_of(hints_o, &opts.hints, &opts.hints_len) != 0)
         return NULL;
     unsigned flags = 0;
@@ -177,10 +262,13 @@ static PyObject *submit_blocks(Instance *self, PyObject *args, int deliver)
         if (PyErr_Occurred()) return NULL;
     }
     blockset b;
-    if (nat_blocks_of(mapping, &b) != 0) {
+    routerset rs = {0};
+    if (nat_blocks_of(mapping, &b) != 0 || routers_of(router, b.n, &rs) != 0) {
         nat_blocks_free(&b);
+        routers_free(&rs);
         return NULL;
     }
+    opts.router = rs.rb;
     kvcr_op_handle op = 0;
     int rc;
     self->calls++;
@@ -191,6 +279,7 @@ static PyObject *submit_blocks(Instance *self, PyObject *args, int deliver)
     Py_END_ALLOW_THREADS
     self->calls--;
     nat_blocks_free(&b);
+    routers_free(&rs);
     return rc == 0 ? PyLong_FromUnsignedLongLong(op) : nat_raise(rc);
 }
 

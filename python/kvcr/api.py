@@ -20,7 +20,7 @@ from .hints import encode_hints, encode_router_hint
 from .policy import KVCachePolicy, native_builtin
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError, MemoryRef,
                     OpEntryResult, OpEntryStatus, OpHandle, PlacementAction, PlacementFailure,
-                    QueryStatus, ReleaseHandle, TransferError)
+                    QueryStatus, ReleaseHandle, RouterBlock, TransferError)
 
 logger = logging.getLogger("kvcr")
 
@@ -94,6 +94,34 @@ def _inventory_callback(sink: Callable) -> Callable:
             logger.warning("KVCR inventory sink raised; the event is lost", exc_info=True)
             return False
     return deliver
+
+
+def _router_entries(blocks: Mapping, router: Optional[Mapping]) -> Optional[list]:
+    """kvcr._native's router list: per block of `blocks`, in its order,
+    (parent | None, token ids, block_size, lora_name | None, extra keys)
+    or None for a block `router` does not describe."""
+    if router is None:
+        return None
+    if not isinstance(router, Mapping):
+        raise TypeError("router must map keys to RouterBlock")
+    out = []
+    for key in blocks:
+        rb = router.get(key)
+        if rb is None:
+            out.append(None)
+            continue
+        if not isinstance(rb, RouterBlock):
+            raise TypeError(f"router[{key!r}] must be a RouterBlock")
+        tokens = tuple(rb.token_ids)
+        if not all(type(t) is int and 0 <= t < 2**32 for t in tokens):
+            raise ValueError("RouterBlock.token_ids must be ints in [0, 2**32)")
+        if rb.parent_hash is not None and not (
+                type(rb.parent_hash) is int and 0 <= rb.parent_hash < 2**64):
+            raise ValueError("RouterBlock.parent_hash must be an int in [0, 2**64) or None")
+        if type(rb.block_size) is not int or not 0 <= rb.block_size < 2**32:
+            raise ValueError("RouterBlock.block_size must be an int in [0, 2**32)")
+        out.append((rb.parent_hash, tokens, rb.block_size, rb.lora_name, tuple(rb.extra_keys)))
+    return out
 
 
 def _capacity_callback(callback: Callable) -> Callable:
@@ -690,16 +718,21 @@ class KVCR:
         (MISS, None). Advisory; changes nothing."""
         return self._query(keys, request_id)
 
-    def deposit(self, blocks: Mapping, no_evict: bool = False, hints=None) -> OpHandle:
+    def deposit(self, blocks: Mapping, no_evict: bool = False, hints=None,
+                router: Optional[Mapping] = None) -> OpHandle:
         """Copies {key: [MemoryRef, ...]} framework blocks into KVCR DRAM.
         With no_evict each stored entry carries a release_handle that keeps
         the block resident. `hints` (a Mapping, JSON-encodable, or None)
         reach the policy's decide_ingest as framework_hints (with
         required_local = no_evict); a "tenant" key names the tenant
         (KVCRConfig.tenants) new blocks take. A hint libkvcr refuses (not
-        JSON, an unknown tenant) raises ValueError and starts nothing."""
+        JSON, an unknown tenant) raises ValueError and starts nothing.
+        `router` maps keys to RouterBlock: what the KV events announce of
+        them (KVCRConfig.kv_events; ignored without). A RouterBlock that
+        breaks a rule (token ids without a block_size, too many extra keys)
+        raises ValueError and starts nothing."""
         return self._native.deposit(blocks, _native.NO_EVICT if no_evict else 0,
-                                    encode_hints(hints))
+                                    encode_hints(hints), _router_entries(blocks, router))
 
     def deliver(self, blocks: Mapping, request_id: Optional[str] = None) -> OpHandle:
         """Copies cached blocks into the {key: [MemoryRef, ...]} framework

@@ -122,6 +122,30 @@ class BlockMeta:
     last_access: Optional[float]
     resident_tiers: frozenset
     position: int = -1
+    # KVCR's own: the block's tenant (KVCRConfig.tenants, None: none) and how
+    # many slots that tenant holds and keeps under pressure (its quota), in
+    # KVCR DRAM and in G3; blocks without a tenant share a quota of 0.
+    tenant: Optional[str] = None
+    tenant_dram_slots: int = 0
+    tenant_dram_quota: int = 0
+    tenant_g3_slots: int = 0
+    tenant_g3_quota: int = 0
+
+
+@dataclass(frozen=True)
+class RouterBlock:
+    """KVCR's own: what KV-aware routers need to know of a deposited block
+    besides its router hash (KVCR.deposit(router=...)), announced in its
+    BlockStored KV event (KVEventsOptions): the previous block's router
+    hash, the block's token ids (block_size of them, or none), the LoRA
+    adapter's name and extra keys (multimodal hashes, cache salt). Without
+    token ids the block is announced by its hash alone."""
+
+    parent_hash: Optional[int] = None
+    token_ids: tuple = ()
+    block_size: int = 0
+    lora_name: Optional[str] = None
+    extra_keys: tuple = ()
 
 
 @dataclass(frozen=True)

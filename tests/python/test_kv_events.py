@@ -292,6 +292,55 @@ def test_stream_and_replay_decode_frame_by_frame(ipc_dir):
         kv.close()
 
 
+def test_deposit_router_blocks_reach_the_events(ipc_dir):
+    kv, fw, pool = make_kv(ipc_dir)
+    sub = subscribe(ipc_dir)
+    seen = {"stored": set(), "removed": set()}
+    try:
+        for i in range(50):  # until the subscription is in place
+            key = b"join-%d" % i
+            poll_until(kv, kv.deposit({key: ref(0)}))
+            try:
+                read_stream(kv, sub, {router_hash(key)}, seen)
+                break
+            except AssertionError:
+                continue
+        parent = router_hash(b"d0")
+        router = {b"d0": kvcr.RouterBlock(token_ids=(1, 2, 3, 4), block_size=4,
+                                          lora_name="lora-x"),
+                  b"d1": kvcr.RouterBlock(parent_hash=parent, token_ids=(5, 6, 7, 8),
+                                          block_size=4, extra_keys=("salt",))}
+        with pytest.raises(TypeError, match="must be a RouterBlock"):
+            kv.deposit({b"d0": ref(1)}, router={b"d0": (1, 2)})
+        with pytest.raises(ValueError, match="token_ids need block_size_tokens"):
+            kv.deposit({b"d0": ref(1)}, router={b"d0": kvcr.RouterBlock(token_ids=(1,))})
+        blocks = {b"d0": ref(1), b"d1": ref(2), b"d2": ref(3)}
+        poll_until(kv, kv.deposit(blocks, router=router))
+        want = {router_hash(k) for k in blocks}
+        described = {}
+        deadline = time.monotonic() + 10
+        sub.s.settimeout(0.05)
+        while not want <= set(described) and time.monotonic() < deadline:
+            kv.poll_completed()
+            try:
+                frames = sub.message()
+            except (socket.timeout, TimeoutError):
+                continue
+            for kind, fields in check_batch(frames[2], 0, "CPU"):
+                if kind == "BlockStored":
+                    for h in fields["block_hashes"]:
+                        described[h] = fields
+        d0, d1, d2 = (described[router_hash(k)] for k in (b"d0", b"d1", b"d2"))
+        assert d0["token_ids"] == [1, 2, 3, 4] and d0["block_size"] == 4
+        assert d0["lora_name"] == "lora-x" and d0["parent_block_hash"] is None
+        assert d1["parent_block_hash"] == parent and d1["token_ids"] == [5, 6, 7, 8]
+        assert d1["extra_keys"] == [["salt"]]
+        assert d2["token_ids"] == [] and d2["block_size"] == 0  # hashes only
+    finally:
+        sub.close()
+        kv.close()
+
+
 def test_options_types_and_rules(ipc_dir):
     with pytest.raises(TypeError, match="kv_events must be a KVEventsOptions"):
         kvcr.config.kv_events_args("tcp://*:5557")
