@@ -59,14 +59,21 @@ typedef struct kvcr_region {
     size_t element_size; /* bytes per element (one block's span in one pool) */
     size_t count;        /* number of elements, >= 1 */
     size_t stride;       /* bytes between elements; 0 means element_size */
-    const char *label;   /* the pool this region's elements belong to */
+    const char *label;   /* the pool this region's elements belong to: its name (each
+                          * element one whole block), or "pool:part" (each element one
+                          * part of a block: the pool's parts, in registration order,
+                          * have one count and add up to its block size, and no whole
+                          * region of the pool is registered beside them) */
     kvcr_mem_type mem_type;
     int device_id;       /* >= 0 */
 } kvcr_region;
 
 /* A reference to one element of a registered region: the seed's MemoryRef.
  * end_point names the instance that owns the memory; NULL or "" means this
- * instance. label selects the region, index the element within it. */
+ * instance. label selects the region, index the element within it; for a
+ * pool held in parts, "pool:*" selects element `index` of every part (one
+ * block: gathered into one KVCR slot, scattered back, written by peers
+ * piece by piece). */
 typedef struct kvcr_mem_ref {
     const char *end_point;
     const char *label;
