@@ -12,9 +12,13 @@ static PyObject *meta_tuple(const kvcr_block_meta *m)
 {
     PyObject *last = m->last_access >= 0 ? PyFloat_FromDouble(m->last_access) : Py_NewRef(Py_None);
     if (last == NULL) return NULL;
-    return Py_BuildValue("(y#KKNIL)", (const char *)m->key.data, (Py_ssize_t)m->key.len,
+    return Py_BuildValue("(y#KKNILzKKKK)", (const char *)m->key.data, (Py_ssize_t)m->key.len,
                          (unsigned long long)m->size_bytes, (unsigned long long)m->access_count,
-                         last, m->resident_tiers, (long long)m->position);
+                         last, m->resident_tiers, (long long)m->position, m->tenant,
+                         (unsigned long long)m->tenant_dram_slots,
+                         (unsigned long long)m->tenant_dram_quota,
+                         (unsigned long long)m->tenant_g3_slots,
+                         (unsigned long long)m->tenant_g3_quota);
 }
 
 /* policy.<name>(meta, *extra) with a new reference, or NULL (error cleared)
@@ -25,9 +29,9 @@ static PyObject *call_policy(Instance *self, PyObject *name, const kvcr_block_me
     PyObject *policy = nat_grab(self->policy), *res = NULL;
     PyObject *meta = policy && extra ? meta_tuple(m) : NULL;
     if (meta != NULL) {
-        PyObject *args[4] = {policy, meta, NULL, NULL};
+        PyObject *args[6] = {policy, meta, NULL, NULL, NULL, NULL};
         Py_ssize_t n = 2;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(extra) && n < 4; i++)
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(extra) && n < 6; i++)
             args[n++] = PyTuple_GET_ITEM(extra, i);
         res = PyObject_VectorcallMethod(name, args, (size_t)n, NULL);
     }
@@ -67,13 +71,16 @@ int nat_policy_init(void)
                                                                                            : -1;
 }
 
+/* decide_ingest with the call's hints, each JSON text as a str or None
+ * (the adapter decodes them). */
 static int hook_ingest(void *ud, const kvcr_block_meta *m, kvcr_tier source, bool required,
-                       kvcr_placement *out)
+                       const kvcr_hints *h, kvcr_placement *out)
 {
     PyGILState_STATE g = PyGILState_Ensure();
-    int rc = placement_from(call_policy(ud, s_ingest, m, Py_BuildValue("(iO)", (int)source,
-                                                                    required ? Py_True : Py_False)),
-                            out);
+    PyObject *extra = Py_BuildValue("(iOs#s#)", (int)source, required ? Py_True : Py_False,
+                                    h->framework, (Py_ssize_t)h->framework_len, h->router,
+                                    (Py_ssize_t)h->router_len);
+    int rc = placement_from(call_policy(ud, s_ingest, m, extra), out);
     PyGILState_Release(g);
     return rc;
 }
@@ -170,13 +177,14 @@ int nat_policy_set(Instance *self, PyObject *policy, kvcr_config *cfg)
         .version = KVCR_POLICY_VERSION,
         .name = self->policy_name,
         .required_tiers = (unsigned)mask,
-        .decide_ingest = hook_ingest,
+        .decide_ingest_hints = hook_ingest,
         .eviction_score = hook_score,
         .decide_eviction = hook_eviction,
         /* The optional hooks cost a GIL round trip: only when overridden. */
         .on_ingest = has_flag(policy, "_wants_on_ingest") ? hook_on_ingest : NULL,
         .on_remove = has_flag(policy, "_wants_on_remove") ? hook_on_remove : NULL,
         .decide_recovery = has_flag(policy, "_wants_recovery") ? hook_recovery : NULL,
+        .flags = has_flag(policy, "_tenant_quotas") ? KVCR_POLICY_TENANT_QUOTAS : 0,
     };
     self->policy = Py_NewRef(policy);
     cfg->policy = &self->ops;

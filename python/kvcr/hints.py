@@ -1,4 +1,5 @@
-"""The router's kv_hint envelope (protocol 0.1, action kv.fetch 1.0).
+"""The router's kv_hint envelope (protocol 0.1, action kv.fetch 1.0), and
+an operation's own hints (deposit, fetch).
 
 libkvcr validates the envelope (as JSON) and keeps the request-scoped hint
 state; its message is the ValueError's ("invalid router hint", "only copy
@@ -27,6 +28,20 @@ def _plain(obj):
     if isinstance(obj, tuple):
         raise ValueError(INVALID)
     return obj
+
+
+def encode_hints(hints) -> "bytes | None":
+    """An operation's own hints (deposit, fetch) as the JSON text libkvcr
+    reads, or None. A Mapping, else TypeError; what JSON cannot carry
+    exactly (a tuple, NaN, other objects) raises ValueError."""
+    if hints is None:
+        return None
+    if not isinstance(hints, Mapping):
+        raise TypeError(f"hints must be a Mapping or None, not {type(hints).__name__}")
+    try:
+        return json.dumps(_plain(hints), allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"hints must be JSON-encodable: {exc}") from None
 
 
 def encode_router_hint(hints) -> bytes:

@@ -1,7 +1,8 @@
 """Placement and eviction policies.
 
-FIFOPolicy, LRUPolicy, G3FIFOPolicy and G3LRUPolicy run as libkvcr's C
-built-ins ("fifo", "lru", "g3_fifo", "g3_lru"), with no Python in the hot
+FIFOPolicy, LRUPolicy, G3FIFOPolicy, G3LRUPolicy, TenantLRUPolicy and
+G3TenantLRUPolicy run as libkvcr's C built-ins ("fifo", "lru", "g3_fifo",
+"g3_lru", "tenant_lru", "g3_tenant_lru"), with no Python in the hot
 path; with no policy libkvcr picks "g3_lru" when G3 is configured, else
 "lru". Any other KVCachePolicy — including a subclass of
 a built-in that overrides one of its hooks — drives libkvcr's policy vtable
@@ -16,7 +17,16 @@ decide_eviction may return (MOVE_TO, G3) (or COPY_TO, done as a move) for a
 block evicted from KVCR DRAM (source LOCAL_G2) when G3 is configured: the
 block is spilled to G3 instead of dropped. For source G3 (G3 is full) only
 KEEP and DROP mean anything; anything else keeps the block. G3FIFOPolicy and
-G3LRUPolicy need G3 configured ("G3LRUPolicy requires configured G3")."""
+G3LRUPolicy need G3 configured ("G3LRUPolicy requires configured G3").
+
+decide_ingest receives framework_hints (the Mapping given to deposit or
+fetch, as JSON decoded it) and router_hints (the kv_hint envelope submitted
+for the fetch's request_id), each None when there is none; a policy whose
+decide_ingest takes neither keyword is called without them. Treat them as
+read-only. BlockMeta carries the block's tenant and that tenant's slots and
+quotas. A policy with tenant_quotas = True (TenantLRUPolicy) has libkvcr take
+eviction victims first from tenants over their quota (KVCRConfig.tenants),
+least recent first, before any block of a tenant within its quota."""
 from __future__ import annotations
 
 import logging
@@ -35,6 +45,8 @@ class KVCachePolicy:
     block that entered the evictable set first."""
 
     required_tiers: frozenset = frozenset()
+    # libkvcr takes victims first from tenants over their quota (KVCR_POLICY_TENANT_QUOTAS).
+    tenant_quotas: bool = False
 
     def decide_ingest(self, meta: BlockMeta, source: CacheTier, required_local: bool,
                       router_hints=None, framework_hints=None) -> PlacementDecision:
@@ -98,14 +110,26 @@ class G3LRUPolicy(_SpillToG3, LRUPolicy):
     pass
 
 
+class TenantLRUPolicy(LRUPolicy):
+    """LRU in which a tenant over its quota gives its own blocks first."""
+
+    tenant_quotas = True
+
+
+class G3TenantLRUPolicy(_SpillToG3, TenantLRUPolicy):
+    pass
+
+
 BUILTIN_POLICIES = {"fifo": FIFOPolicy, "lru": LRUPolicy, "g3_fifo": G3FIFOPolicy,
-                    "g3_lru": G3LRUPolicy}
+                    "g3_lru": G3LRUPolicy, "tenant_lru": TenantLRUPolicy,
+                    "g3_tenant_lru": G3TenantLRUPolicy}
 
 HOOKS = ("decide_ingest", "eviction_score", "decide_eviction", "on_ingest", "on_remove",
          "on_align_sequence", "decide_recovery")
 
 _NATIVE = {FIFOPolicy: "fifo", LRUPolicy: "lru", G3FIFOPolicy: "g3_fifo",
-           G3LRUPolicy: "g3_lru"}
+           G3LRUPolicy: "g3_lru", TenantLRUPolicy: "tenant_lru",
+           G3TenantLRUPolicy: "g3_tenant_lru"}
 
 
 def native_builtin(policy: Optional[KVCachePolicy]) -> Optional[str]:
@@ -113,18 +137,20 @@ def native_builtin(policy: Optional[KVCachePolicy]) -> Optional[str]:
     None when the policy must be consulted through Python (or, for None, when
     there is none: libkvcr then runs its default, "g3_lru" with G3 and
     "lru" without). An exact FIFOPolicy / LRUPolicy / G3FIFOPolicy /
-    G3LRUPolicy qualifies; so does a subclass that changes no hook (in its
-    class or on the instance) nor required_tiers."""
+    G3LRUPolicy (or tenant variant) qualifies; so does a subclass that
+    changes no hook (in its class or on the instance) nor required_tiers nor
+    tenant_quotas."""
     if policy is None:
         return None
     own = getattr(policy, "__dict__", {})
-    if any(h in own for h in HOOKS):
-        return None  # a hook replaced on the instance
+    if any(h in own for h in HOOKS) or "tenant_quotas" in own:
+        return None  # a hook (or the flag) replaced on the instance
     for cls, name in _NATIVE.items():
         if type(policy) is cls:
             return name
     for cls, name in _NATIVE.items():
         if (isinstance(policy, cls) and type(policy).required_tiers == cls.required_tiers
+                and type(policy).tenant_quotas == cls.tenant_quotas
                 and all(getattr(type(policy), h) is getattr(cls, h) for h in HOOKS)):
             return name
     return None
