@@ -168,7 +168,7 @@ static void stop_mid_write(rig *r, peer *t)
         fail_msg("no pin request in %d rounds of pulls%s", rounds,
                  g_stalled ? " (the source reported itself stalled)" : "");
     g_stopped = t->pid;
-    kill(t->pid, SIGSTOP);
+    peer_freeze(t);
     answer_pins(r);
 }
 

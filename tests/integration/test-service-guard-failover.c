@@ -357,7 +357,7 @@ static void pull_through_a_death(bool restart)
     snprintf(endpoint, sizeof endpoint, "%s", a.endpoint);
     assert_true(pull_all(&r, endpoint, 16, "before")); /* we learn its incarnation */
 
-    kill(a.pid, SIGSTOP);
+    peer_freeze(&a);
     peer_hint_range(&r, "stuck", endpoint, 0, 8);
     memset(r.fw, 0, 8 * BS);
     uint64_t t0 = mono_ms();

@@ -309,6 +309,20 @@ void peer_kill(peer *p)
     reap(p);
 }
 
+void peer_freeze(peer *p)
+{
+    assert_true(p->pid > 0);
+    assert_int_equal(kill(p->pid, SIGSTOP), 0);
+    int status = 0;
+    for (int i = 0; i < 1000; i++) { /* the parent hears of a stop once the group has stopped */
+        pid_t w = waitpid(p->pid, &status, WNOHANG | WUNTRACED);
+        if (w == p->pid && WIFSTOPPED(status)) return;
+        assert_int_equal(w, 0);
+        usleep(10000);
+    }
+    fail_msg("the peer process did not stop within 10 s of SIGSTOP");
+}
+
 void peer_stop(peer *p)
 {
     char op = PEER_CMD_STOP;

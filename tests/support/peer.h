@@ -85,6 +85,12 @@ peer_verdict peer_verify(peer *p, uint32_t n);
 void peer_deposit_async(peer *p, uint32_t first, uint32_t n);
 /* Kills with SIGKILL and reaps. */
 void peer_kill(peer *p);
+/* SIGSTOP, and returns once every thread of the process has stopped: a
+ * stop is asynchronous, and under load the threads of a multi-threaded
+ * process go on running until one of them is scheduled to start the group
+ * stop (milliseconds later) — long enough to take a message sent after
+ * kill() returned. Fails the test if the stop is not reported in 10 s. */
+void peer_freeze(peer *p);
 /* Closes its instance cleanly, reaps, and checks it exited 0. */
 void peer_stop(peer *p);
 
