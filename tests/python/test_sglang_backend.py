@@ -26,8 +26,9 @@ import sglang_standins as s  # noqa: E402
 s.install()
 
 from kvcr.integrations.sglang import KVCRHiCacheStorage  # noqa: E402
-from peer_process import (PeerProcess, sglang_backend, sglang_hash, sglang_key,  # noqa: E402
-                          sglang_page, sglang_pool)
+from peer_process import (sglang_backend, sglang_hash, sglang_key, sglang_page,  # noqa: E402
+                          sglang_pool)
+from test_remote_tier import peers  # noqa: E402,F401 - the fixture: peers reaped after a test
 
 LAYOUTS = [("mha", "layer_first"), ("mha", "page_first"), ("mha", "page_first_direct"),
            ("mla", "layer_first"), ("mla", "page_first")]
@@ -64,20 +65,6 @@ def backends():
     yield make
     for b in made:
         b.close()
-
-
-@pytest.fixture
-def peers():
-    made = []
-
-    def spawn(**options):
-        p = PeerProcess(**options)
-        made.append(p)
-        return p
-
-    yield spawn
-    for p in made:
-        p.kill()
 
 
 # ---- zero copy in every layout ------------------------------------------------------

@@ -90,32 +90,34 @@ static uint8_t *element(const kvcr_region *r, size_t idx)
     return (uint8_t *)r->addr + idx * (r->stride ? r->stride : r->element_size);
 }
 
-/* The block pattern of `seed`, written into (or compared with) element
- * idx of each part in order: the parts together hold one block. */
-static void scatter_pattern(const parts_rig *p, size_t idx, uint32_t seed)
+/* The block pattern of `seed` against element idx of each part in order
+ * (the parts together hold one block): written (write) or compared. */
+static bool pattern_parts(const parts_rig *p, size_t idx, uint32_t seed, bool write)
 {
     uint8_t block[BS];
     fill_pattern(block, BS, seed);
     const kvcr_region *parts[16];
     size_t n = kv_parts(p, parts), off = 0;
     for (size_t k = 0; k < n; k++) {
-        memcpy(element(parts[k], idx), block + off, parts[k]->element_size);
+        uint8_t *at = element(parts[k], idx);
+        if (write)
+            memcpy(at, block + off, parts[k]->element_size);
+        else if (memcmp(at, block + off, parts[k]->element_size) != 0)
+            return false;
         off += parts[k]->element_size;
     }
     assert_int_equal(off, BS);
+    return true;
+}
+
+static void scatter_pattern(const parts_rig *p, size_t idx, uint32_t seed)
+{
+    pattern_parts(p, idx, seed, true);
 }
 
 static bool parts_hold(const parts_rig *p, size_t idx, uint32_t seed)
 {
-    uint8_t block[BS];
-    fill_pattern(block, BS, seed);
-    const kvcr_region *parts[16];
-    size_t n = kv_parts(p, parts), off = 0;
-    for (size_t k = 0; k < n; k++) {
-        if (memcmp(element(parts[k], idx), block + off, parts[k]->element_size) != 0) return false;
-        off += parts[k]->element_size;
-    }
-    return true;
+    return pattern_parts(p, idx, seed, false);
 }
 
 static void wait_ok(parts_rig *p, kvcr_op_handle op, size_t n)

@@ -378,40 +378,35 @@ class KVCRHiCacheStorage(HiCacheStorage):
 
     def batch_set_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
         """Deposits each key's host page into KVCR DRAM (idempotent)."""
-        try:
-            if not self._ready_v1("batch_set_v1"):
-                return [False] * len(keys)
-            pages = self._pages(host_indices, len(keys))
-            if pages is None:
-                log.warning("batch_set_v1: host indices are not %d whole pages", len(keys))
-                return [False] * len(keys)
-            nkeys = [self._key(k) for k in keys]
-            blocks = {nk: self._refs(p // self.page_size) for nk, p in zip(nkeys, pages)}
-            out = self._run("set", lambda: self._kv.deposit(blocks), nkeys)
-            self._count("set_pages", out.count(True))
-            return out
-        except Exception:  # never raise into SGLang's backup thread
-            log.exception("batch_set_v1 failed")
-            return [False] * len(keys)
+        return self._pages_op("batch_set_v1", keys, host_indices, None)
 
     def batch_get_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
         """Delivers each key's page into its host page: from KVCR DRAM, G3,
         or the peer the request's router hint names."""
+        return self._pages_op("batch_get_v1", keys, host_indices, extra_info)
+
+    def _pages_op(self, call: str, keys: List[str], host_indices, extra_info) -> List[bool]:
+        """A zero-copy set (deposit) or get (deliver, under the request's
+        hint) of keys' host pages: one bool per key, never an exception
+        (SGLang's backup and prefetch threads would die of one)."""
+        get = call == "batch_get_v1"
         try:
-            if not self._ready_v1("batch_get_v1"):
+            if not self._ready_v1(call):
                 return [False] * len(keys)
             pages = self._pages(host_indices, len(keys))
             if pages is None:
-                log.warning("batch_get_v1: host indices are not %d whole pages", len(keys))
+                log.warning("%s: host indices are not %d whole pages", call, len(keys))
                 return [False] * len(keys)
-            rid = self._request(extra_info, keys)
+            rid = self._request(extra_info, keys) if get else None
             nkeys = [self._key(k) for k in keys]
             blocks = {nk: self._refs(p // self.page_size) for nk, p in zip(nkeys, pages)}
-            out = self._run("get", lambda: self._kv.deliver(blocks, request_id=rid), nkeys)
-            self._count("get_pages", out.count(True))
+            out = self._run("get" if get else "set",
+                            (lambda: self._kv.deliver(blocks, request_id=rid)) if get
+                            else (lambda: self._kv.deposit(blocks)), nkeys)
+            self._count("get_pages" if get else "set_pages", out.count(True))
             return out
-        except Exception:  # never raise into SGLang's prefetch thread
-            log.exception("batch_get_v1 failed")
+        except Exception:
+            log.exception("%s failed", call)
             return [False] * len(keys)
 
     def _ready_v1(self, call: str) -> bool:
