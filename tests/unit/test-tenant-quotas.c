@@ -155,6 +155,16 @@ static void g3_cleanup(g3_files *f)
     rmdir(f->dir);
 }
 
+/* 2 KVCR DRAM slots of 4096 bytes and 8 G3 slots, shared by the two
+ * tenants t[0..2). */
+static void g3_tenants_init(rig *r, g3_files *f, size_t fw_count, const kvcr_tenant *t)
+{
+    rig_init(r, 4096, fw_count, 2);
+    g3_setup(r, f, 8);
+    r->cfg.tenants = t;
+    r->cfg.n_tenants = 2;
+}
+
 /* Polls until no spill is being written (bounded: 5 s). */
 static void g3_settle(rig *r)
 {
@@ -172,12 +182,9 @@ static void g3_settle(rig *r)
 static int bob_g3_hits_after_alice_floods(const char *policy)
 {
     rig r;
-    rig_init(&r, 4096, 40, 2);
     g3_files f;
-    g3_setup(&r, &f, 8);
     static const kvcr_tenant t[] = {{"alice", 1, 4}, {"bob", 1, 4}};
-    r.cfg.tenants = t;
-    r.cfg.n_tenants = 2;
+    g3_tenants_init(&r, &f, 40, t);
     r.cfg.enable_telemetry = true;
     r.cfg.policy = kvcr_policy_builtin(policy);
     for (size_t i = 0; i < 40; i++) rig_pattern(&r, i, (uint32_t)(1000 + i));
@@ -385,12 +392,9 @@ static void test_a_c_policy_sees_the_hints_and_the_tenant(void **state)
 {
     (void)state;
     rig r;
-    rig_init(&r, 4096, 8, 2);
     g3_files f;
-    g3_setup(&r, &f, 8);
     static const kvcr_tenant t[] = {{"alice", 1, 3}, {"bob", 1, 5}};
-    r.cfg.tenants = t;
-    r.cfg.n_tenants = 2;
+    g3_tenants_init(&r, &f, 8, t);
     seen s = {0};
     kvcr_policy_ops p = {.version = KVCR_POLICY_VERSION, .name = "seer",
                          .eviction_score = lru_score, .decide_eviction = spill,
