@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+import kvcr
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "stubs"))
 import sglang_standins as s  # noqa: E402
 
@@ -101,6 +103,39 @@ def test_pages_round_trip_zero_copy_in_every_host_layout(backends, kind, layout)
     b.clear()
     assert b.batch_exists(keys) == 0
     assert b.batch_get_v1(keys[:1], indices(pool, [15])) == [False]
+
+
+def test_pages_spilled_to_g3_come_back_into_layer_first_pieces():
+    d = tempfile.mkdtemp(prefix="kvcr-sgl-g3-", dir="/var/tmp")  # O_DIRECT: not tmpfs
+    b = None
+    try:
+        # G3 slots are whole 4 KiB sectors: a page of 4 KiB (head_dim 64).
+        pool = s.MHATokenToKVPoolHost(16 * 4, 4, 2, 2, 64, layout="layer_first")
+        page = pool.page_bytes()
+        assert page == 4096
+        b = sglang_backend("mha", "layer_first", pool, dram_bytes=4 * page,
+                           g3_paths=os.path.join(d, "g3"), g3_bytes_per_file=64 * page)
+        keys = [sglang_key(i) for i in range(8)]
+        for i in range(8):
+            pool.write_page(i * pool.page_size, sglang_page(i, page))
+        for at in range(0, 8, 2):  # more pages than KVCR DRAM holds: the oldest spill
+            assert b.batch_set_v1(keys[at:at + 2], indices(pool, range(at, at + 2))) == [True] * 2
+        deadline = time.monotonic() + 10
+        while b.batch_exists(keys) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert b.batch_exists(keys) == 8
+        assert b._kv.query([b._key(keys[0])])[0][1] is kvcr.CacheTier.G3
+        pool.kv_buffer.write(0, bytes(pool.kv_buffer.numel() * pool.dtype.itemsize))
+        for at in range(0, 8, 2):
+            assert b.batch_get_v1(keys[at:at + 2], indices(pool, range(8 + at, 10 + at))) == \
+                [True] * 2
+        for i in range(8):
+            assert pool.read_page((8 + i) * pool.page_size) == sglang_page(i, page)
+        assert os.path.exists(os.path.join(d, "g3.tp0"))
+    finally:
+        if b is not None:
+            b.close()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_keys_carry_the_ranks_namespace_and_ports_the_rank_offset(backends):
