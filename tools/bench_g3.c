@@ -5,7 +5,9 @@
  * (g3_store_write / g3_store_read, driven by its eventfd and
  * g3_store_progress as the tier's I/O thread drives it) against fio with
  * O_DIRECT on io_uring over the same byte range of the same file, same block
- * size, same depth, measured in the same run. Then one end-to-end figure of
+ * size, same depth, the same kind of memory (4 KiB pages: neither side asks
+ * for huge pages), measured in the same run, each side first in every other
+ * repetition, the median of each side reported. Then one end-to-end figure of
  * each direction through the public API: spills of blocks evicted from a
  * small KVCR DRAM pool, and deliver from G3 into framework memory. Last,
  * the warm restart: kvcr_create() of an instance whose G3 file holds 100
@@ -43,7 +45,7 @@ extern char **environ;
 #define KEY_LEN 16
 #define N_PATTERNS 32    /* distinct 2 MiB contents, 64 MiB */
 #define BASE_DIR "/var/tmp"
-#define GOAL_RATIO 0.85  /* of fio, every store bandwidth case */
+#define GOAL_RATIO 0.85  /* of fio, every bandwidth case (spill and deliver too) */
 #define RESTART_GOAL_S 1.0
 #define SPILL_QD 16      /* the instance's queue depth: the default */
 #define FILL_QD 64       /* filling the restart file (untimed) */
@@ -56,7 +58,8 @@ extern char **environ;
 #define PASS_LIMIT_S 120.0
 #define FIO_LIMIT_S 120.0
 #define FIO_RUNTIME "--runtime=100"
-#define CASE_BUDGET_S 20.0
+#define CASE_BUDGET_S 30.0
+#define MAX_REPS 8 /* samples kept of one figure */
 #define OP_TIMEOUT_MS 30000u
 #define WAIT_LIMIT_S 35.0
 
@@ -233,6 +236,7 @@ static double drive_pass(drive *d, bool write, uint64_t first, size_t n, uint64_
     size_t submitted = 0;
     double t0 = tool_now(), until = t0 + PASS_LIMIT_S;
     while (d->done < n) {
+        g3_store_plug(d->st); /* as the tier's I/O thread submits what it finds queued */
         while (submitted < n && d->n_free > 0) {
             uint32_t k = d->free_idx[--d->n_free];
             io_req *r = &d->reqs[k];
@@ -255,6 +259,7 @@ static double drive_pass(drive *d, bool write, uint64_t first, size_t n, uint64_
             bench_check(rc, write ? "g3_store_write" : "g3_store_read");
             submitted++;
         }
+        g3_store_unplug(d->st);
         double left = until - tool_now();
         if (left <= 0)
             bench_fail("%s: %zu of %zu requests done after %.0f s", what, d->done, n,
@@ -447,8 +452,38 @@ static const char *goal(char *buf, size_t cap, bool quick, const char *what, boo
 
 /* ---- store bandwidth against fio ------------------------------------------------------ */
 
+/* Every repetition's figure of one side of a case. The median is reported:
+ * fio's own figure on this kind of device moves by 2-3x between
+ * repetitions (the host's cache), so the best of N compares the luckiest
+ * draw of the noisier side with the other's, and that is what the median
+ * of both sides, measured in the same alternating repetitions, avoids. */
+typedef struct samples {
+    double v[MAX_REPS];
+    int n;
+} samples;
+
+static void sample_add(samples *s, double v)
+{
+    if (s->n < MAX_REPS) s->v[s->n++] = v;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(const samples *s)
+{
+    if (s->n == 0) return 0;
+    double v[MAX_REPS];
+    memcpy(v, s->v, (size_t)s->n * sizeof *v);
+    qsort(v, (size_t)s->n, sizeof *v, by_value);
+    return s->n % 2 ? v[s->n / 2] : (v[s->n / 2 - 1] + v[s->n / 2]) / 2;
+}
+
 typedef struct bw_figures {
-    double write, read, fio_write, fio_read;
+    samples write, read, fio_write, fio_read;
 } bw_figures;
 
 static uint64_t g_salt; /* a new one for every write pass */
@@ -471,14 +506,14 @@ static void fio_write(fio_job *fj, bw_figures *f)
 {
     fj->write = true;
     double v = fio_gbs(fj);
-    if (v > f->fio_write) f->fio_write = v;
+    sample_add(&f->fio_write, v);
 }
 
 static void fio_read(fio_job *fj, bw_figures *f)
 {
     fj->write = false;
     double v = fio_gbs(fj);
-    if (v > f->fio_read) f->fio_read = v;
+    sample_add(&f->fio_read, v);
 }
 
 static void store_write(drive *d, const sizes *z, bw_figures *f)
@@ -487,7 +522,7 @@ static void store_write(drive *d, const sizes *z, bw_figures *f)
     snprintf(what, sizeof what, "store write, depth %u", (unsigned)(d->window / 2));
     d->salt = ++g_salt;
     double v = bench_gbs(z->bw_slots * BIG, drive_pass(d, true, 0, z->bw_slots, 1, false, what));
-    if (v > f->write) f->write = v;
+    sample_add(&f->write, v);
 }
 
 /* Timed, then (untimed) a sample of slots, all with --quick, must hold the
@@ -498,7 +533,7 @@ static void store_read(drive *d, const sizes *z, bw_figures *f)
     char what[64];
     snprintf(what, sizeof what, "store read, depth %u", (unsigned)(d->window / 2));
     double v = bench_gbs(z->bw_slots * BIG, drive_pass(d, false, 0, z->bw_slots, 1, false, what));
-    if (v > f->read) f->read = v;
+    sample_add(&f->read, v);
     uint64_t stride = z->bw_slots / 16 ? z->bw_slots / 16 : 1;
     snprintf(what, sizeof what, "checking reads, depth %u", (unsigned)(d->window / 2));
     drive_pass(d, false, 0, (z->bw_slots + stride - 1) / stride, stride, true, what);
@@ -526,7 +561,7 @@ static void bench_bw(bench_out *o, const sizes *z, unsigned qd, const uint8_t *p
      * right after its own writes (no fio write in between); fio reads
      * whatever was last written, the store's bytes. */
     double until = tool_now() + CASE_BUDGET_S;
-    for (int rep = 0; rep < z->reps && (rep == 0 || tool_now() < until); rep++) {
+    for (int rep = 0; rep < z->reps && rep < MAX_REPS && (rep == 0 || tool_now() < until); rep++) {
         if (rep % 2 == 0) {
             fio_write(&fj, f);
             store_write(&d, z, f);
@@ -545,15 +580,17 @@ static void bench_bw(bench_out *o, const sizes *z, unsigned qd, const uint8_t *p
     char g[64], base[32];
     snprintf(base, sizeof base, "fio qd%u", qd);
     snprintf(name, sizeof name, "g3_write_2m_qd%u", qd);
-    bench_report(o, &(bench_figure){.name = name, .value = f->write, .unit = "GB/s",
-                                    .baseline = base, .baseline_value = f->fio_write,
+    double w = median(&f->write), fw = median(&f->fio_write);
+    double r = median(&f->read), fr = median(&f->fio_read);
+    bench_report(o, &(bench_figure){.name = name, .value = w, .unit = "GB/s",
+                                    .baseline = base, .baseline_value = fw,
                                     .goal = goal(g, sizeof g, quick, ">= 0.85x",
-                                                 f->write >= GOAL_RATIO * f->fio_write)});
+                                                 w >= GOAL_RATIO * fw)});
     snprintf(name, sizeof name, "g3_read_2m_qd%u", qd);
-    bench_report(o, &(bench_figure){.name = name, .value = f->read, .unit = "GB/s",
-                                    .baseline = base, .baseline_value = f->fio_read,
+    bench_report(o, &(bench_figure){.name = name, .value = r, .unit = "GB/s",
+                                    .baseline = base, .baseline_value = fr,
                                     .goal = goal(g, sizeof g, quick, ">= 0.85x",
-                                                 f->read >= GOAL_RATIO * f->fio_read)});
+                                                 r >= GOAL_RATIO * fr)});
 }
 
 /* ---- the public API ---------------------------------------------------------------------- */
@@ -722,25 +759,33 @@ static void e2e_round(const sizes *z, int round, uint8_t *fw, uint8_t *pool, dou
     free(q);
 }
 
-static void bench_e2e(bench_out *o, const sizes *z, const bw_figures *qd16)
+static void bench_e2e(bench_out *o, const sizes *z, const bw_figures *qd16, bool quick)
 {
     size_t n = z->spilled + z->pool;
     uint8_t *fw = bench_xalloc(n * BIG), *pool = bench_xalloc(z->pool * BIG);
     memset(pool, 0, z->pool * BIG);
-    double spill = 0, deliver = 0, until = tool_now() + CASE_BUDGET_S;
-    for (int r = 0; r < z->rounds && (r == 0 || tool_now() < until); r++) {
+    samples spill = {0}, deliver = {0};
+    double until = tool_now() + CASE_BUDGET_S;
+    for (int r = 0; r < z->rounds && r < MAX_REPS && (r == 0 || tool_now() < until); r++) {
         double s, d;
         e2e_round(z, r, fw, pool, &s, &d);
-        if (s > spill) spill = s;
-        if (d > deliver) deliver = d;
+        sample_add(&spill, s);
+        sample_add(&deliver, d);
     }
     free(fw);
     free(pool);
     unlink(g_path[F_SPILL]);
-    bench_report(o, &(bench_figure){.name = "g3_spill_2m", .value = spill, .unit = "GB/s",
-                                    .baseline = "fio qd16", .baseline_value = qd16->fio_write});
-    bench_report(o, &(bench_figure){.name = "g3_deliver_2m", .value = deliver, .unit = "GB/s",
-                                    .baseline = "fio qd16", .baseline_value = qd16->fio_read});
+    double s = median(&spill), fio_w = median(&qd16->fio_write);
+    double d = median(&deliver), fio_r = median(&qd16->fio_read);
+    char g[64], h[64];
+    bench_report(o, &(bench_figure){.name = "g3_spill_2m", .value = s, .unit = "GB/s",
+                                    .baseline = "fio qd16", .baseline_value = fio_w,
+                                    .goal = goal(g, sizeof g, quick, ">= 0.85x",
+                                                 s >= GOAL_RATIO * fio_w)});
+    bench_report(o, &(bench_figure){.name = "g3_deliver_2m", .value = d, .unit = "GB/s",
+                                    .baseline = "fio qd16", .baseline_value = fio_r,
+                                    .goal = goal(h, sizeof h, quick, ">= 0.85x",
+                                                 d >= GOAL_RATIO * fio_r)});
 }
 
 /* ---- warm restart ---------------------------------------------------------------------------- */
@@ -862,7 +907,7 @@ int bench_g3(int argc, char **argv)
     free(patterns);
     unlink(g_path[F_STORE]);
 
-    bench_e2e(&o, &z, &f[2]);
+    bench_e2e(&o, &z, &f[2], quick);
     bench_restart(&o, &z, quick);
     return 0;
 }

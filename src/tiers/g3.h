@@ -6,7 +6,11 @@
  * are free at once and allocation never waits for a disk) and written to a
  * G3 slot; the block is G3_STORING until the write lands, then G3_READY.
  * Staging memory is bounded (max_staging_bytes): past it a spill fails and
- * the policy's decide_recovery runs (only DROP exists).
+ * the policy's decide_recovery runs (only DROP exists). Staging buffers are
+ * kept for the next spill once allocated (huge pages advised for 2 MiB
+ * blocks), so a spill's copy never waits on page faults. The I/O thread
+ * hands every spill it finds queued to the store at once: their writes go
+ * out together and their checksums are computed while the disk writes.
  *
  * Reads: fetch reads a READY slot back into KVCR DRAM slots, deliver
  * straight into framework memory. Each read claims the slot (no eviction

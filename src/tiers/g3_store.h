@@ -195,6 +195,15 @@ int g3_store_read(g3_store *st, uint64_t slot, const void *key, size_t key_len, 
 /* Queues a clear: slot gets an EMPTY record (eviction). */
 int g3_store_clear(g3_store *st, uint64_t slot, g3_done_fn cb, void *ud);
 
+/* Batching. After g3_store_plug, requests submitted are only queued;
+ * g3_store_unplug starts as many as the queue depth allows, hands all of
+ * their I/O to the kernel in one submission and only then computes the
+ * checksums of the writes among them (while the disk writes). Unplugged,
+ * every submission starts at once, alone. Both are ignored inside a
+ * callback; g3_store_progress starts queued requests either way. */
+void g3_store_plug(g3_store *st);
+void g3_store_unplug(g3_store *st);
+
 /* ---- warm restart ------------------------------------------------------- */
 
 typedef struct g3_slot_info {

@@ -72,6 +72,8 @@ struct g3_store {
     unsigned n_active; /* count against the depth (their I/O is done)   */
     g3_req *verify, *verify_tail; /* reads whose I/O is back, to verify */
     unsigned n_verifying;
+    g3_req *unsealed, *unsealed_tail; /* writes whose data is queued, checksum not yet */
+    bool plugged;                     /* g3_store_plug: submissions only queue */
     g3_req *fifo, *fifo_tail;
     size_t n_fifo;
     g3_req *done, *done_tail;

@@ -3,7 +3,9 @@
  * framework memory with bytes compared; G3 eviction in order when it is
  * full; a second instance on the same files refused; warm restart finding
  * every block again; a flipped bit on disk detected and never served; a
- * failing disk failing entries while the rest keeps working. */
+ * failing disk failing entries while the rest keeps working; spills
+ * through reused staging buffers verified after a restart, and the
+ * staging bound dropping a spill whole. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -412,6 +414,98 @@ static void test_flipped_bit_is_a_miss_never_served(void **state)
     g3_cleanup(&g);
 }
 
+/* Flips one bit of the data of the file's first slot, behind KVCR's back. */
+static void flip_first_slot(const g3_rig *g, size_t slots_per_file)
+{
+    int fd = open(g->paths[0], O_RDWR);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    off_t off = st.st_size - (off_t)(slots_per_file * BS) + 123;
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, off), 1);
+    b ^= 0x04;
+    assert_int_equal(pwrite(fd, &b, 1, off), 1);
+    fsync(fd);
+    close(fd);
+}
+
+/* Spills go through a pool of staging buffers kept between spills: 18
+ * spills through 2 buffers. Each block's bytes must come back exact after
+ * a restart (a reused buffer holds the last block's bytes until the copy),
+ * and the one whose slot was damaged on disk is a miss, never bytes. */
+static void test_spills_reuse_staging_buffers_and_verify_after_restart(void **state)
+{
+    (void)state;
+    enum { DRAM = 2, SLOTS = 24, N = 20 };
+    g3_rig g;
+    g3_init(&g, DRAM, 1, SLOTS);
+    g.r.cfg.g3.max_staging_bytes = 2 * BS;
+    rig_start(&g.r);
+    for (int i = 0; i < N; i++) {
+        deposit(&g, i);
+        settle(&g); /* the buffer is back in the pool before the next spill */
+    }
+    assert_int_equal(gauge(&g, "g3_allocated_slots"), N - DRAM);
+    rig_stop(&g.r);
+    flip_first_slot(&g, SLOTS);
+
+    rig_init(&g.r, BS, 64, DRAM);
+    g.r.cfg.g3.paths = g.path_ptrs;
+    g.r.cfg.g3.n_paths = 1;
+    g.r.cfg.g3.capacity_bytes_per_file = SLOTS * BS;
+    g.r.cfg.enable_telemetry = true;
+    rig_start(&g.r);
+    assert_int_equal(gauge(&g, "g3_allocated_slots"), N - DRAM);
+    int corrupt = 0;
+    for (int i = 0; i < N - DRAM; i++) {
+        memset(g.r.fw + 40 * BS, 0, BS);
+        kvcr_reason why = KVCR_REASON_NONE;
+        kvcr_entry_status st = deliver(&g, i, 40, &why);
+        if (st == KVCR_ENTRY_SUCCESS) {
+            assert_true(rig_has_pattern(&g.r, g.r.fw + 40 * BS, (uint32_t)i));
+            continue;
+        }
+        assert_int_equal(st, KVCR_ENTRY_FAILED);
+        assert_int_equal(why, KVCR_REASON_CORRUPT);
+        assert_int_equal(query(&g, i).status, KVCR_QUERY_MISS);
+        corrupt++;
+    }
+    assert_int_equal(corrupt, 1); /* exactly the block in the damaged slot */
+    rig_stop(&g.r);
+    g3_cleanup(&g);
+}
+
+/* While the staging buffers are all in use (the disk has not taken their
+ * writes yet), a further spill is refused and its block dropped; the
+ * staged ones, in buffers taken from the pool, land exact once the disk
+ * moves again. */
+static void test_spill_past_the_staging_bound_is_dropped_whole(void **state)
+{
+    (void)state;
+    g3_rig g;
+    g3_init(&g, 2, 1, 8);
+    g.r.cfg.g3.max_staging_bytes = 2 * BS;
+    rig_start(&g.r);
+    for (int i = 0; i < 4; i++) deposit(&g, i); /* 0 and 1 spilled: two buffers in the pool */
+    settle(&g);
+    kvcr__test_g3_hold(g.r.kv, true); /* the writes wait in the I/O thread's queue */
+    deposit(&g, 4);                   /* spills block 2 */
+    deposit(&g, 5);                   /* spills block 3: staging full */
+    deposit(&g, 6);                   /* block 4 cannot be staged: dropped */
+    assert_int_equal(gauge(&g, "g3_pending_stores"), 2);
+    assert_int_equal(query(&g, 4).status, KVCR_QUERY_MISS);
+    kvcr__test_g3_hold(g.r.kv, false);
+    settle(&g);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(query(&g, i).tier, KVCR_TIER_G3);
+        assert_int_equal(deliver(&g, i, (size_t)(40 + i), NULL), KVCR_ENTRY_SUCCESS);
+        assert_true(rig_has_pattern(&g.r, g.r.fw + (size_t)(40 + i) * BS, (uint32_t)i));
+    }
+    rig_stop(&g.r);
+    g3_cleanup(&g);
+}
+
 static void expect_refused(void (*tweak)(g3_rig *g), const char *message)
 {
     g3_rig g;
@@ -470,6 +564,8 @@ int main(void)
         cmocka_unit_test(test_second_instance_on_same_files_is_refused),
         cmocka_unit_test(test_restart_finds_every_block_again),
         cmocka_unit_test(test_flipped_bit_is_a_miss_never_served),
+        cmocka_unit_test(test_spills_reuse_staging_buffers_and_verify_after_restart),
+        cmocka_unit_test(test_spill_past_the_staging_bound_is_dropped_whole),
         cmocka_unit_test(test_g3_config_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
