@@ -471,14 +471,18 @@ int kvcr_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *req
 int kvcr_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
                const char *const *expected_layout, size_t layout_len, kvcr_op_handle *op);
 
-/* What a fetch may say beyond its keys (config version 2). hints: the
+/* What a fetch may say beyond its keys, a struct of its own version
+ * (fields are only appended, with a new version). hints: the
  * fetch's framework hints, a JSON object (see kvcr/policy.h kvcr_hints: the
  * policy's decide_ingest_hints sees them for every fill the fetch starts,
  * with the router hint kept for request_id; a "tenant" member names the
  * tenant the filled blocks take when they have none). Checked before
  * anything starts: strict JSON, an object, a tenant that is configured
  * (KVCR_EINVAL), at most limits.max_hint_bytes (KVCR_ELIMIT). */
+#define KVCR_FETCH_OPTIONS_VERSION 1
+
 typedef struct kvcr_fetch_options {
+    uint32_t version;  /* KVCR_FETCH_OPTIONS_VERSION */
     const char *hints; /* JSON text, NULL: none */
     size_t hints_len;
 } kvcr_fetch_options;

@@ -297,7 +297,7 @@ static PyObject *Instance_deliver(Instance *self, PyObject *args)
 static PyObject *Instance_fetch(Instance *self, PyObject *args)
 {
     PyObject *seq, *rid_o = Py_None, *layout = Py_None, *hints_o = Py_None;
-    kvcr_fetch_options opts;
+    kvcr_fetch_options opts = {.version = KVCR_FETCH_OPTIONS_VERSION};
     if (!live(self) || !PyArg_ParseTuple(args, "O|OOO", &seq, &rid_o, &layout, &hints_o) ||
         hints_of(hints_o, &opts.hints, &opts.hints_len) != 0)
         return NULL;

@@ -493,6 +493,10 @@ KVCR_API int kvcr_fetch_ex(kvcr_t *kv, const kvcr_key *keys, size_t n, const cha
                            const kvcr_fetch_options *opts, kvcr_op_handle *op)
 {
     GUARD(kv);
+    if (opts != NULL && (opts->version < 1 || opts->version > KVCR_FETCH_OPTIONS_VERSION))
+        return kvcr_fail(KVCR_EINVAL, "kvcr_fetch_options has version %u; libkvcr %s reads "
+                         "version 1 to %d (set .version = KVCR_FETCH_OPTIONS_VERSION)",
+                         opts->version, KVCR_VERSION_STRING, KVCR_FETCH_OPTIONS_VERSION);
     return ops_fetch(kv, keys, n, request_id, expected_layout, layout_len,
                      opts ? opts->hints : NULL, opts ? opts->hints_len : 0, op);
 }

@@ -301,7 +301,7 @@ static void test_invalid_hints_are_refused_and_change_nothing(void **state)
         if (rc != bad[i].rc || strstr(kvcr_last_error(), bad[i].msg) == NULL)
             fail_msg("hints %s: got %d '%s'", bad[i].hints, rc, kvcr_last_error());
         kvcr_key k = key_of("x");
-        kvcr_fetch_options fo = {bad[i].hints, strlen(bad[i].hints)};
+        kvcr_fetch_options fo = {KVCR_FETCH_OPTIONS_VERSION, bad[i].hints, strlen(bad[i].hints)};
         kvcr_op_handle op;
         assert_int_equal(kvcr_fetch_ex(r.kv, &k, 1, NULL, NULL, 0, &fo, &op), bad[i].rc);
     }
@@ -436,9 +436,13 @@ static void test_a_c_policy_sees_the_hints_and_the_tenant(void **state)
     /* fetch back from G3 for a request with a router hint: both reach the policy */
     assert_int_equal(kvcr_submit_hint(r.kv, "req-1", HINT, strlen(HINT)), 0);
     const char *ff = "{\"tenant\":\"alice\",\"why\":\"prefill\"}";
-    kvcr_fetch_options fo = {ff, strlen(ff)};
+    kvcr_fetch_options fo = {KVCR_FETCH_OPTIONS_VERSION, ff, strlen(ff)};
     kvcr_op_handle op;
     int calls = s.calls;
+    fo.version = 0; /* not made for this library */
+    assert_int_equal(kvcr_fetch_ex(r.kv, &k, 1, "req-1", NULL, 0, &fo, &op), KVCR_EINVAL);
+    assert_non_null(strstr(kvcr_last_error(), "kvcr_fetch_options has version 0"));
+    fo.version = KVCR_FETCH_OPTIONS_VERSION;
     assert_int_equal(kvcr_fetch_ex(r.kv, &k, 1, "req-1", NULL, 0, &fo, &op), 0);
     size_t n;
     kvcr_op_result *res = rig_poll_results(&r, &n);
