@@ -96,15 +96,32 @@ static int check_scalars(const kvcr_config *cfg)
     return 0;
 }
 
+/* A u32 field of a part (at offset off) and its range. */
+typedef struct u32_rule {
+    size_t off;
+    const char *name;
+    uint32_t lo, hi;
+} u32_rule;
+
+/* Each field of part within its rule's range; the first one outside is
+ * refused as "<part>.<name> must be between ...". */
+static int check_u32_rules(const void *part, const char *what, const u32_rule *rules, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v;
+        memcpy(&v, (const char *)part + rules[i].off, sizeof v);
+        if (v < rules[i].lo || v > rules[i].hi)
+            return kvcr_fail(KVCR_EINVAL, "%s.%s must be between %u and %u (got %u)", what,
+                             rules[i].name, rules[i].lo, rules[i].hi, v);
+    }
+    return 0;
+}
+
 /* Each limit within its range; the ranges keep every product of a limit
  * and a per-item size far from overflow. */
 static int check_limits(const kvcr_limits *l)
 {
-    static const struct {
-        size_t off;
-        const char *name;
-        uint32_t lo, hi;
-    } rules[] = {
+    static const u32_rule rules[] = {
         {offsetof(kvcr_limits, max_source_writes), "max_source_writes", 1, 1u << 20},
         {offsetof(kvcr_limits, max_pin_requests), "max_pin_requests", 1, 1u << 20},
         {offsetof(kvcr_limits, max_control_message_bytes), "max_control_message_bytes", 4096,
@@ -113,13 +130,8 @@ static int check_limits(const kvcr_limits *l)
         {offsetof(kvcr_limits, max_hinted_requests), "max_hinted_requests", 1, 1u << 24},
         {offsetof(kvcr_limits, max_unpolled_operations), "max_unpolled_operations", 1, 1u << 24},
     };
-    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
-        uint32_t v;
-        memcpy(&v, (const char *)l + rules[i].off, sizeof v);
-        if (v < rules[i].lo || v > rules[i].hi)
-            return kvcr_fail(KVCR_EINVAL, "limits.%s must be between %u and %u (got %u)",
-                             rules[i].name, rules[i].lo, rules[i].hi, v);
-    }
+    int rc = check_u32_rules(l, "limits", rules, sizeof rules / sizeof rules[0]);
+    if (rc != 0) return rc;
     if (l->max_source_writes_per_peer < 1 || l->max_source_writes_per_peer > l->max_source_writes)
         return kvcr_fail(KVCR_EINVAL,
                          "limits.max_source_writes_per_peer must be between 1 and "
@@ -285,24 +297,14 @@ static int check_kv_string(const char *s, const char *what, bool optional, bool 
 static int check_kv_events(const kvcr_config *cfg)
 {
     const kvcr_kv_events_options *k = &cfg->kv_events;
-    static const struct {
-        size_t off;
-        const char *name;
-        uint32_t lo, hi;
-    } rules[] = {
+    static const u32_rule rules[] = {
         {offsetof(kvcr_kv_events_options, buffer_batches), "buffer_batches", 1, 1u << 20},
         {offsetof(kvcr_kv_events_options, max_batch_events), "max_batch_events", 1, 65536},
         {offsetof(kvcr_kv_events_options, batch_interval_ms), "batch_interval_ms", 1, 10000},
         {offsetof(kvcr_kv_events_options, max_queued_batches), "max_queued_batches", 1, 1u << 20},
     };
-    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
-        uint32_t v;
-        memcpy(&v, (const char *)k + rules[i].off, sizeof v);
-        if (v < rules[i].lo || v > rules[i].hi)
-            return kvcr_fail(KVCR_EINVAL, "kv_events.%s must be between %u and %u (got %u)",
-                             rules[i].name, rules[i].lo, rules[i].hi, v);
-    }
-    int rc = check_kv_string(k->endpoint, "endpoint", true, true);
+    int rc = check_u32_rules(k, "kv_events", rules, sizeof rules / sizeof rules[0]);
+    if (rc == 0) rc = check_kv_string(k->endpoint, "endpoint", true, true);
     if (rc == 0) rc = check_kv_string(k->replay_endpoint, "replay_endpoint", true, true);
     if (rc == 0) rc = check_kv_string(k->topic, "topic", true, false);
     if (rc == 0) rc = check_kv_string(k->medium_dram, "medium_dram", false, false);
