@@ -20,7 +20,7 @@
  * version covers every part of the configuration built with the same
  * header: the parts embedded in it (kvcr_remote_options with its
  * kvcr_curve_options, kvcr_g3_options, kvcr_guard_options, kvcr_limits,
- * kvcr_callbacks), the arrays it points to (kvcr_pool_layout,
+ * kvcr_callbacks, kvcr_kv_events_options), the arrays it points to (kvcr_pool_layout,
  * kvcr_dram_pool, kvcr_region), and every struct that crosses a call or a
  * callback of the instance created from it (kvcr_block, kvcr_query_result
  * arrays the caller passes in, kvcr_poll's results, stats, events). The
