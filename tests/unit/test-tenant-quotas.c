@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "promtool.h"
 
 enum { BS = 512, FW = 64 };
 
@@ -119,6 +120,24 @@ static void test_a_flooding_tenant_evicts_its_own_blocks(void **state)
     kvcr_prometheus_free(text);
     kvcr_stats_free(s);
     rig_stop(&r);
+}
+
+static void test_tenant_gauges_are_promtool_clean(void **state)
+{
+    (void)state;
+    rig r;
+    start_tenants(&r, 8, "tenant_lru");
+    deposit_as(&r, "alice", "a", 0);
+    char *text = NULL;
+    size_t len;
+    kvcr_stats *s = NULL;
+    assert_int_equal(kvcr_stats_take(r.kv, &s), 0);
+    assert_int_equal(kvcr_stats_render_prometheus(s, &text, &len), 0);
+    kvcr_stats_free(s);
+    rig_stop(&r);
+    assert_non_null(strstr(text, "kvcr_state{resource=\"no_tenant_dram_quota_slots\"} 0"));
+    assert_promtool_clean(text); /* skips without promtool */
+    kvcr_prometheus_free(text);
 }
 
 static void test_plain_lru_lets_the_flood_evict_the_other_tenant(void **state)
@@ -506,6 +525,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_flooding_tenant_evicts_its_own_blocks),
         cmocka_unit_test(test_plain_lru_lets_the_flood_evict_the_other_tenant),
+        cmocka_unit_test(test_tenant_gauges_are_promtool_clean),
         cmocka_unit_test(test_g3_quotas_keep_the_other_tenants_spilled_blocks),
         cmocka_unit_test(test_invalid_quotas_are_refused),
         cmocka_unit_test(test_invalid_hints_are_refused_and_change_nothing),
