@@ -5,11 +5,12 @@ tenant's blocks while another floods, bytes compared; gauges per tenant;
 refusals."""
 import ctypes
 import mmap
+import time
 
 import pytest
 
 import kvcr
-from conftest import address_of, poll_until
+from conftest import WAIT_ROUNDS, WAIT_SECONDS, address_of, poll_until
 from kvcr import CacheTier, PlacementAction, QueryStatus, TenantQuota
 from kvcr.policy import native_builtin
 
@@ -90,10 +91,13 @@ def test_fetch_hints_and_the_router_hint_reach_the_policy(g3_dir):
         assert poll_until(kv, kv.deposit({b"a": ref(0)}, hints={"tenant": "alice"}))[b"a"].success
         for k in (b"b", b"c"):  # a is spilled to G3, keeping its tenant
             assert poll_until(kv, kv.deposit({k: ref(1)}))[k].success
-        for _ in range(5000):
-            if kv.query([b"a"]) == [(QueryStatus.FETCHABLE, CacheTier.G3)]:
+        deadline = time.monotonic() + WAIT_SECONDS  # the spill lands on the disk first
+        for _ in range(WAIT_ROUNDS):
+            if kv.query([b"a"]) == [(QueryStatus.FETCHABLE, CacheTier.G3)] or \
+                    time.monotonic() > deadline:
                 break
             kv.poll_completed()
+            time.sleep(0.001)
         assert kv.query([b"a"]) == [(QueryStatus.FETCHABLE, CacheTier.G3)]
         kv.submit_hint(ENVELOPE, request_id="req-1")
         got = poll_until(kv, kv.fetch([b"a"], request_id="req-1", hints={"why": "prefill"}))
