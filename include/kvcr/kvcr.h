@@ -187,7 +187,8 @@ typedef struct kvcr_guard_options {
  *   A control message over max_control_message_bytes is never received
  *   (ZeroMQ drops the connection that sent it).
  *   kvcr_submit_hint refuses (KVCR_ELIMIT) a hint longer than
- *   max_hint_bytes, and a new request_id while max_hinted_requests are
+ *   max_hint_bytes (kvcr_deposit_ex and kvcr_fetch_ex their hints too),
+ *   and a new request_id while max_hinted_requests are
  *   kept (replacing or discarding a kept one is always possible).
  *   deposit / deliver / fetch are refused (KVCR_ELIMIT) while
  *   max_unpolled_operations operations are pending or completed and not yet

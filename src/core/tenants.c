@@ -39,14 +39,18 @@ static int hints_tenant(const kvcr_t *kv, const json_doc *d, uint8_t *tenant)
                      (int)(t->str_len > 64 ? 64 : t->str_len), json_str(d, t));
 }
 
-int tenants_admit_prepare(const kvcr_t *kv, const char *json, size_t len, admit_ctx *ctx)
+int tenants_admit_prepare(kvcr_t *kv, const char *json, size_t len, admit_ctx *ctx)
 {
     *ctx = (admit_ctx){0};
     if (json == NULL)
         return len == 0 ? 0 : kvcr_fail(KVCR_EINVAL, "hints are NULL but hints_len is %zu", len);
-    if (len > kv->conf.limits.max_hint_bytes)
+    if (len > kv->conf.limits.max_hint_bytes) { /* refused before the text is read at all */
+        instance_lock(kv);
+        if (kv->telemetry) telemetry_refusal(kv->telemetry, "hint_bytes");
+        instance_unlock(kv);
         return kvcr_fail(KVCR_ELIMIT, "hints have %zu bytes, over limits.max_hint_bytes (%u)",
                          len, kv->conf.limits.max_hint_bytes);
+    }
     json_doc d;
     if (json_parse(json, len, &d) != 0)
         return kvcr_fail(KVCR_EINVAL, "hints must be strict JSON text (RFC 8259)");

@@ -339,6 +339,13 @@ static void test_invalid_hints_are_refused_and_change_nothing(void **state)
     o.hints_len = big;
     assert_int_equal(kvcr_deposit_ex(r.kv, &b, 1, &o, &op), KVCR_ELIMIT);
     free(text);
+    kvcr_stats *snap = NULL; /* the refusal is counted as the hint_bytes limit's */
+    assert_int_equal(kvcr_stats_take(r.kv, &snap), 0);
+    double refused = 0;
+    for (size_t i = 0; i < snap->n_counters; i++)
+        if (strcmp(snap->counters[i].operation, "hint_bytes") == 0) refused = snap->counters[i].value;
+    kvcr_stats_free(snap);
+    assert_int_equal(refused, 1);
     assert_int_equal(rig_query(&r, "x"), KVCR_QUERY_MISS);
     assert_int_equal(rig_stat(&r, "local_g2_allocated_slots", NULL), 0);
     /* null names no tenant */
