@@ -719,6 +719,14 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
         rc = kvcr_fail(KVCR_EINVAL, "at least one DRAM backend must be configured");
     out->n_pools = rc == 0 ? (uint32_t)cfg->n_pool_layouts : 0; /* conf_destroy's bound */
     if (rc == 0) rc = copy_regions(cfg, dup, out);
+    /* Peers learn every region in one metadata message (blocks in parts
+     * make many): more than it carries could never be pulled into. */
+    size_t published = out->n_regions + cfg->n_local_dram;
+    if (rc == 0 && cfg->remote.enabled && published > WIRE_MAX_REGIONS)
+        rc = kvcr_fail(KVCR_EINVAL,
+                       "the peer tier publishes at most %d regions (framework regions and KVCR "
+                       "DRAM pools); %zu are configured",
+                       WIRE_MAX_REGIONS, published);
     free(dup);
     if (rc != 0) {
         conf_destroy(out);

@@ -311,6 +311,40 @@ static void test_parts_that_do_not_make_a_block_are_refused(void **state)
     prig_free(&p);
 }
 
+/* Peers learn every region from one metadata message: a configuration
+ * with more regions than it carries is refused with the peer tier on. */
+static void test_more_parts_than_peers_can_learn_are_refused_with_the_peer_tier(void **state)
+{
+    (void)state;
+    enum { PARTS = 256, PART = BS / PARTS };
+    uint8_t *mem = aligned_alloc(64, (size_t)BS * N);
+    assert_non_null(mem);
+    kvcr_region *regions = calloc(PARTS, sizeof *regions);
+    char (*labels)[16] = calloc(PARTS, sizeof *labels);
+    assert_non_null(regions);
+    assert_non_null(labels);
+    for (size_t k = 0; k < PARTS; k++) {
+        snprintf(labels[k], sizeof labels[k], "kv:p%zu", k);
+        regions[k] = (kvcr_region){.addr = mem + k * PART * N, .element_size = PART, .count = N,
+                                   .label = labels[k]};
+    }
+    parts_rig p;
+    prig_init(&p, false);
+    p.cfg.framework_regions = regions;
+    p.cfg.n_framework_regions = PARTS;
+    assert_int_equal(prig_start(&p), 0); /* without the peer tier: fine */
+    assert_int_equal(kvcr_close(p.kv), 0);
+    kvcr_free(p.kv);
+    p.kv = NULL;
+    p.cfg.remote.enabled = true;
+    expect_config_refused(&p, "the peer tier publishes at most 256 regions (framework regions "
+                              "and KVCR DRAM pools); 257 are configured");
+    prig_free(&p);
+    free(regions);
+    free(labels);
+    free(mem);
+}
+
 static void expect_ref_refused(parts_rig *p, const kvcr_mem_ref *ref, const char *msg)
 {
     kvcr_block b = {key_of("x"), ref, 1};
@@ -418,6 +452,7 @@ int main(void)
         cmocka_unit_test(test_layer_first_pieces_round_trip),
         cmocka_unit_test(test_uneven_strided_parts_beside_a_whole_pool),
         cmocka_unit_test(test_parts_that_do_not_make_a_block_are_refused),
+        cmocka_unit_test(test_more_parts_than_peers_can_learn_are_refused_with_the_peer_tier),
         cmocka_unit_test(test_references_to_parts_are_checked),
         cmocka_unit_test(test_deliver_from_g3_into_parts_goes_through_kvcr_dram),
     };
