@@ -738,8 +738,9 @@ class KVCR:
         """Copies cached blocks into the {key: [MemoryRef, ...]} framework
         destinations: from KVCR DRAM, else straight from G3 (one descriptor
         of the slot size: else LAYOUT_MISMATCH; a slot that does not verify:
-        CORRUPT), else — for keys request_id's hint covers — straight from
-        the hinted peer. Other keys fail (NOT_FOUND)."""
+        CORRUPT; a block in parts, "pool:*", is read into KVCR DRAM first),
+        else — for keys request_id's hint covers — straight from the hinted
+        peer (each part where it belongs). Other keys fail (NOT_FOUND)."""
         return self._native.deliver(blocks, request_id)
 
     def fetch(self, keys, request_id: Optional[str] = None,
