@@ -251,9 +251,14 @@ bool host_quota_first(const kvcr_t *kv)
     return tenants_quota_first(kv);
 }
 
-bool host_lower_over_quota(kvcr_t *kv, tier_block victim, tier_block incoming)
+uint8_t host_tenant(const kvcr_t *kv, tier_block id)
 {
-    return tenants_g3_over(kv, victim, incoming);
+    return index_get(&kv->index, id)->tenant;
+}
+
+bool host_lower_over_quota(const kvcr_t *kv, uint32_t tenant, tier_block incoming)
+{
+    return tenants_g3_over(kv, (uint8_t)tenant, incoming);
 }
 
 void host_recovery(kvcr_t *kv, tier_block id, kvcr_tier target, kvcr_tier source,

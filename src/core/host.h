@@ -122,14 +122,15 @@ void host_access(kvcr_t *kv, tier_block id);
 /* The policy's sanitised eviction decision for a block leaving `from`. */
 kvcr_action host_eviction_decision(kvcr_t *kv, tier_block id, kvcr_tier from);
 /* Tenants (core/tenants.h), for the tier that takes spills: a block took
- * (delta 1) or gave back (-1) one of its slots; whether the policy orders
- * eviction by tenant quotas; and whether eviction should take the victim
- * before blocks of tenants within their quota (its
- * tenant is over its quota in that tier, counting the slot the incoming
- * block asks for; false when the policy does not order by quotas). */
+ * (delta 1) or gave back (-1) one of its slots; a block's tenant (0: none,
+ * else 1..host_conf()->n_tenants); whether the policy orders eviction by
+ * tenant quotas; and whether a tenant is over its quota in that tier,
+ * counting the slot the incoming block (TIER_BLOCK_NONE: none) asks for
+ * (false when the policy does not order by quotas). */
 void host_lower_slots(kvcr_t *kv, tier_block id, int delta);
+uint8_t host_tenant(const kvcr_t *kv, tier_block id);
 bool host_quota_first(const kvcr_t *kv);
-bool host_lower_over_quota(kvcr_t *kv, tier_block victim, tier_block incoming);
+bool host_lower_over_quota(const kvcr_t *kv, uint32_t tenant, tier_block incoming);
 /* A move the policy asked for failed: decide_recovery, DROP. */
 void host_recovery(kvcr_t *kv, tier_block id, kvcr_tier target, kvcr_tier source,
                    const char *why);

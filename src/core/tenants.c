@@ -148,10 +148,9 @@ void tenants_g3_add(kvcr_t *kv, block_id id, int delta)
     kv->tenants[index_get(&kv->index, id)->tenant].g3_slots += (uint64_t)(int64_t)delta;
 }
 
-bool tenants_g3_over(const kvcr_t *kv, block_id victim, block_id incoming)
+bool tenants_g3_over(const kvcr_t *kv, uint8_t t, block_id incoming)
 {
     if (!tenants_quota_first(kv)) return false;
-    uint8_t t = index_get(&kv->index, victim)->tenant;
     uint64_t held = kv->tenants[t].g3_slots;
     if (incoming != BLOCK_NONE && index_get(&kv->index, incoming)->tenant == t) held++;
     return held > g3_quota(kv, t);

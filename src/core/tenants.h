@@ -69,10 +69,10 @@ void tenants_dram_add(kvcr_t *kv, const block *b, int64_t slots);
 void tenants_evicted(kvcr_t *kv, const block *b);
 /* A block took (1) or gave back (-1) a G3 slot. */
 void tenants_g3_add(kvcr_t *kv, block_id id, int delta);
-/* With quota-first eviction: whether the victim's tenant is over its G3
- * quota, counting the slot the incoming block (TIER_BLOCK_NONE: none)
- * asks for. False when quotas do not order eviction. */
-bool tenants_g3_over(const kvcr_t *kv, block_id victim, block_id incoming);
+/* With quota-first eviction: whether tenant t is over its G3 quota,
+ * counting the slot the incoming block (TIER_BLOCK_NONE: none) asks for.
+ * False when quotas do not order eviction. */
+bool tenants_g3_over(const kvcr_t *kv, uint8_t t, block_id incoming);
 
 /* The policy's view of the block's tenant (kvcr_block_meta, version 2). */
 void tenants_meta(const kvcr_t *kv, block_id id, kvcr_block_meta *meta);

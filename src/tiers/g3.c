@@ -59,6 +59,14 @@ struct g3_tier {
     tier_block *owner;   /* per slot: its block, TIER_BLOCK_NONE if free */
     uint32_t *prev, *next; /* the evictable list: READY, unclaimed, oldest first */
     uint32_t ev_head, ev_tail, n_evictable;
+    /* With tenants (core/tenants.h): each tenant's evictable slots again,
+     * oldest first, and when each slot entered the evictable list, so that
+     * quota-first eviction visits only the tenants over their quota. NULL
+     * without tenants. */
+    uint32_t *tprev, *tnext;
+    uint64_t *ev_seq, next_seq;
+    uint8_t *slot_tenant;
+    uint32_t t_head[KVCR_MAX_TENANTS + 1], t_tail[KVCR_MAX_TENANTS + 1];
     uint32_t n_retired;
     uint64_t staging_bytes;
     uint32_t pending_stores;
@@ -68,8 +76,36 @@ struct g3_tier {
 
 /* ---- slots ------------------------------------------------------------------ */
 
+/* A slot joins (or leaves) its tenant's list. */
+static void tenant_push(g3_tier *t, uint32_t s)
+{
+    uint8_t tn = t->slot_tenant[s];
+    t->tprev[s] = t->t_tail[tn];
+    t->tnext[s] = NO_SLOT;
+    if (t->t_tail[tn] != NO_SLOT)
+        t->tnext[t->t_tail[tn]] = s;
+    else
+        t->t_head[tn] = s;
+    t->t_tail[tn] = s;
+    t->ev_seq[s] = t->next_seq++;
+}
+
+static void tenant_unlink(g3_tier *t, uint32_t s)
+{
+    uint8_t tn = t->slot_tenant[s];
+    if (t->tprev[s] != NO_SLOT)
+        t->tnext[t->tprev[s]] = t->tnext[s];
+    else
+        t->t_head[tn] = t->tnext[s];
+    if (t->tnext[s] != NO_SLOT)
+        t->tprev[t->tnext[s]] = t->tprev[s];
+    else
+        t->t_tail[tn] = t->tprev[s];
+}
+
 static void ev_push(g3_tier *t, uint32_t s)
 {
+    if (t->tnext) tenant_push(t, s);
     t->prev[s] = t->ev_tail;
     t->next[s] = NO_SLOT;
     if (t->ev_tail != NO_SLOT)
@@ -82,6 +118,7 @@ static void ev_push(g3_tier *t, uint32_t s)
 
 static void ev_unlink(g3_tier *t, uint32_t s)
 {
+    if (t->tnext) tenant_unlink(t, s);
     if (t->prev[s] != NO_SLOT)
         t->next[t->prev[s]] = t->next[s];
     else
@@ -106,6 +143,7 @@ static void set_owner(g3_tier *t, uint32_t s, tier_block id)
     if (t->owner[s] != TIER_BLOCK_NONE) host_lower_slots(t->kv, t->owner[s], -1);
     t->owner[s] = id;
     if (id != TIER_BLOCK_NONE) host_lower_slots(t->kv, id, 1);
+    if (id != TIER_BLOCK_NONE && t->slot_tenant) t->slot_tenant[s] = host_tenant(t->kv, id);
 }
 
 /* A slot that failed its check is never handed out again. */
@@ -130,22 +168,46 @@ static void drop_residency(kvcr_t *kv, tier_block id)
     host_lower_gone(kv, id);
 }
 
-/* The oldest evictable slot the policy lets go, or NO_SLOT; `over`: only
- * slots of tenants over their G3 quota (counting the slot `incoming`
- * asks for). */
-static uint32_t evict_one(kvcr_t *kv, g3_tier *t, tier_block incoming, bool over)
+/* Evicts the evictable slot s unless it is protected or the policy keeps
+ * it. */
+static bool try_evict(kvcr_t *kv, g3_tier *t, uint32_t s)
 {
-    for (uint32_t s = t->ev_head; s != NO_SLOT; s = t->next[s]) {
-        tier_block id = t->owner[s];
-        if (host_protected(kv, id)) continue;
-        if (over && !host_lower_over_quota(kv, id, incoming)) continue;
-        if (host_eviction_decision(kv, id, KVCR_TIER_G3) == KVCR_ACTION_KEEP) continue;
-        ev_unlink(t, s);
-        set_owner(t, s, TIER_BLOCK_NONE);
-        drop_residency(kv, id);
-        return s;
-    }
+    tier_block id = t->owner[s];
+    if (host_protected(kv, id)) return false;
+    if (host_eviction_decision(kv, id, KVCR_TIER_G3) == KVCR_ACTION_KEEP) return false;
+    ev_unlink(t, s);
+    set_owner(t, s, TIER_BLOCK_NONE);
+    drop_residency(kv, id);
+    return true;
+}
+
+/* The oldest evictable slot the policy lets go, or NO_SLOT. */
+static uint32_t evict_one(kvcr_t *kv, g3_tier *t)
+{
+    for (uint32_t s = t->ev_head; s != NO_SLOT; s = t->next[s])
+        if (try_evict(kv, t, s)) return s;
     return NO_SLOT;
+}
+
+/* Quota-first: the oldest evictable slot of the tenants over their G3
+ * quota (counting the slot `incoming` asks for) that the policy lets go,
+ * or NO_SLOT; their lists are merged by the time each slot became
+ * evictable, so only their slots are visited. */
+static uint32_t evict_over_quota(kvcr_t *kv, g3_tier *t, tier_block incoming)
+{
+    uint32_t cur[KVCR_MAX_TENANTS + 1], n = host_conf(kv)->n_tenants;
+    for (uint32_t tn = 0; tn <= n; tn++)
+        cur[tn] = host_lower_over_quota(kv, tn, incoming) ? t->t_head[tn] : NO_SLOT;
+    for (;;) {
+        uint32_t best = n + 1;
+        for (uint32_t tn = 0; tn <= n; tn++)
+            if (cur[tn] != NO_SLOT && (best > n || t->ev_seq[cur[tn]] < t->ev_seq[cur[best]]))
+                best = tn;
+        if (best > n) return NO_SLOT;
+        uint32_t s = cur[best];
+        cur[best] = t->tnext[s]; /* read before s leaves the list */
+        if (try_evict(kv, t, s)) return s;
+    }
 }
 
 /* A slot for `incoming`: a free one, else an evicted one (tenants over
@@ -153,8 +215,9 @@ static uint32_t evict_one(kvcr_t *kv, g3_tier *t, tier_block incoming, bool over
 static uint32_t take_slot(kvcr_t *kv, g3_tier *t, tier_block incoming)
 {
     if (t->n_free == 0) {
-        uint32_t s = host_quota_first(kv) ? evict_one(kv, t, incoming, true) : NO_SLOT;
-        return s != NO_SLOT ? s : evict_one(kv, t, incoming, false);
+        uint32_t s = t->tnext && host_quota_first(kv) ? evict_over_quota(kv, t, incoming)
+                                                      : NO_SLOT;
+        return s != NO_SLOT ? s : evict_one(kv, t);
     }
     uint32_t s = t->free_ring[t->free_head];
     t->free_head = (t->free_head + 1) % t->n_slots;
@@ -550,6 +613,20 @@ static int recover(kvcr_t *kv, g3_tier *t)
 
 static void g3_destroy(tier *tt);
 
+/* The per-tenant lists, empty (only with tenants configured). */
+static int tenant_lists_init(g3_tier *t)
+{
+    size_t n = t->n_slots;
+    t->tprev = malloc(n * sizeof *t->tprev);
+    t->tnext = malloc(n * sizeof *t->tnext);
+    t->ev_seq = malloc(n * sizeof *t->ev_seq);
+    t->slot_tenant = calloc(n, sizeof *t->slot_tenant);
+    if (!t->tprev || !t->tnext || !t->ev_seq || !t->slot_tenant)
+        return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    for (uint32_t tn = 0; tn <= KVCR_MAX_TENANTS; tn++) t->t_head[tn] = t->t_tail[tn] = NO_SLOT;
+    return 0;
+}
+
 static int open_store(kvcr_t *kv, g3_tier *t)
 {
     const kvcr_conf *conf = host_conf(kv);
@@ -577,7 +654,7 @@ static int open_store(kvcr_t *kv, g3_tier *t)
         return kvcr_fail(KVCR_ENOMEM, "out of memory");
     for (uint32_t s = 0; s < t->n_slots; s++) t->owner[s] = TIER_BLOCK_NONE;
     t->ev_head = t->ev_tail = NO_SLOT;
-    return 0;
+    return conf->n_tenants > 0 ? tenant_lists_init(t) : 0;
 }
 
 int g3_start(kvcr_t *kv, g3_tier **out)
@@ -638,6 +715,10 @@ static void g3_destroy(tier *tt)
     free(t->owner);
     free(t->prev);
     free(t->next);
+    free(t->tprev);
+    free(t->tnext);
+    free(t->ev_seq);
+    free(t->slot_tenant);
     free(t);
 }
 

@@ -195,9 +195,10 @@ static void g3_settle(rig *r)
     fail_msg("G3 stores did not land within 5 s");
 }
 
-/* KVCR DRAM of 2 slots and G3 of 8, each shared half and half: bob stores 5
- * blocks (1 in DRAM, 4 spilled), then alice floods 30. Returns how many of
- * bob's blocks still deliver exact bytes (from DRAM or straight from G3). */
+/* KVCR DRAM of 2 slots and G3 of 8, each shared half and half: a block
+ * without a tenant comes first, bob stores 5 blocks (1 in DRAM, 4 spilled),
+ * then alice floods 30. Returns how many of bob's blocks still deliver exact
+ * bytes (from DRAM or straight from G3). */
 static int bob_g3_hits_after_alice_floods(const char *policy)
 {
     rig r;
@@ -209,11 +210,13 @@ static int bob_g3_hits_after_alice_floods(const char *policy)
     for (size_t i = 0; i < 40; i++) rig_pattern(&r, i, (uint32_t)(1000 + i));
     rig_start(&r);
     char k[32];
+    assert_int_equal(rig_deposit1(&r, "nobody", 35, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     for (int i = 0; i < 5; i++) {
         snprintf(k, sizeof k, "bob-%d", i);
         deposit_as(&r, "bob", k, (size_t)i);
         g3_settle(&r);
     }
+    assert_int_equal(rig_stat(&r, "no_tenant_g3_slots", NULL), 1); /* spilled first */
     for (int i = 0; i < 30; i++) {
         snprintf(k, sizeof k, "alice-%d", i);
         deposit_as(&r, "alice", k, (size_t)(5 + i));
@@ -228,7 +231,16 @@ static int bob_g3_hits_after_alice_floods(const char *policy)
         snprintf(k, sizeof k, "bob-%d", i);
         hits += delivers_exact(&r, k, (size_t)i, 39);
     }
-    if (strcmp(policy, "g3_tenant_lru") == 0) assert_int_equal(bob_g3, 4);
+    if (strcmp(policy, "g3_tenant_lru") == 0) {
+        /* G3 took its victims from the tenants over their quota, oldest
+         * first: the block without a tenant, then alice's own. */
+        assert_int_equal(bob_g3, 4);
+        assert_int_equal(rig_stat(&r, "no_tenant_g3_slots", NULL), 0);
+        assert_int_equal(rig_query(&r, "nobody"), KVCR_QUERY_MISS);
+        assert_int_equal(rig_query(&r, "alice-29"), KVCR_QUERY_HIT);
+        assert_true(delivers_exact(&r, "alice-25", 5 + 25, 38)); /* G3 keeps her newest */
+        assert_int_equal(rig_query(&r, "alice-20"), KVCR_QUERY_MISS);
+    }
     rig_stop(&r);
     g3_cleanup(&f);
     return hits;
