@@ -175,6 +175,18 @@ static int queue_io(g3_store *st, bool write, int fd, void *buf, size_t len, uin
 
 /* ---- finishing requests ----------------------------------------------------------- */
 
+/* Appends r to the list head..tail linked through next (the FIFO, the
+ * done, verify and unsealed lists: r is in one of them at a time). */
+static void list_append(g3_req **head, g3_req **tail, g3_req *r)
+{
+    r->next = NULL;
+    if (*tail)
+        (*tail)->next = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
 static void remember(g3_store *st, const g3_req *r)
 {
     slot_memo *m = &st->memo[r->slot];
@@ -198,12 +210,7 @@ static void finish(g3_store *st, g3_req *r)
     if (r->op == OP_READ && r->result == 0 && r->bounce) memcpy(r->dst, r->bounce, r->len);
     free(r->bounce);
     r->bounce = NULL;
-    r->next = NULL;
-    if (st->done_tail)
-        st->done_tail->next = r;
-    else
-        st->done = r;
-    st->done_tail = r;
+    list_append(&st->done, &st->done_tail, r);
     st->n_done++;
 }
 
@@ -346,12 +353,8 @@ static int start_write(g3_store *st, g3_req *r)
     int rc = queue_io(st, true, st->files[r->file].dfd, (void *)buf, n, off, r, TAG_DATA);
     if (rc != 0) return rc;
     r->ios++;
-    r->next = NULL; /* sealed by seal_writes once every write started with it is out */
-    if (st->unsealed_tail)
-        st->unsealed_tail->next = r;
-    else
-        st->unsealed = r;
-    st->unsealed_tail = r;
+    /* sealed by seal_writes once every write started with it is out */
+    list_append(&st->unsealed, &st->unsealed_tail, r);
     return 0;
 }
 
@@ -503,12 +506,7 @@ static int check_data(const g3_store *st, const void *p, size_t len)
 
 static void enqueue(g3_store *st, g3_req *r)
 {
-    r->next = NULL;
-    if (st->fifo_tail)
-        st->fifo_tail->next = r;
-    else
-        st->fifo = r;
-    st->fifo_tail = r;
+    list_append(&st->fifo, &st->fifo_tail, r);
     st->n_fifo++;
     if (st->plugged) return; /* g3_store_unplug starts it */
     pump(st);
@@ -616,12 +614,7 @@ static void request_io_done(g3_store *st, g3_req *r, unsigned tag, int res)
     if (r->op == OP_READ && r->result == 0) {
         /* Verified after the next requests are started (g3_store_progress):
          * hashing a large block here would leave the disk idle meanwhile. */
-        r->next = NULL;
-        if (st->verify_tail)
-            st->verify_tail->next = r;
-        else
-            st->verify = r;
-        st->verify_tail = r;
+        list_append(&st->verify, &st->verify_tail, r);
         st->n_verifying++;
         return;
     }
