@@ -238,9 +238,9 @@ class KVCRHiCacheStorage(HiCacheStorage):
         self._regions = regions
         self.control_endpoint = self._kv.control_endpoint
         self._start_poller()
-        log.info("KVCR HiCache backend of TP rank %d: %d KVCR DRAM pages of %d bytes, %s, peers "
-                 "at %s", self.tp_rank, slots, self.page_bytes,
-                 f"{len(self._regions)} region(s)", self.control_endpoint)
+        log.info("KVCR HiCache backend of TP rank %d: %d KVCR DRAM pages of %d bytes, %d "
+                 "region(s), peers at %s", self.tp_rank, slots, self.page_bytes,
+                 len(self._regions), self.control_endpoint)
 
     # ---- waiting for KVCR ----------------------------------------------------------
 
@@ -458,8 +458,8 @@ class KVCRHiCacheStorage(HiCacheStorage):
             return False
 
     def _set_chunk(self, keys: list, values: list) -> bool:
-        base = _address(self._stage)
         with self._stage_lock:  # one user of the staging region at a time
+            base = _address(self._stage)
             for i, v in enumerate(values):
                 addr, n = _buffer(v)
                 if n != self.page_bytes:
@@ -552,8 +552,13 @@ class KVCRHiCacheStorage(HiCacheStorage):
             dram.close()
 
     def close(self) -> None:
+        """Closes this rank's KVCR and gives back its memory (idempotent)."""
         try:
             self._close_kv()
+            with self._stage_lock:
+                stage, self._stage = self._stage, None
+            if stage is not None:
+                stage.close()
         except Exception:
             log.exception("close failed")
 
