@@ -69,10 +69,18 @@ static int first8(void *ud, const kvcr_key *key, uint64_t *hash)
     return 0;
 }
 
-/* events: a KV-event endpoint to publish on, or NULL (no events). */
+/* What a case asks of its instance beyond sizes (NULL: nothing). */
+typedef struct inst_opts {
+    const char *events;        /* a KV-event endpoint to publish on, or NULL */
+    const kvcr_tenant *tenants; /* cfg.tenants */
+    size_t n_tenants;
+    const char *policy;        /* a built-in policy, or NULL: the default */
+} inst_opts;
+
 static void inst_start(inst *in, size_t block, size_t n_fw, size_t n_slots, uint32_t threads,
-                       const char *events)
+                       const inst_opts *opts)
 {
+    const char *events = opts ? opts->events : NULL;
     in->block = block;
     in->n_fw = n_fw;
     in->n_slots = n_slots;
@@ -101,6 +109,11 @@ static void inst_start(inst *in, size_t block, size_t n_fw, size_t n_slots, uint
         cfg.kv_events.endpoint = events;
         cfg.kv_events.topic = "kv@bench@local";
     }
+    if (opts && opts->tenants) {
+        cfg.tenants = opts->tenants;
+        cfg.n_tenants = opts->n_tenants;
+    }
+    if (opts && opts->policy) cfg.policy = kvcr_policy_builtin(opts->policy);
     bench_check(kvcr_create(&cfg, &in->kv), "kvcr_create");
     in->fd = kvcr_fd(in->kv);
     if (in->fd < 0) bench_check(in->fd, "kvcr_fd");
@@ -149,14 +162,17 @@ static void batch_set(batch *b, const inst *in, uint64_t round, size_t first, si
     }
 }
 
-/* Runs one deposit or deliver of the batch to completion; returns the
- * seconds from submission to the last result. */
-static double run_op(inst *in, enum op_kind kind, const batch *b)
+/* Runs one deposit (with these hints, JSON text or NULL) or deliver of the
+ * batch to completion; returns the seconds from submission to the last
+ * result. */
+static double run_op(inst *in, enum op_kind kind, const batch *b, const char *hints)
 {
     const char *what = kind == DEPOSIT ? "kvcr_deposit" : "kvcr_deliver";
+    kvcr_deposit_options opts = {.version = KVCR_DEPOSIT_OPTIONS_VERSION, .hints = hints,
+                                 .hints_len = hints ? strlen(hints) : 0};
     kvcr_op_handle op;
     double t0 = tool_now();
-    bench_check(kind == DEPOSIT ? kvcr_deposit(in->kv, b->blocks, b->n, 0, &op)
+    bench_check(kind == DEPOSIT ? kvcr_deposit_ex(in->kv, b->blocks, b->n, &opts, &op)
                                 : kvcr_deliver(in->kv, b->blocks, b->n, NULL, &op),
                 what);
     const kvcr_op_result *mine;
@@ -181,7 +197,7 @@ static void fill_query_set(inst *in, size_t n_blocks)
     for (size_t first = 0; first < n_blocks; first += FILL_BATCH) {
         size_t n = n_blocks - first < FILL_BATCH ? n_blocks - first : FILL_BATCH;
         batch_set(&b, in, 0, first, n, 0);
-        run_op(in, DEPOSIT, &b);
+        run_op(in, DEPOSIT, &b, NULL);
     }
     batch_free(&b);
 }
@@ -336,7 +352,7 @@ static void bench_bandwidth(bench_out *o, uint32_t threads, bool quick)
     while (round < (uint64_t)rounds && (round == 0 || tool_now() < until)) {
         /* New keys each round: LRU evicts the previous round's blocks. */
         batch_set(&b, &in, ++round, 0, n, 0);
-        double v = bench_gbs(bytes, run_op(&in, DEPOSIT, &b));
+        double v = bench_gbs(bytes, run_op(&in, DEPOSIT, &b, NULL));
         if (v > dep) dep = v;
     }
     check_pool(&in, &b);
@@ -349,7 +365,7 @@ static void bench_bandwidth(bench_out *o, uint32_t threads, bool quick)
         /* A new destination each round, so a deliver that copied nothing
          * would leave the wrong bytes behind for check_region. */
         batch_set(&b, &in, round, 0, n, (size_t)r + 1);
-        double v = bench_gbs(bytes, run_op(&in, DELIVER, &b));
+        double v = bench_gbs(bytes, run_op(&in, DELIVER, &b, NULL));
         if (v > del) del = v;
     }
     check_region(&in, &b);
@@ -364,20 +380,44 @@ static void bench_bandwidth(bench_out *o, uint32_t threads, bool quick)
 
 /* Small-block deposits per second (each deposit of FILL_BATCH blocks into
  * a pool that evicts as much: a BlockStored and a BlockRemoved per block),
- * polled to completion; events: the endpoint or NULL. */
-static double deposit_rate(const char *events, bool quick)
+ * polled to completion. With tenants (BENCH_TENANTS) the pool is twice as
+ * large and a quiet tenant's FILL_BATCH blocks fill half of it first; the
+ * rounds are then the flooding tenant's, and *quiet_kept (if not NULL)
+ * says how many of the quiet tenant's blocks are resident at the end. */
+#define BENCH_QUIET "{\"tenant\":\"quiet\"}"
+#define BENCH_FLOOD "{\"tenant\":\"flood\"}"
+static const kvcr_tenant BENCH_TENANTS[] = {{"quiet", FILL_BATCH, 0}, {"flood", FILL_BATCH, 0}};
+
+static double deposit_rate(const inst_opts *opts, bool quick, size_t *quiet_kept)
 {
-    size_t slots = FILL_BATCH;
+    bool tenants = opts->tenants != NULL;
+    size_t slots = tenants ? 2 * FILL_BATCH : FILL_BATCH;
     inst in;
-    inst_start(&in, QUERY_BLOCK, FILL_BATCH, slots, 2, events);
+    inst_start(&in, QUERY_BLOCK, FILL_BATCH, slots, 2, opts);
     batch b;
     batch_init(&b, FILL_BATCH);
+    if (tenants) {
+        batch_set(&b, &in, 0, 0, FILL_BATCH, 0); /* round 0: the quiet tenant's keys */
+        run_op(&in, DEPOSIT, &b, BENCH_QUIET);
+    }
     int rounds = quick ? 20 : 200;
     double best = 0, until = tool_now() + CASE_BUDGET_S;
     for (int r = 0; r < rounds && (r < 2 || tool_now() < until); r++) {
         batch_set(&b, &in, (uint64_t)r + 1, 0, FILL_BATCH, 0);
-        double v = (double)FILL_BATCH / run_op(&in, DEPOSIT, &b) / 1e6;
+        double s = run_op(&in, DEPOSIT, &b, tenants ? BENCH_FLOOD : NULL);
+        double v = (double)FILL_BATCH / s / 1e6;
         if (r > 0 && v > best) best = v; /* the first round fills an empty pool */
+    }
+    if (quiet_kept != NULL) {
+        batch_set(&b, &in, 0, 0, FILL_BATCH, 0);
+        kvcr_key *k = xmalloc(FILL_BATCH * sizeof *k);
+        kvcr_query_result *q = xmalloc(FILL_BATCH * sizeof *q);
+        for (size_t i = 0; i < FILL_BATCH; i++) k[i] = b.blocks[i].key;
+        bench_check(kvcr_query(in.kv, k, FILL_BATCH, NULL, q), "kvcr_query");
+        *quiet_kept = 0;
+        for (size_t i = 0; i < FILL_BATCH; i++) *quiet_kept += q[i].status == KVCR_QUERY_HIT;
+        free(k);
+        free(q);
     }
     batch_free(&b);
     inst_stop(&in);
@@ -393,14 +433,38 @@ static void bench_events(bench_out *o, bool quick)
     if (mkdtemp(dir) == NULL) bench_fail("mkdtemp failed");
     snprintf(path, sizeof path, "%s/pub", dir);
     snprintf(endpoint, sizeof endpoint, "ipc://%s", path);
-    double base = deposit_rate(NULL, quick);
-    double with = deposit_rate(endpoint, quick);
+    double base = deposit_rate(&(inst_opts){0}, quick, NULL);
+    double with = deposit_rate(&(inst_opts){.events = endpoint}, quick, NULL);
     unlink(path);
     rmdir(dir);
     bench_report(o, &(bench_figure){.name = "deposit_kv_events_64b",
                                     .value = with,
                                     .unit = "Mblocks/s",
                                     .baseline = "deposit without events",
+                                    .baseline_value = base});
+}
+
+/* ---- tenants -------------------------------------------------------------- */
+
+/* Evicting deposits of a flooding tenant while a quiet one holds its
+ * quota: tenant_lru (victims from tenants over their quota first) against
+ * plain lru over the same tenants, in this run. tenant_lru must keep every
+ * quiet block; lru evicts them. */
+static void bench_tenants(bench_out *o, bool quick)
+{
+    size_t kept_lru, kept_quota;
+    const inst_opts lru = {.tenants = BENCH_TENANTS, .n_tenants = 2, .policy = "lru"};
+    const inst_opts quota = {.tenants = BENCH_TENANTS, .n_tenants = 2, .policy = "tenant_lru"};
+    double base = deposit_rate(&lru, quick, &kept_lru);
+    double with = deposit_rate(&quota, quick, &kept_quota);
+    if (kept_quota != FILL_BATCH)
+        bench_fail("tenant_lru kept %zu of the quiet tenant's %u blocks", kept_quota, FILL_BATCH);
+    if (kept_lru != 0)
+        bench_fail("lru kept %zu of the quiet tenant's blocks through the flood", kept_lru);
+    bench_report(o, &(bench_figure){.name = "deposit_tenant_lru_64b",
+                                    .value = with,
+                                    .unit = "Mblocks/s",
+                                    .baseline = "the same deposits under lru",
                                     .baseline_value = base});
 }
 
@@ -431,5 +495,6 @@ int bench_local(int argc, char **argv)
     bench_bandwidth(&o, 1, quick);
     bench_bandwidth(&o, 2, quick);
     bench_events(&o, quick);
+    bench_tenants(&o, quick);
     return 0;
 }
