@@ -58,8 +58,9 @@ typedef struct kvcr_block_meta {
  * A deposit's admission sees its framework hints (source FW_G2,
  * required_local = KVCR_NO_EVICT); a fetch's fills (source G3 or
  * REMOTE_G2, required_local true) see the fetch's framework hints and the
- * router hint of its request. A deliver makes no KVCR residency and calls
- * no admission hook. */
+ * router hint of its request. A deliver is admitted only when it stages a
+ * block in parts through KVCR DRAM (read from a tier that cannot scatter,
+ * G3): with its request's router hint and no framework hints. */
 typedef struct kvcr_hints {
     const char *framework;
     size_t framework_len;

@@ -21,7 +21,8 @@ G3LRUPolicy need G3 configured ("G3LRUPolicy requires configured G3").
 
 decide_ingest receives framework_hints (the Mapping given to deposit or
 fetch, as JSON decoded it) and router_hints (the kv_hint envelope submitted
-for the fetch's request_id), each None when there is none; a policy whose
+for the fetch's request_id, or a deliver's that stages a block in parts
+through KVCR DRAM), each None when there is none; a policy whose
 decide_ingest takes neither keyword is called without them. Treat them as
 read-only. BlockMeta carries the block's tenant and that tenant's slots and
 quotas. A policy with tenant_quotas = True (TenantLRUPolicy) has libkvcr take

@@ -735,10 +735,15 @@ int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *requ
         free(o);
         return rc;
     }
+    /* A block in parts read from a tier that cannot scatter is staged in
+     * KVCR DRAM: its admission hears the request's router hint. */
+    admit_ctx ctx = {0};
+    tenants_admit_enter(kv, &ctx, request_id);
     lower_reads tr;
     lower_reads_begin(kv, &tr, request_id, o->handle, false, n, total_refs);
     for (uint32_t i = 0; i < o->n; i++) deliver_entry(kv, o, i, &tr, &blocks[i]);
     lower_reads_end(kv, &tr);
+    tenants_admit_leave(kv);
     op_admitted(kv, o, out);
     return 0;
 }

@@ -501,6 +501,77 @@ static void test_a_c_policy_sees_the_hints_and_the_tenant(void **state)
     g3_cleanup(&f);
 }
 
+/* A block in parts that only G3 holds is delivered through KVCR DRAM: that
+ * staging is admitted with the deliver's router hint. */
+static void test_a_staged_deliver_admits_with_its_router_hint(void **state)
+{
+    (void)state;
+    enum { PB = 4096, N = 8 };
+    rig r;
+    g3_files f;
+    rig_init(&r, PB, N, 2);
+    g3_setup(&r, &f, 8);
+    r.layout.name = "kv";
+    r.pool.name = "kv";
+    kvcr_region parts[2] = {
+        {.addr = r.fw, .element_size = PB / 2, .count = N, .label = "kv:k"},
+        {.addr = r.fw + N * PB / 2, .element_size = PB / 2, .count = N, .label = "kv:v"}};
+    r.cfg.framework_regions = parts;
+    r.cfg.n_framework_regions = 2;
+    seen s = {0};
+    kvcr_policy_ops p = {.version = KVCR_POLICY_VERSION, .name = "seer",
+                         .eviction_score = lru_score, .decide_eviction = spill,
+                         .decide_ingest_hints = see_ingest};
+    r.cfg.policy = &p;
+    r.cfg.policy_ud = &s;
+    for (uint32_t i = 0; i < N; i++) { /* part k of element i, then part v */
+        fill_pattern(r.fw + i * PB / 2, PB / 2, 500 + i);
+        fill_pattern(r.fw + N * PB / 2 + i * PB / 2, PB / 2, 600 + i);
+    }
+    rig_start(&r);
+    const char *names[] = {"p0", "p1", "p2"};
+    for (uint32_t i = 0; i < 3; i++) { /* two DRAM slots: p0 is spilled */
+        kvcr_mem_ref ref = {NULL, "kv:*", i};
+        kvcr_block b = {key_of(names[i]), &ref, 1};
+        kvcr_op_handle op;
+        kvcr_entry_status st;
+        assert_int_equal(kvcr_deposit(r.kv, &b, 1, 0, &op), 0);
+        rig_wait(&r, op, &st, NULL, NULL);
+        assert_int_equal(st, KVCR_ENTRY_SUCCESS);
+    }
+    kvcr_key k = key_of("p0");
+    kvcr_query_result q = {0};
+    for (int spin = 0; spin < 5000 && q.tier != KVCR_TIER_G3; spin++) {
+        rig_pump(&r);
+        assert_int_equal(kvcr_query(r.kv, &k, 1, NULL, &q), 0);
+        if (q.tier != KVCR_TIER_G3) usleep(1000);
+    }
+    assert_int_equal(q.tier, KVCR_TIER_G3);
+    assert_int_equal(kvcr_submit_hint(r.kv, "req-2", HINT, strlen(HINT)), 0);
+    memset(r.fw + 5 * PB / 2, 0, PB / 2);
+    memset(r.fw + N * PB / 2 + 5 * PB / 2, 0, PB / 2);
+    kvcr_mem_ref ref = {NULL, "kv:*", 5};
+    kvcr_block b = {k, &ref, 1};
+    kvcr_op_handle op;
+    kvcr_entry_status st;
+    int calls = s.calls;
+    assert_int_equal(kvcr_deliver(r.kv, &b, 1, "req-2", &op), 0);
+    rig_wait(&r, op, &st, NULL, NULL);
+    assert_int_equal(st, KVCR_ENTRY_SUCCESS);
+    assert_int_equal(s.calls, calls + 1);
+    assert_string_equal(s.router, HINT);
+    assert_string_equal(s.framework, "(null)");
+    assert_int_equal(s.source, KVCR_TIER_G3);
+    uint8_t *want = malloc(PB / 2);
+    fill_pattern(want, PB / 2, 500);
+    assert_memory_equal(r.fw + 5 * PB / 2, want, PB / 2);
+    fill_pattern(want, PB / 2, 600);
+    assert_memory_equal(r.fw + N * PB / 2 + 5 * PB / 2, want, PB / 2);
+    free(want);
+    rig_stop(&r);
+    g3_cleanup(&f);
+}
+
 /* ---- version 1 tables ------------------------------------------------------- */
 
 static int v1_calls;
@@ -549,6 +620,7 @@ int main(void)
         cmocka_unit_test(test_invalid_quotas_are_refused),
         cmocka_unit_test(test_invalid_hints_are_refused_and_change_nothing),
         cmocka_unit_test(test_a_c_policy_sees_the_hints_and_the_tenant),
+        cmocka_unit_test(test_a_staged_deliver_admits_with_its_router_hint),
         cmocka_unit_test(test_a_version_1_table_still_works),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
