@@ -33,6 +33,11 @@
  * transport reads these; shared memory and RDMA lanes are untouched. */
 #define TCP_TX_SEG_SIZE "128k"
 #define TCP_RX_SEG_SIZE "512k"
+/* The active message that carries a write's bytes when they go as
+ * messages (see ucx.h): its id, and its header of two little-endian u64,
+ * the write's tag and the destination address. */
+#define AM_WRITE_ID 1
+#define AM_WRITE_HDR 16
 
 /* What a transport entry of our own address looks like; a peer's entry for
  * the same transport (same name checksum) must look the same. */
@@ -60,6 +65,10 @@ struct ucx_ctx {
     addr_shape shape;
     write_op *done_head;   /* finished writes, reported by ucx_progress */
     write_op **done_tail;
+    int writes_mode;       /* KVCR_UCX_WRITES: -1 puts, 1 messages, 0 by the lanes */
+    ucx_sink *sink;        /* where messages' bytes go (ucx_set_sink) */
+    void *sink_arg;
+    uint64_t sink_dropped; /* messages the sink refused or that were malformed */
 };
 
 struct ucx_mem {
@@ -75,6 +84,7 @@ struct ucx_peer {
     ucx_ctx *c;
     ucp_ep_h ep;
     bool failed;
+    bool messages;  /* writes go as active messages (ucx_peer_messages) */
     uint32_t busy;  /* writes accepted and not yet reported */
 };
 
@@ -91,7 +101,10 @@ struct write_op {
     uint32_t pending;  /* requests UCX still holds */
     bool posted;       /* ucx_write has returned: pending can only fall */
     int status;
+    uint8_t *headers;  /* messages: one AM_WRITE_HDR header each, held until done */
 };
+
+static ucs_status_t set_write_handler(ucx_ctx *c);
 
 /* ---- completions ---------------------------------------------------------- */
 
@@ -133,6 +146,7 @@ static unsigned report_done(ucx_ctx *c)
         write_op *next = op->next;
         op->p->busy--;
         op->done(op->ud, op->status);
+        free(op->headers);
         free(op);
         op = next;
         n++;
@@ -250,9 +264,15 @@ int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out)
     ucp_config_t *cfg;
     ucs_status_t st = read_config(c, &cfg);
     if (st != UCS_OK) return ctx_fail(c, "ucp_config_read", st);
+    const char *mode = getenv("KVCR_UCX_WRITES");
+    c->writes_mode = mode == NULL ? 0 : strcmp(mode, "puts") == 0 ? -1
+                                      : strcmp(mode, "messages") == 0 ? 1 : 0;
+    if (mode != NULL && c->writes_mode == 0 && strcmp(mode, "auto") != 0)
+        kvcr_log(log, KVCR_LOG_WARN, "ucx: KVCR_UCX_WRITES=%s is not puts, messages or auto: auto",
+                 mode);
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES,
-        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
     };
     st = ucp_init(&params, cfg, &c->context);
     ucp_config_release(cfg);
@@ -267,6 +287,8 @@ int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out)
     };
     st = ucp_worker_create(c->context, &wp, &c->worker);
     if (st != UCS_OK) return ctx_fail(c, "ucp_worker_create", st);
+    st = set_write_handler(c);
+    if (st != UCS_OK) return ctx_fail(c, "ucp_worker_set_am_recv_handler", st);
     st = ucp_worker_get_efd(c->worker, &c->efd);
     if (st != UCS_OK) return ctx_fail(c, "ucp_worker_get_efd", st);
     st = ucp_worker_get_address(c->worker, &c->addr, &c->addr_len);
@@ -574,14 +596,22 @@ static void peer_error(void *arg, ucp_ep_h ep, ucs_status_t st)
     p->failed = true;
 }
 
+/* The transport of a lane line: "  lane[0]:  3:sysv/memory.0 md[2] ..."
+ * gives "sysv/memory.0 md[2] ...", or NULL. */
+static const char *lane_transport(const char *line)
+{
+    const char *s = strchr(strstr(line, "lane["), ':');
+    if (s == NULL) return NULL;
+    s += strspn(s + 1, " ") + 1;
+    return s + strspn(s, "0123456789:");
+}
+
 /* "  lane[0]:  3:sysv/memory.0 md[2]  -> md[2]/sysv/sysdev[255] am keepalive"
  * becomes "sysv/memory.0 (am keepalive)". */
 static void lane_summary(const char *line, char *out, size_t size)
 {
-    const char *s = strchr(strstr(line, "lane["), ':');
+    const char *s = lane_transport(line);
     if (s == NULL) return;
-    s += strspn(s + 1, " ") + 1;
-    s += strspn(s, "0123456789:");
     size_t tl = strcspn(s, " \n");
     const char *roles = strstr(s, "->");
     size_t used = strlen(out);
@@ -595,27 +625,35 @@ static void lane_summary(const char *line, char *out, size_t size)
     if (rl > 0) snprintf(out + used, size - used, " (%.*s)", (int)rl, roles);
 }
 
-/* Logs the lanes UCX chose: the whole description at debug, a one-line
- * list of transports at info. */
-static void log_lanes(const ucx_peer *p)
+/* Logs the lanes UCX chose (the whole description at debug, a one-line
+ * list of transports at info) and returns whether every one is TCP: then
+ * UCX would only emulate puts, and writes go as active messages instead. */
+static bool lanes_all_tcp(const ucx_peer *p)
 {
     const kvcr_logger *log = p->c->log;
     char *text = NULL;
     size_t size = 0;
     FILE *f = open_memstream(&text, &size);
-    if (f == NULL) return;
+    if (f == NULL) return false;
     ucp_ep_print_info(p->ep, f);
     if (fclose(f) != 0 || text == NULL) {
         free(text);
-        return;
+        return false;
     }
     kvcr_log(log, KVCR_LOG_DEBUG, "ucx endpoint %p:\n%s", (void *)p->ep, text);
     char summary[512] = "", *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
-        if (strstr(line, "lane[") != NULL) lane_summary(line, summary, sizeof summary);
+    bool lanes = false, all_tcp = true;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strstr(line, "lane[") == NULL) continue;
+        const char *tl = lane_transport(line);
+        lanes = true;
+        all_tcp &= tl != NULL && strncmp(tl, "tcp/", 4) == 0;
+        lane_summary(line, summary, sizeof summary);
+    }
     kvcr_log(log, KVCR_LOG_INFO, "ucx endpoint %p lanes: %s", (void *)p->ep,
              summary[0] ? summary : "(none listed)");
     free(text);
+    return lanes && all_tcp;
 }
 
 int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer **out)
@@ -646,9 +684,18 @@ int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer *
         free(p);
         return kvcr_fail(KVCR_ESYS, "ucp_ep_create: %s", ucs_status_string(st));
     }
-    log_lanes(p);
+    bool tcp = lanes_all_tcp(p);
+    p->messages = c->writes_mode > 0 || (c->writes_mode == 0 && tcp);
+    kvcr_log(c->log, KVCR_LOG_INFO, "ucx endpoint %p: writes as %s", (void *)p->ep,
+             p->messages ? "active messages (the target copies them into place)"
+                         : "puts (one-sided, then a flush)");
     *out = p;
     return 0;
+}
+
+bool ucx_peer_messages(const ucx_peer *p)
+{
+    return p->messages;
 }
 
 bool ucx_peer_failed(const ucx_peer *p)
@@ -839,8 +886,100 @@ static bool post_puts(write_op *op, const ucx_seg *segs, size_t n)
     return true;
 }
 
-int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, void (*done)(void *ud, int status),
-              void *ud)
+static void le64_put(uint8_t *b, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t le64_get(const uint8_t *b)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
+    return v;
+}
+
+/* Every run of segments as one eager active message (the tag and the
+ * destination address in its header): the target's sink copies the bytes
+ * into place when the whole message has arrived, and nothing but that copy
+ * writes its memory. No flush: the target believes a write complete when
+ * it has taken as many bytes as the source says it sent. */
+static bool post_messages(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
+{
+    op->headers = malloc(n * AM_WRITE_HDR);
+    if (op->headers == NULL) {
+        op->status = KVCR_ENOMEM;
+        return false;
+    }
+    uint8_t *h = op->headers;
+    for (size_t i = 0, end; i < n; i = end) {
+        if (segs[i].len == 0) {
+            end = i + 1;
+            continue;
+        }
+        const ucx_mem *mem;
+        size_t len = merge_run(segs, n, i, &end, &mem);
+        le64_put(h, tag);
+        le64_put(h + 8, segs[i].remote_addr);
+        ucp_request_param_t rp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_FLAGS,
+            .cb.send = request_done,
+            .user_data = op,
+            .flags = UCP_AM_SEND_FLAG_EAGER,
+        };
+        if (!post(op, ucp_am_send_nbx(op->p->ep, AM_WRITE_ID, h, AM_WRITE_HDR, segs[i].src, len,
+                                      &rp)))
+            return false;
+        h += AM_WRITE_HDR;
+    }
+    return true;
+}
+
+/* An active message carrying a write's bytes (ucx_progress, the progress
+ * thread): well formed and taken by the sink, or dropped and counted. A
+ * message that came by rendezvous is dropped: writes are sent eager only,
+ * and the sink must not hand a descriptor out for later. */
+static ucs_status_t on_write_message(void *arg, const void *header, size_t header_length,
+                                     void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    ucx_ctx *c = arg;
+    bool eager = !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
+    if (header_length != AM_WRITE_HDR || !eager || length == 0 || c->sink == NULL ||
+        !c->sink(c->sink_arg, le64_get(header), le64_get((const uint8_t *)header + 8), data,
+                 length))
+        c->sink_dropped++;
+    return UCS_OK;
+}
+
+void ucx_set_sink(ucx_ctx *c, ucx_sink *sink, void *arg)
+{
+    c->sink = sink;
+    c->sink_arg = arg;
+}
+
+/* The handler of write messages, from the start: a peer may send one
+ * before a sink is set (it is then dropped), and UCX 1.13 crashes on a
+ * message whose id has no handler. */
+static ucs_status_t set_write_handler(ucx_ctx *c)
+{
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = AM_WRITE_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = on_write_message,
+        .arg = c,
+    };
+    return ucp_worker_set_am_recv_handler(c->worker, &hp);
+}
+
+uint64_t ucx_sink_dropped(const ucx_ctx *c)
+{
+    return c->sink_dropped;
+}
+
+int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag,
+              void (*done)(void *ud, int status), void *ud)
 {
     if (done == NULL) return kvcr_fail(KVCR_EINVAL, "ucx write: no completion callback");
     int rc = check_segs(p, segs, n);
@@ -852,9 +991,12 @@ int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, void (*done)(void *ud,
     op->done = done;
     op->ud = ud;
     p->busy++;
-    /* Every put first, then one flush: the puts pipeline, and the flush
-     * completes once all of them are complete at the destination. */
-    if (post_puts(op, segs, n)) {
+    /* Messages: each complete once sent. Puts: every put first, then one
+     * flush; the puts pipeline, and the flush completes once all of them
+     * are complete at the destination. */
+    if (p->messages) {
+        (void)post_messages(op, segs, n, tag);
+    } else if (post_puts(op, segs, n)) {
         ucp_request_param_t rp = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
             .cb.send = request_done,

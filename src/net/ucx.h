@@ -20,7 +20,19 @@
  * destination's progress thread must be running (ucx_progress / ucx_fd) for
  * the write to complete. Memory from ucx_mem_alloc is a shared memory
  * segment that same-host peers map: puts into it are plain one-sided
- * copies that need nothing from the destination. */
+ * copies that need nothing from the destination.
+ *
+ * Where every lane to a peer is TCP (another host without RDMA), UCX would
+ * only emulate puts, with messages the destination's worker copies, and a
+ * flush costs a round trip: there a write goes as eager active messages
+ * instead (ucx_peer_messages), one per run of segments, carrying the
+ * write's tag and the destination address, and the destination's sink
+ * (ucx_set_sink) copies each into place or refuses it. Nothing but the
+ * sink then writes the destination's memory, and only while the sink says
+ * yes: a destination that gave up on a write drops its late messages
+ * instead of waiting to learn that none is left in flight. KVCR_UCX_WRITES
+ * (puts, messages, auto: the default) overrides the choice, for
+ * comparisons. */
 #ifndef KVCR_NET_UCX_H
 #define KVCR_NET_UCX_H
 
@@ -61,10 +73,23 @@ void *ucx_mem_addr(const ucx_mem *m);
 void ucx_mem_rkey(const ucx_mem *m, const void **rkey, size_t *len);
 void ucx_mem_deregister(ucx_mem *m);
 
+/* Takes a write's bytes at the destination: tag and addr from the
+ * message, len bytes at data (valid during the call only). Copies them
+ * and returns true, or refuses them (false: counted, nothing written).
+ * Called by ucx_progress, on its thread. */
+typedef bool ucx_sink(void *arg, uint64_t tag, uint64_t addr, const void *data, size_t len);
+/* Installs the sink of the writes peers send us as messages (before any
+ * peer writes; without one every such message is dropped). */
+void ucx_set_sink(ucx_ctx *c, ucx_sink *sink, void *arg);
+/* Messages dropped: malformed, not eager, or refused by the sink. */
+uint64_t ucx_sink_dropped(const ucx_ctx *c);
+
 /* Creates an endpoint to a peer worker from its address (bytes from the
  * wire: a malformed address gives an error, never a crash; see ucx.c for
  * what is checked and what UCX is still trusted with). */
 int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer **out);
+/* True when writes to this peer go as active messages (see above). */
+bool ucx_peer_messages(const ucx_peer *p);
 /* True once UCX reported the peer unreachable; its writes fail. */
 bool ucx_peer_failed(const ucx_peer *p);
 /* Writes still running on the peer's endpoint. */
@@ -95,13 +120,15 @@ typedef struct ucx_seg {
 } ucx_seg;
 
 /* Puts every segment (segments contiguous on both sides are merged), then
- * flushes the endpoint. done(ud, status) is called exactly once, from
- * ucx_progress (never from inside ucx_write), with 0 when every byte is in
- * place at the destination or a negative code when any part failed; it is
- * called only when UCX holds no more requests of this write, so the source
- * memory is quiet from then on. Returns 0, or a negative code (done is then
- * never called, and nothing was posted). */
-int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, void (*done)(void *ud, int status),
-              void *ud);
+ * flushes the endpoint; or, to a peer that takes messages, sends each run
+ * as a message tagged `tag` (no flush). done(ud, status) is called exactly
+ * once, from ucx_progress (never from inside ucx_write), with 0 when every
+ * byte is in place at the destination (messages: sent, for the
+ * destination's sink to take) or a negative code when any part failed; it
+ * is called only when UCX holds no more requests of this write, so the
+ * source memory is quiet from then on. Returns 0, or a negative code (done
+ * is then never called, and nothing was posted). */
+int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag,
+              void (*done)(void *ud, int status), void *ud);
 
 #endif

@@ -17,6 +17,8 @@
  *   success       bool        write_done
  *   terminal      bool        write_done, write_probe_ack
  *   completed     [uint]      write_done, exactly when success; distinct, < WIRE_MAX_KEYS
+ *   am_bytes      uint        write_done (optional, only with success): the bytes sent
+ *                             as UCX active messages (absent: written with puts, flushed)
  *   dead_inc      bin         write_probe_ack (optional); WIRE_INCARNATION_LEN bytes
  *   busy          bool        write_refused (optional); only true: refused at a limit
  *
@@ -53,7 +55,7 @@
     X(V, "v") X(TYPE, "type") X(AGENT, "agent") X(INC, "inc") X(FROM, "from") X(TO, "to")    \
     X(MD, "md") X(OP, "op") X(REMAINING, "remaining_ms") X(KEYS, "keys") X(DST, "dst")       \
     X(EXPECTED, "expected_inc") X(SUCCESS, "success") X(TERMINAL, "terminal")                \
-    X(COMPLETED, "completed") X(DEAD, "dead_inc") X(BUSY, "busy")
+    X(COMPLETED, "completed") X(DEAD, "dead_inc") X(BUSY, "busy") X(AM_BYTES, "am_bytes")
 
 MPMAP_FIELD_TABLE(FIELDS);
 static const char *const missing_why[N_FIELDS] = {
@@ -85,7 +87,7 @@ static const struct shape {
     [WIRE_START_WRITE] = {"start_write", B(OP) | B(REMAINING) | B(KEYS) | B(DST),
                           B(OP) | B(REMAINING) | B(KEYS) | B(DST) | B(EXPECTED) | B(MD)},
     [WIRE_WRITE_DONE] = {"write_done", B(OP) | B(SUCCESS) | B(TERMINAL),
-                         B(OP) | B(SUCCESS) | B(TERMINAL) | B(COMPLETED)},
+                         B(OP) | B(SUCCESS) | B(TERMINAL) | B(COMPLETED) | B(AM_BYTES)},
     [WIRE_WRITE_REFUSED] = {"write_refused", B(OP), B(OP) | B(BUSY)},
     [WIRE_WRITE_PROBE] = {"write_probe", B(OP), B(OP) | B(EXPECTED) | B(MD)},
     [WIRE_WRITE_PROBE_ACK] = {"write_probe_ack", B(OP) | B(TERMINAL),
@@ -112,13 +114,14 @@ static const char *const region_names[N_REGION] = {"label", "fw",    "addr", "si
  * message's flags are set from what it had, so this is its key set. */
 static uint32_t carried(const wire_msg *m)
 {
-    uint32_t f = ~(B(MD) | B(OP) | B(EXPECTED) | B(DEAD) | B(COMPLETED) | B(BUSY));
+    uint32_t f = ~(B(MD) | B(OP) | B(EXPECTED) | B(DEAD) | B(COMPLETED) | B(BUSY) | B(AM_BYTES));
     if (m->has_metadata) f |= B(MD);
     if (m->has_op) f |= B(OP);
     if (m->has_expected_inc) f |= B(EXPECTED);
     if (m->has_dead_inc) f |= B(DEAD);
     if (m->success) f |= B(COMPLETED);
     if (m->busy) f |= B(BUSY);
+    if (m->has_am_bytes) f |= B(AM_BYTES);
     return COMMON | (f & shapes[m->type].allow);
 }
 
@@ -408,6 +411,11 @@ static const char *decode_body(arena *a, const msgpack_object **f, uint32_t pres
         if (!m->success && present & B(COMPLETED)) return "write_done: completed only with success";
     }
     if (present & B(COMPLETED) && (why = decode_completed(a, f[F_COMPLETED], m))) return why;
+    if (present & B(AM_BYTES)) {
+        if (!m->success) return "write_done: am_bytes only with success";
+        if (!mpmap_u64(f[F_AM_BYTES], &m->am_bytes)) return "write_done: am_bytes not unsigned";
+        m->has_am_bytes = true;
+    }
     /* Absent means not busy: false is not a second spelling of it. */
     if (present & B(BUSY) && !(mpmap_bool(f[F_BUSY], &m->busy) && m->busy))
         return "write_refused: busy must be true when present";
@@ -536,6 +544,7 @@ static bool msg_ok(const wire_msg *m)
     if (f & B(KEYS) && !keys_ok(m)) return false;
     if (m->type == WIRE_WRITE_DONE && !m->success && m->n_completed > 0) return false;
     if (f & B(COMPLETED) && !completed_ok(m)) return false;
+    if (f & B(AM_BYTES) && !m->success) return false;
     return true;
 }
 
@@ -625,6 +634,7 @@ static int pack_value(msgpack_packer *pk, const void *msg, int f)
     case F_COMPLETED: return pack_completed(pk, m);
     case F_DEAD: return pack_bin(pk, m->dead_inc);
     case F_BUSY: return mpmap_pack_bool(pk, m->busy);
+    case F_AM_BYTES: return msgpack_pack_uint64(pk, m->am_bytes);
     }
     return -1;
 }
@@ -695,5 +705,6 @@ bool wire_msg_equal(const wire_msg *a, const wire_msg *b)
            (!(f & B(SUCCESS)) || a->success == b->success) &&
            (!(f & B(TERMINAL)) || a->terminal == b->terminal) &&
            (!(f & B(COMPLETED)) || completed_eq(a, b)) &&
-           (!(f & B(DEAD)) || bytes_eq(a->dead_inc, b->dead_inc));
+           (!(f & B(DEAD)) || bytes_eq(a->dead_inc, b->dead_inc)) &&
+           (!(f & B(AM_BYTES)) || a->am_bytes == b->am_bytes);
 }

@@ -9,8 +9,12 @@
  *   metadata_ack     source -> target  [op]
  *   start_write      target -> source  op, remaining_ms, [expected_inc], keys,
  *                                      dst refs per key, [metadata]
- *   write_done       source -> target  op, success, terminal, completed indices
- *                                      (sent after the UCX flush completed)
+ *   write_done       source -> target  op, success, terminal, completed indices,
+ *                                      [am_bytes] (after the UCX flush completed; or,
+ *                                      when the data went as active messages, once
+ *                                      they were sent: am_bytes says how many bytes
+ *                                      the target must have taken before it believes
+ *                                      the write complete)
  *   write_refused    source -> target  op, [busy] (no route back, or busy: at one of
  *                                      the source's limits; nothing was written)
  *   write_probe      target -> source  op, [expected_inc]
@@ -113,6 +117,8 @@ typedef struct wire_msg {
     bool terminal;             /* write_done, write_probe_ack */
     uint32_t n_completed;      /* write_done: distinct indices, each < WIRE_MAX_KEYS; */
     uint32_t *completed;       /* only when success (empty otherwise) */
+    bool has_am_bytes;         /* write_done with success: the data went as UCX */
+    uint64_t am_bytes;         /* active messages, this many bytes (net/ucx.h) */
 
     /* write_refused: refused at one of the source's limits (optional; only
      * true is carried) */

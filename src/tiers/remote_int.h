@@ -30,6 +30,8 @@ typedef struct rpeer {
     uint64_t retry_ns; /* metadata may ride along again from then on */
     bool has_inc;      /* its incarnation, as last learned */
     uint8_t inc[WIRE_INCARNATION_LEN];
+    bool messages;     /* the incarnation messages_inc writes to us by messages */
+    uint8_t messages_inc[WIRE_INCARNATION_LEN];
     bool eager;        /* a hint asked us to publish our metadata to it */
     uint32_t eager_tries;
 } rpeer;
@@ -119,6 +121,14 @@ struct pull {
     size_t key_used, key_cap;
     wire_ref *refs;     /* labels point into the instance's config */
     uint32_t n_refs, cap_refs;
+    /* Writes that come as active messages (net/ucx.h): where they may land
+     * (the destinations' pieces, sorted, touching ones merged), whether one
+     * came, the bytes taken, and what write_done said was sent. */
+    mem_piece *ranges;
+    uint32_t n_ranges;
+    bool am_seen;
+    bool done_pending;  /* write_done came before all its bytes */
+    uint64_t am_in, am_expect;
 };
 
 /* ---- source writes --------------------------------------------------------- */
@@ -262,10 +272,13 @@ struct remote {
     uint32_t n_mems;
     wire_region *md_regions;
     wire_metadata md;
+    region_geom *own_geom;        /* md's regions as core/conf.h's resolver sees them */
     ctl_channel *ctl;
     route *routes;
     route *replaced_routes;       /* still used by writes that will fail */
     swrite *ucx_done;             /* finished in UCX, to settle under the lock */
+    bool progress_locked;         /* the progress thread holds the lock: UCX calls made
+                                   * under it (closing an endpoint) may run the sink */
     uint64_t last_turn_ns;
 
     char endpoint[CTL_MAX_ENDPOINT + 1];
@@ -339,6 +352,9 @@ void target_adopt(remote *r, uint64_t now);
 void target_timers(remote *r, uint64_t now, uint64_t *next_ns);
 void target_on_message(remote *r, const wire_msg *m);
 bool target_idle(const remote *r);     /* nothing may still write our memory */
+/* ucx_sink: a write's bytes sent as a message, copied into a live pull's
+ * destinations (progress thread, unlocked: it takes the lock itself). */
+bool target_take_bytes(void *arg, uint64_t tag, uint64_t addr, const void *data, size_t len);
 void target_stop(remote *r, uint64_t now);
 void target_abandon_all(remote *r);
 /* The core's side (main thread, locked): tier_ops begin/holds/read/end,

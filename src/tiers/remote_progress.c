@@ -451,6 +451,7 @@ static void *progress_main(void *arg)
         bool busy = ucx_progress(r->ucx) > 0;
         uint64_t next_ns = kvcr_now_ns() + IDLE_WAIT_MS * MS;
         host_lock(kv);
+        r->progress_locked = true;
         busy |= turn_locked(r, &next_ns);
         swrite *posts = source_take_posts(r);
         bool transfers = posts != NULL || !source_idle(r) || !target_idle(r);
@@ -462,6 +463,7 @@ static void *progress_main(void *arg)
             done = true;
         }
         if (done) r->exited = true;
+        r->progress_locked = false;
         host_unlock(kv);
         for (swrite *sw = posts, *next; sw; sw = next) {
             next = sw->list_next;
@@ -539,6 +541,16 @@ static int register_memory(remote *r)
     r->md.worker_addr.data = addr;
     r->md.n_regions = k;
     r->md.regions = r->md_regions;
+    /* Our regions as a writer sees them: where the bytes of writes that
+     * come as messages may land (labels are the config's C strings). */
+    r->own_geom = calloc(k ? k : 1, sizeof *r->own_geom);
+    if (r->own_geom == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < k; i++) {
+        const wire_region *w = &r->md_regions[i];
+        r->own_geom[i] = (region_geom){(const char *)w->label.data, w->framework, w->addr,
+                                       w->element_size, w->stride, w->count};
+    }
+    ucx_set_sink(r->ucx, target_take_bytes, r);
     return 0;
 }
 
@@ -663,6 +675,7 @@ static void remote_destroy(tier *t)
     free(r->wstats);
     free(r->mems);
     free(r->md_regions);
+    free(r->own_geom);
     free(r->peers);
     if (r->wake_fd >= 0) close(r->wake_fd);
     free(r);

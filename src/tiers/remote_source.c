@@ -126,6 +126,11 @@ static void send_done(remote *r, swrite *sw, bool success, bool terminal)
     }
     wire_msg m = {.type = WIRE_WRITE_DONE, .has_op = true, .op = sw->op, .success = success,
                   .terminal = terminal, .n_completed = n, .completed = completed};
+    if (success && sw->state == SW_POSTED && ucx_peer_messages(sw->route->peer)) {
+        /* Sent as messages: the target waits until it has taken them all. */
+        m.has_am_bytes = true;
+        for (uint32_t i = 0; i < sw->n_segs; i++) m.am_bytes += sw->segs[i].len;
+    }
     m.from = (wire_bytes){(const uint8_t *)sw->reflected, strlen(sw->reflected)};
     send_msg(r, sw->reply_to, &m, MD_NEVER);
     free(completed);
@@ -529,7 +534,7 @@ static void on_ucx_done(void *ud, int status)
 
 void source_post(remote *r, swrite *sw)
 {
-    int rc = ucx_write(sw->route->peer, sw->segs, sw->n_segs, on_ucx_done, sw);
+    int rc = ucx_write(sw->route->peer, sw->segs, sw->n_segs, (uint64_t)sw->op, on_ucx_done, sw);
     if (rc != 0) on_ucx_done(sw, rc); /* nothing was posted */
     (void)r;
 }

@@ -53,6 +53,7 @@ static void pull_free(pull *p)
     free(p->refs);
     free(p->key_bytes);
     free(p->request_id);
+    free(p->ranges);
     free(p);
 }
 
@@ -178,6 +179,77 @@ static void finish(remote *r, pull *p, bool success, kvcr_reason why)
     owe_main(r, p, PM_FINISHED);
 }
 
+static int by_addr(const void *a, const void *b)
+{
+    const mem_piece *x = a, *y = b;
+    return (x->addr > y->addr) - (x->addr < y->addr);
+}
+
+/* Where writes sent as messages may land for this pull (made at its first
+ * message): its destinations' pieces in our own regions, sorted, touching
+ * or overlapping ones merged (a source merges a run of neighbouring blocks
+ * into one message). False, with no ranges: out of memory, or a
+ * destination that does not resolve (then no message is taken). */
+static bool ranges_room(mem_piece **g, uint32_t *cap, uint32_t need)
+{
+    if (need <= *cap) return true;
+    mem_piece *grown = realloc(*g, 2 * (size_t)need * sizeof *grown);
+    if (grown == NULL) return false;
+    *g = grown;
+    *cap = 2 * need;
+    return true;
+}
+
+static bool build_ranges(remote *r, pull *p)
+{
+    mem_piece one[PIECES_MAX];
+    uint32_t n = 0, cap = 0;
+    mem_piece *g = NULL;
+    for (uint32_t i = 0; i < p->n_refs; i++) {
+        const wire_ref *ref = &p->refs[i];
+        const char *why = NULL;
+        uint32_t k = pieces_resolve(r->own_geom, r->md.n_regions, ref->framework,
+                                    (const char *)ref->label.data, ref->index, one, &why);
+        if (k == 0 || !ranges_room(&g, &cap, n + k)) {
+            free(g);
+            return false;
+        }
+        memcpy(&g[n], one, k * sizeof *one);
+        n += k;
+    }
+    if (g == NULL) return false;
+    p->ranges = g;
+    qsort(p->ranges, n, sizeof *p->ranges, by_addr);
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        mem_piece *last = m ? &p->ranges[m - 1] : NULL;
+        if (last && p->ranges[i].addr <= last->addr + last->len) {
+            uint64_t end = p->ranges[i].addr + p->ranges[i].len;
+            if (end > last->addr + last->len) last->len = end - last->addr;
+        } else {
+            p->ranges[m++] = p->ranges[i];
+        }
+    }
+    p->n_ranges = m;
+    return true;
+}
+
+/* Whether [addr, addr + len) lies inside one of the pull's ranges. */
+static bool in_ranges(const pull *p, uint64_t addr, uint64_t len)
+{
+    uint32_t lo = 0, hi = p->n_ranges;
+    while (lo < hi) { /* the last range that starts at or before addr */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (p->ranges[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0) return false;
+    const mem_piece *g = &p->ranges[lo - 1];
+    return addr - g->addr <= g->len && len <= g->len - (addr - g->addr);
+}
+
 static void send_start_write(remote *r, pull *p, uint64_t now)
 {
     rpeer *peer = peer_get(r, p->source, true);
@@ -279,11 +351,60 @@ static void on_terminal(remote *r, pull *p, bool success, const uint32_t *comple
     finish(r, p, ok, p->state == PULL_WAIT_DONE ? KVCR_REASON_TRANSFER_ERROR : KVCR_REASON_TIMEOUT);
 }
 
+/* The pull's source writes by messages: one of its writes came so, or an
+ * earlier pull's from the same incarnation did (how a peer writes to us is
+ * fixed by the lanes between us, net/ucx.h). Remembered for the peer. */
+static void saw_messages(remote *r, pull *p)
+{
+    p->am_seen = true;
+    rpeer *peer = p->has_inc ? peer_get(r, p->source, false) : NULL;
+    if (peer == NULL) return;
+    peer->messages = true;
+    memcpy(peer->messages_inc, p->inc, sizeof peer->messages_inc);
+}
+
+static bool writes_by_messages(remote *r, const pull *p)
+{
+    if (p->am_seen) return true;
+    const rpeer *peer = p->has_inc ? peer_get(r, p->source, false) : NULL;
+    return peer != NULL && peer->messages &&
+           memcmp(peer->messages_inc, p->inc, sizeof peer->messages_inc) == 0;
+}
+
+/* A write that came as messages is complete once write_done came and
+ * every byte it announced was taken. */
+static void check_taken(remote *r, pull *p)
+{
+    if (p->done_pending && p->am_in >= p->am_expect) on_terminal(r, p, true, NULL, 0);
+}
+
+/* write_done of a write sent as messages, while the pull is live: its keys
+ * are marked, and it ends when the bytes are all in (they may trail the
+ * message: UCX and ZeroMQ are separate paths) or at its deadline. */
+static void on_messages_done(remote *r, pull *p, const wire_msg *m)
+{
+    for (uint32_t i = 0; i < m->n_completed; i++)
+        if (m->completed[i] >= p->n_keys) {
+            on_terminal(r, p, false, NULL, 0);
+            return;
+        }
+    for (uint32_t i = 0; i < m->n_completed; i++) p->keys[m->completed[i]].completed = true;
+    p->am_expect = m->am_bytes;
+    p->done_pending = true;
+    check_taken(r, p);
+}
+
 static void on_write_done(remote *r, pull *p, const wire_msg *m)
 {
     /* A pull that learned its source's incarnation takes news only from it. */
     if (p->has_inc && !inc_is(p->inc, &m->incarnation)) {
         r->dropped_messages++;
+        return;
+    }
+    if (m->has_am_bytes) saw_messages(r, p);
+    if (m->success && m->has_am_bytes && m->terminal && p->state == PULL_WAIT_DONE &&
+        !p->uncertain) {
+        on_messages_done(r, p, m);
         return;
     }
     if (!m->terminal) {
@@ -380,6 +501,29 @@ static void reprobe_on_contact(remote *r, const wire_msg *m)
     }
 }
 
+bool target_take_bytes(void *arg, uint64_t tag, uint64_t addr, const void *data, size_t len)
+{
+    remote *r = arg;
+    bool relock = !r->progress_locked;
+    if (relock) host_lock(r->kv);
+    pull *p = r->pulls;
+    while (p != NULL && p->handle != (int64_t)tag) p = p->next;
+    bool take = p != NULL && p->state == PULL_WAIT_DONE &&
+                (p->ranges != NULL || build_ranges(r, p)) && in_ranges(p, addr, len);
+    if (p != NULL) saw_messages(r, p); /* see target_timers */
+    if (relock) host_unlock(r->kv);
+    if (!take) return false;
+    /* Unlocked (unless a UCX call under the lock brought us here): only the
+     * progress thread, this one, ends a pull, so it stays live and its
+     * destinations ours until the copy is done. */
+    memcpy((void *)(uintptr_t)addr, data, len);
+    if (relock) host_lock(r->kv);
+    p->am_in += len;
+    check_taken(r, p);
+    if (relock) host_unlock(r->kv);
+    return true;
+}
+
 void target_on_message(remote *r, const wire_msg *m)
 {
     on_message(r, m);
@@ -394,6 +538,19 @@ static void next_at(uint64_t *next_ns, uint64_t t)
 void target_timers(remote *r, uint64_t now, uint64_t *next_ns)
 {
     for (pull *p = r->pulls; p; p = p->next) {
+        /* A source that writes by messages writes nothing but what our
+         * sink copies, and the sink copies only into pulls still waiting
+         * for their write: one past its deadline is quiet already, with no
+         * answer needed from a source that may be gone. The probe still
+         * fences the write at the source. */
+        if (now >= p->deadline_ns && writes_by_messages(r, p) &&
+            (p->state == PULL_WAIT_DONE || p->state == PULL_WAIT_TERMINAL ||
+             p->state == PULL_QUARANTINED)) {
+            if (p->state == PULL_WAIT_DONE) send_probe(r, p);
+            p->state = PULL_WAIT_TERMINAL;
+            on_terminal(r, p, false, NULL, 0);
+            continue;
+        }
         if (p->state == PULL_WAIT_DONE && now >= p->deadline_ns) enter_wait_terminal(r, p);
         if (p->state == PULL_WAIT_TERMINAL && now >= p->abandon_ns) {
             p->state = PULL_QUARANTINED;

@@ -1,6 +1,6 @@
 /* The UCX data plane (net/ucx.h): writes land byte for byte, done is
  * reported exactly once and only from ucx_progress, big and many-segment
- * writes, malformed addresses and rkeys from the wire, a real second
+ * writes, writes sent as messages taken only through the sink, malformed addresses and rkeys from the wire, a real second
  * process, and a peer killed in the middle of a stream of writes.
  *
  * UCX and fork() do not mix: the helper processes of the two-process tests
@@ -59,7 +59,7 @@ static void on_done(void *ud, int status)
 static int do_write(ucx_peer *p, const ucx_seg *segs, size_t n, done_rec *d)
 {
     in_write = true;
-    int rc = ucx_write(p, segs, n, on_done, d);
+    int rc = ucx_write(p, segs, n, 0, on_done, d);
     in_write = false;
     return rc;
 }
@@ -205,6 +205,85 @@ static void test_write_lands_every_byte_and_reports_once(void **state)
     free(model);
 }
 
+/* The destination side of writes sent as messages: copies a message into
+ * dst when it carries the expected tag and lies inside dst. */
+typedef struct sink_rec {
+    uint8_t *dst;
+    size_t len;
+    uint64_t tag;
+    uint64_t bytes; /* taken */
+} sink_rec;
+
+static bool test_sink(void *arg, uint64_t tag, uint64_t addr, const void *data, size_t len)
+{
+    sink_rec *k = arg;
+    uint64_t base = (uint64_t)(uintptr_t)k->dst;
+    if (tag != k->tag || addr < base || addr - base > k->len || len > k->len - (addr - base))
+        return false;
+    memcpy((void *)(uintptr_t)addr, data, len);
+    k->bytes += len;
+    return true;
+}
+
+/* With KVCR_UCX_WRITES=messages (what a peer reached over TCP alone gets):
+ * a write's runs arrive as messages that only the destination's sink
+ * copies; done means sent, the bytes are in once the sink took them all.
+ * A message the sink refuses (another tag) writes nothing and is counted;
+ * a 2 MiB run arrives whole. */
+static void test_writes_as_messages_land_only_through_the_sink(void **state)
+{
+    (void)state;
+    enum { N = 4 << 20 };
+    setenv("KVCR_UCX_WRITES", "messages", 1);
+    pair pr;
+    pair_open(&pr, N, false);
+    unsetenv("KVCR_UCX_WRITES");
+    assert_true(ucx_peer_messages(pr.ab));
+    sink_rec k = {pr.dst, N, 7, 0};
+    ucx_set_sink(pr.b, test_sink, &k);
+    uint8_t *src = malloc(N), *model = malloc(N);
+    fill_pattern(src, N, 3);
+    ucx_seg segs[] = {
+        seg(&pr, src, NULL, 0, 4096),         /* these two merge into one message */
+        seg(&pr, src + 4096, NULL, 4096, 4096),
+        seg(&pr, src + 9000, NULL, 20000, 100),
+        seg(&pr, src + (1 << 20), NULL, 1 << 21, 2 << 20), /* 2 MiB, one message */
+    };
+    size_t n = sizeof segs / sizeof segs[0];
+    uint64_t total = 4096 * 2 + 100 + (2 << 20);
+    memset(model, 0xee, N);
+    apply(model, pr.dst, segs, n);
+    done_rec d = {0};
+    assert_int_equal(ucx_write(pr.ab, segs, n, 7, on_done, &d), 0);
+    wait_done(pr.a, pr.b, &d);
+    assert_int_equal(d.status, 0);
+    uint64_t until = kvcr_now_ns() + WAIT_NS;
+    while (k.bytes < total && kvcr_now_ns() < until) {
+        ucx_progress(pr.a);
+        ucx_progress(pr.b);
+    }
+    assert_int_equal(k.bytes, total);
+    assert_memory_equal(pr.dst, model, N);
+    assert_int_equal(ucx_sink_dropped(pr.b), 0);
+
+    /* another tag: refused, nothing written, both messages counted */
+    fill_pattern(src, N, 4);
+    d = (done_rec){0};
+    assert_int_equal(ucx_write(pr.ab, segs + 2, 2, 8, on_done, &d), 0);
+    wait_done(pr.a, pr.b, &d);
+    until = kvcr_now_ns() + WAIT_NS;
+    while (ucx_sink_dropped(pr.b) < 2 && kvcr_now_ns() < until) {
+        ucx_progress(pr.a);
+        ucx_progress(pr.b);
+    }
+    assert_int_equal(ucx_sink_dropped(pr.b), 2);
+    assert_int_equal(k.bytes, total);
+    assert_memory_equal(pr.dst, model, N);
+    pair_close(&pr);
+    free(src);
+    free(model);
+}
+
 /* One 2 MiB segment, then 128 x 16 KiB in shuffled order (nothing merges:
  * 128 puts in flight, one flush), into registered and into UCX-allocated
  * destination memory. */
@@ -268,7 +347,7 @@ static void on_chain_done(void *ud, int status)
     if (in_write) c->inside_write = true;
     if (c->left-- > 0) {
         in_write = true;
-        if (ucx_write(c->p, &c->s, 1, on_chain_done, c) != 0) c->status = -100;
+        if (ucx_write(c->p, &c->s, 1, 0, on_chain_done, c) != 0) c->status = -100;
         in_write = false;
     }
 }
@@ -303,7 +382,7 @@ static void test_done_is_never_called_inside_ucx_write(void **state)
     /* Each done starts the next write: still never reported from inside. */
     chain c = {.left = 4, .p = pr.ab, .s = s};
     in_write = true;
-    assert_int_equal(ucx_write(pr.ab, &s, 1, on_chain_done, &c), 0);
+    assert_int_equal(ucx_write(pr.ab, &s, 1, 0, on_chain_done, &c), 0);
     in_write = false;
     assert_int_equal(c.calls, 0);
     assert_true(progress_until(pr.a, pr.b, &c.calls, 5, kvcr_now_ns() + WAIT_NS));
@@ -338,7 +417,7 @@ static void test_bad_segments_are_refused_before_anything_is_posted(void **state
         assert_int_equal(ucx_peer_busy(pr.ab), 0);
     }
     in_write = true;
-    assert_int_equal(ucx_write(pr.ab, &good, 1, NULL, NULL), KVCR_EINVAL);
+    assert_int_equal(ucx_write(pr.ab, &good, 1, 0, NULL, NULL), KVCR_EINVAL);
     in_write = false;
     for (int i = 0; i < 100; i++) ucx_progress(pr.a), ucx_progress(pr.b);
     assert_int_equal(d.calls, 0);
@@ -651,6 +730,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_write_lands_every_byte_and_reports_once),
         cmocka_unit_test(test_big_and_many_segment_writes_land),
+        cmocka_unit_test(test_writes_as_messages_land_only_through_the_sink),
         cmocka_unit_test(test_done_is_never_called_inside_ucx_write),
         cmocka_unit_test(test_bad_segments_are_refused_before_anything_is_posted),
         cmocka_unit_test(test_malformed_addresses_and_rkeys_fail_cleanly),

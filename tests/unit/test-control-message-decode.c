@@ -225,6 +225,10 @@ static void test_every_type_round_trips_with_and_without_optional_fields(void **
     roundtrip(&m);
     m = write_done(false, 0);
     roundtrip(&m);
+    m = write_done(true, 4); /* sent as messages: the bytes the target must take */
+    m.has_am_bytes = true;
+    m.am_bytes = UINT64_MAX;
+    roundtrip(&m);
 
     m = base(WIRE_WRITE_REFUSED);
     m.has_op = true;
@@ -342,6 +346,12 @@ done_sw:;
         if (i == 3) idx2[2] = 5;
         if (wire_msg_equal(&d, &e)) fail_msg("write_done mutation %d not noticed", i);
     }
+    e = d;
+    e.has_am_bytes = true;
+    assert_false(wire_msg_equal(&d, &e));
+    wire_msg e2 = e;
+    e2.am_bytes = 1;
+    assert_false(wire_msg_equal(&e, &e2));
     wire_msg p = base(WIRE_WRITE_PROBE_ACK), q;
     p.has_op = p.has_dead_inc = true;
     p.dead_inc = (wire_bytes){INC_B, 16};
@@ -682,6 +692,22 @@ static void test_fields_each_type_requires_and_allows(void **state)
     REFUSED(t, "write_done: success not a bool");
     t = tree_of(&done), *get(root(t), "terminal") = nil_obj();
     REFUSED(t, "terminal: not a bool");
+
+    /* write_done: am_bytes (the bytes sent as messages) only with success,
+     * and unsigned; the encoder makes no such message either. */
+    wire_msg amd = write_done(true, 2);
+    amd.has_am_bytes = true;
+    amd.am_bytes = 2u << 20;
+    t = tree_of(&amd), *get(root(t), "am_bytes") = nil_obj();
+    REFUSED(t, "write_done: am_bytes not unsigned");
+    t = tree_of(&amd), *get(root(t), "success") = bool_obj(false), del(root(t), "completed");
+    REFUSED(t, "write_done: am_bytes only with success");
+    amd.success = false;
+    amd.n_completed = 0;
+    void *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(wire_encode(&amd, &buf, &len), -1);
+    assert_null(buf);
 }
 
 /* write_refused's busy flag (a refusal at one of the source's limits):
