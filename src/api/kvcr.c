@@ -106,11 +106,19 @@ static void add_tier(kvcr_t *kv, const tier_ops *ops, tier *t)
 
 /* ---- guard mode: the journal the instance publishes to ------------------- */
 
+/* Locked (the recovery sink runs under the instance lock, as key_hash
+ * may): a PUT carries the block's router hash, so that the Guard can
+ * announce the block to routers while it serves it. */
 static int journal_sink(void *ud, bool put, const uint8_t *key, size_t key_len, uint32_t pool,
                         uint64_t slot)
 {
-    jrec r = {put ? JREC_PUT : JREC_REMOVE, key, key_len, pool, slot};
-    return journal_publish(ud, &r);
+    kvcr_t *kv = ud;
+    jrec r = {put ? JREC_PUT : JREC_REMOVE, key, key_len, pool, slot, false, 0};
+    if (put && kv->conf.cb.key_hash) {
+        kvcr_key k = {key, key_len};
+        r.has_hash = kv->conf.cb.key_hash(kv->conf.cb.ud, &k, &r.router_hash) == 0;
+    }
+    return journal_publish(kv->journal, &r);
 }
 
 _Static_assert(KVCR_INC_LEN == JOURNAL_INC_LEN, "one incarnation size");
@@ -125,7 +133,8 @@ static void take_boot(kvcr_t *kv, const kvcr_boot *boot)
         /* Before the control channel opens: a peer can only learn an
          * incarnation the service will find when this process is gone. */
         journal_set_owner(boot->journal, kv->incarnation);
-        recovery_set_sink(kv, &(recovery_sink){journal_sink, boot->journal});
+        kv->journal = boot->journal;
+        recovery_set_sink(kv, &(recovery_sink){journal_sink, kv});
     }
     size_t n = boot->n_retired < KVCR_RETIRED_MAX ? boot->n_retired : KVCR_RETIRED_MAX;
     if (n > 0) memcpy(kv->retired, boot->retired, n * KVCR_INC_LEN);

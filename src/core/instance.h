@@ -143,6 +143,7 @@ struct kvcr {
     struct g3_tier *g3;      /* the G3 tier, NULL when off */
     recovery_sink sink;       /* guard mode: where residencies are published */
     struct svc_hold *hold;    /* guard mode: the claim, released at close */
+    struct journal *journal;  /* guard mode: where the recovery sink publishes */
     int control_listener;     /* guard mode: adopted by the control channel; -1 */
     /* Who this instance is to peers, and the incarnations that answered on
      * its endpoint before and are gone for good (guard mode: the dead

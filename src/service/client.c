@@ -81,6 +81,13 @@ static void fill_claim(const kvcr_config *cfg, svc_msg *m)
                  cfg->remote.control_host ? cfg->remote.control_host : "127.0.0.1");
         m->control_port = cfg->remote.control_port;
     }
+    const kvcr_kv_events_options *k = &cfg->kv_events;
+    if (k->endpoint != NULL) { /* the Guard speaks for this engine while it serves */
+        snprintf(m->kv_endpoint, sizeof m->kv_endpoint, "%s", k->endpoint);
+        snprintf(m->kv_replay, sizeof m->kv_replay, "%s", k->replay_endpoint ? k->replay_endpoint : "");
+        snprintf(m->kv_topic, sizeof m->kv_topic, "%s", k->topic ? k->topic : "");
+        m->kv_dp_rank = k->dp_rank;
+    }
 }
 
 /* The grant must answer exactly this claim. */

@@ -34,7 +34,9 @@
     X(V, "v") X(TYPE, "type") X(GUARD, "guard_index") X(DIGEST, "digest")                  \
     X(AGENT, "agent") X(POOLS, "pools") X(HOST, "control_host") X(PORT, "control_port")    \
     X(GEN, "generation") X(MAPPING, "mapping_bytes") X(JOURNAL, "journal_bytes")           \
-    X(RECOVERED, "recovered") X(ACTIVATED, "activated") X(MESSAGE, "message") X(TEXT, "text")
+    X(RECOVERED, "recovered") X(ACTIVATED, "activated") X(MESSAGE, "message") X(TEXT, "text") \
+    X(KV_EP, "kv_endpoint") X(KV_REPLAY, "kv_replay") X(KV_TOPIC, "kv_topic")              \
+    X(KV_RANK, "kv_dp_rank")
 MPMAP_FIELD_TABLE(FIELDS);
 
 #define B(f) (1u << F_##f)
@@ -46,7 +48,8 @@ static const struct shape {
     const char *name;
     uint32_t fields;
 } shapes[] = {
-    [SVC_CLAIM] = {"claim", B(GUARD) | B(DIGEST) | B(AGENT) | B(POOLS) | B(HOST) | B(PORT)},
+    [SVC_CLAIM] = {"claim", B(GUARD) | B(DIGEST) | B(AGENT) | B(POOLS) | B(HOST) | B(PORT) |
+                                B(KV_EP) | B(KV_REPLAY) | B(KV_TOPIC) | B(KV_RANK)},
     [SVC_GRANTED] = {"granted", B(GUARD) | B(GEN) | B(MAPPING) | B(JOURNAL) | B(POOLS) |
                                     B(PORT) | B(RECOVERED)},
     [SVC_RELEASE] = {"release", B(ACTIVATED)},
@@ -142,6 +145,8 @@ static int check_msg(int err, const svc_msg *m)
         if (m->control_port > 65535 || (m->control_host[0] == '\0' && m->control_port != 0))
             return kvcr_fail(err, "claim: control_port %u not 0..65535 (0 without a host)",
                              m->control_port);
+        if (m->kv_endpoint[0] == '\0' && (m->kv_replay[0] || m->kv_topic[0] || m->kv_dp_rank))
+            return kvcr_fail(err, "claim: KV-event replay, topic or rank without an endpoint");
         return check_pools(err, m);
     case SVC_GRANTED:
         if (m->control_port > 65535)
@@ -281,6 +286,13 @@ static int decode_body(const msgpack_object **f, uint32_t present, svc_msg *m)
                          SVC_HOST_MAX);
     if (present & B(PORT) && !get_u32(f[F_PORT], &m->control_port))
         return kvcr_fail(KVCR_EPROTO, "control_port: not an unsigned integer");
+    if ((present & B(KV_EP) && !get_str(f[F_KV_EP], m->kv_endpoint, SVC_KV_MAX)) ||
+        (present & B(KV_REPLAY) && !get_str(f[F_KV_REPLAY], m->kv_replay, SVC_KV_MAX)) ||
+        (present & B(KV_TOPIC) && !get_str(f[F_KV_TOPIC], m->kv_topic, SVC_KV_MAX)))
+        return kvcr_fail(KVCR_EPROTO, "kv_endpoint, kv_replay, kv_topic: not a str of 0..%d "
+                         "bytes without NUL", SVC_KV_MAX);
+    if (present & B(KV_RANK) && !get_u32(f[F_KV_RANK], &m->kv_dp_rank))
+        return kvcr_fail(KVCR_EPROTO, "kv_dp_rank: not an unsigned 32-bit integer");
     if (present & B(GEN) && !mpmap_u64(f[F_GEN], &m->generation))
         return kvcr_fail(KVCR_EPROTO, "generation: not an unsigned integer");
     if (present & B(MAPPING) && !mpmap_u64(f[F_MAPPING], &m->mapping_bytes))
@@ -362,8 +374,12 @@ static int check_encodable(const svc_msg *m)
     }
     if (fields & B(DIGEST) && (!terminated(m->digest, sizeof m->digest) ||
                                !terminated(m->agent, sizeof m->agent) ||
-                               !terminated(m->control_host, sizeof m->control_host)))
-        return kvcr_fail(KVCR_EINVAL, "claim: digest, agent or control_host not NUL-terminated");
+                               !terminated(m->control_host, sizeof m->control_host) ||
+                               !terminated(m->kv_endpoint, sizeof m->kv_endpoint) ||
+                               !terminated(m->kv_replay, sizeof m->kv_replay) ||
+                               !terminated(m->kv_topic, sizeof m->kv_topic)))
+        return kvcr_fail(KVCR_EINVAL, "claim: digest, agent, control_host or a KV-event string "
+                         "not NUL-terminated");
     return check_msg(KVCR_EINVAL, m);
 }
 
@@ -393,6 +409,10 @@ static int pack_value(msgpack_packer *pk, const void *msg, int f)
     case F_POOLS: return pack_pools(pk, m);
     case F_HOST: return mpmap_pack_cstr(pk, m->control_host);
     case F_PORT: return msgpack_pack_uint32(pk, m->control_port);
+    case F_KV_EP: return mpmap_pack_cstr(pk, m->kv_endpoint);
+    case F_KV_REPLAY: return mpmap_pack_cstr(pk, m->kv_replay);
+    case F_KV_TOPIC: return mpmap_pack_cstr(pk, m->kv_topic);
+    case F_KV_RANK: return msgpack_pack_uint32(pk, m->kv_dp_rank);
     case F_GEN: return msgpack_pack_uint64(pk, m->generation);
     case F_MAPPING: return msgpack_pack_uint64(pk, m->mapping_bytes);
     case F_JOURNAL: return msgpack_pack_uint64(pk, m->journal_bytes);

@@ -43,6 +43,7 @@
 #define SVC_MAX_FDS 2
 #define SVC_DIGEST_MAX 256
 #define SVC_HOST_MAX 255
+#define SVC_KV_MAX 255 /* bytes of a claim's KV-event endpoint, replay endpoint or topic */
 #define SVC_TEXT_MAX (SVC_FRAME_MAX - 64)
 
 typedef enum svc_type {
@@ -73,6 +74,11 @@ typedef struct svc_msg {
                                               * claimant has no control endpoint (port 0) */
     uint32_t control_port;                   /* claim: 0 .. 65535 (0: any); granted: the
                                               * bound port, 0 without an endpoint */
+    /* claim: the claimant's KV events (kvcr_config.kv_events), so that the
+     * Guard publishes on its topic and rank while it serves; "" endpoint:
+     * none (then replay and topic ""); strings 0 .. SVC_KV_MAX bytes */
+    char kv_endpoint[SVC_KV_MAX + 1], kv_replay[SVC_KV_MAX + 1], kv_topic[SVC_KV_MAX + 1];
+    uint32_t kv_dp_rank;
     uint64_t generation;                     /* granted */
     uint64_t mapping_bytes, journal_bytes;   /* granted: journal < mapping */
     uint64_t recovered;                      /* granted */

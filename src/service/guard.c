@@ -47,6 +47,10 @@ struct guard {
     uint64_t lease, next_lease;
     int pidfd;
     char agent[KVCR_NAME_MAX];
+    /* The owner's KV events (its last claim's): the backup publishes on the
+     * same endpoint, topic and rank; "" endpoint: none. */
+    char kv_endpoint[SVC_KV_MAX + 1], kv_replay[SVC_KV_MAX + 1], kv_topic[SVC_KV_MAX + 1];
+    uint32_t kv_dp_rank;
     journal jc;        /* consumer of the owner's journal */
     bool reading;      /* jc attached and believed */
     mirror mir;
@@ -199,7 +203,8 @@ static void compact(guard *g)
     int rc = g->mirror_ok ? mirror_collect(&g->mir, &list, &n) : 0;
     if (rc == 0 && n > 0) rc = journal_attach_producer(&jp, g->base, g->t->journal_bytes, g->generation);
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        jrec r = {JREC_PUT, list[i].key, list[i].key_len, list[i].pool, list[i].slot};
+        jrec r = {JREC_PUT, list[i].key, list[i].key_len, list[i].pool, list[i].slot, false, 0};
+        r.has_hash = mirror_router_hash(&g->mir, r.key, r.key_len, &r.router_hash);
         rc = journal_publish(&jp, &r);
     }
     if (n > 0 && rc != KVCR_ENOMEM) journal_detach(&jp);
@@ -377,6 +382,10 @@ int guard_claim(guard *g, const svc_msg *c, int pidfd, svc_msg *grant, int *fds,
     g->pidfd = pidfd;
     g->lease = g->next_lease++;
     snprintf(g->agent, sizeof g->agent, "%s", c->agent);
+    snprintf(g->kv_endpoint, sizeof g->kv_endpoint, "%s", c->kv_endpoint);
+    snprintf(g->kv_replay, sizeof g->kv_replay, "%s", c->kv_replay);
+    snprintf(g->kv_topic, sizeof g->kv_topic, "%s", c->kv_topic);
+    g->kv_dp_rank = c->kv_dp_rank;
     g->claims++;
     *n_fds = g->listener >= 0 ? 2 : 1;
     fill_grant(g, grant);
@@ -446,10 +455,35 @@ static void guard_log_sink(void *ud, kvcr_log_level level, const char *message)
     kvcr_log(g->t->log, level, "guard %u backup: %s", g->index, message);
 }
 
+/* The backup's key adapter: the router hash the owner journalled with the
+ * block. Called by the backup (its poll on the Guard's thread, its progress
+ * thread) while the mirror does not change: nobody writes the journal
+ * while the Guard serves. */
+static int backup_key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
+{
+    const guard *g = ud;
+    return mirror_router_hash(&g->mir, key->data, key->len, hash) ? 0 : 1;
+}
+
+/* The backup speaks for the owner to routers: its KV events on the owner's
+ * endpoint, topic and rank. Its stream starts with AllBlocksCleared (what
+ * the owner announced and the Guard does not serve is gone), then the
+ * blocks it serves. */
+static void backup_events(const guard *g, kvcr_config *c)
+{
+    if (g->kv_endpoint[0] == '\0') return;
+    c->callbacks.key_hash = backup_key_hash;
+    c->kv_events.endpoint = g->kv_endpoint;
+    c->kv_events.replay_endpoint = g->kv_replay[0] ? g->kv_replay : NULL;
+    c->kv_events.topic = g->kv_topic;
+    c->kv_events.dp_rank = g->kv_dp_rank;
+}
+
 /* The backup instance: the group's pools at the Guard's own mapping, the
  * mirrored blocks installed, the owner's endpoint, a new agent name (peers
- * never mistake it for the dead one), nothing of the framework's. */
-static int start_backup(guard *g, const recovered_block *list, size_t n)
+ * never mistake it for the dead one), nothing of the framework's; with
+ * events, the owner's KV events. */
+static int create_backup(guard *g, const recovered_block *list, size_t n, bool events)
 {
     kvcr_pool_layout layouts[KVCR_MAX_POOLS];
     kvcr_dram_pool pools[KVCR_MAX_POOLS];
@@ -472,12 +506,24 @@ static int start_backup(guard *g, const recovered_block *list, size_t n)
     c.remote.control_port = g->port;
     c.callbacks.log = guard_log_sink;
     c.callbacks.ud = g;
+    if (events) backup_events(g, &c);
     kvcr_boot boot = {.blocks = list, .n_blocks = n, .role = "guard",
                       .retired = (const uint8_t (*)[KVCR_INC_LEN])g->retired,
                       .n_retired = g->n_retired};
     boot.control_listener = fcntl(g->listener, F_DUPFD_CLOEXEC, 0);
     if (boot.control_listener < 0) return kvcr_fail(KVCR_ESYS, "dup: %s", strerror(errno));
     return kvcr__create(&c, &boot, &g->backup);
+}
+
+/* Serving does not wait for KV events: a backup whose events cannot start
+ * (the owner's endpoint taken) serves without them. */
+static int start_backup(guard *g, const recovered_block *list, size_t n)
+{
+    int rc = create_backup(g, list, n, g->kv_endpoint[0] != '\0');
+    if (rc == 0 || g->kv_endpoint[0] == '\0') return rc;
+    kvcr_log(g->t->log, KVCR_LOG_WARN, "guard %u: serving without KV events: %s", g->index,
+             kvcr_last_error());
+    return create_backup(g, list, n, false);
 }
 
 /* Serves what the mirror holds, on the owner's endpoint. Without an

@@ -52,7 +52,7 @@
 /* Frame head offsets. */
 #define F_SIZE 0
 #define F_TYPE 2
-#define F_RESERVED 3
+#define F_FLAGS 3
 #define F_KEY_LEN 4
 #define F_POOL 6
 #define F_SLOT 8
@@ -61,7 +61,7 @@
 
 #define HEAD JOURNAL_FRAME_HEAD
 #define FRAME_MIN (HEAD + 8)                 /* a 1-byte key, padded */
-#define SCRATCH_BYTES (HEAD + KVCR_KEY_MAX + 8) /* >= the largest frame */
+#define SCRATCH_BYTES (HEAD + KVCR_KEY_MAX + 8) /* the largest frame: a PUT with its hash */
 
 /* ---- the words both processes touch ------------------------------------------ */
 
@@ -206,7 +206,7 @@ static int fetch(const uint8_t *ring, uint64_t cap, uint64_t pos, uint64_t end, 
     uint64_t off = pos % cap;
     const uint64_t *first = (const uint64_t *)(const void *)(ring + off);
     uint64_t size = le64toh(__atomic_load_n(first, __ATOMIC_RELAXED)) & 0xffff;
-    if (size <= HEAD || size > HEAD + KVCR_KEY_MAX)
+    if (size <= HEAD || size > HEAD + KVCR_KEY_MAX + 8)
         return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has size %" PRIu64,
                          pos, size);
     uint64_t t = round8(size);
@@ -228,19 +228,20 @@ static int decode(uint8_t *f, uint64_t total, uint64_t generation, uint64_t seq,
                   jrec *out)
 {
     uint64_t size = get16(f + F_SIZE);
-    if (size <= HEAD || size > HEAD + KVCR_KEY_MAX || round8(size) != total)
+    if (size <= HEAD || size > HEAD + KVCR_KEY_MAX + 8 || round8(size) != total)
         return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has size %" PRIu64,
                          pos, size);
     unsigned type = f[F_TYPE];
     if (type != JREC_PUT && type != JREC_REMOVE)
         return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has type %u", pos,
                          type);
-    if (f[F_RESERVED] != 0)
-        return kvcr_fail(KVCR_EPROTO,
-                         "recovery journal: frame at %" PRIu64 " has reserved byte %u", pos,
-                         f[F_RESERVED]);
+    unsigned flags = f[F_FLAGS];
+    if (flags & ~JFLAG_HASH || (flags && type != JREC_PUT))
+        return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has flags %u",
+                         pos, flags);
+    uint64_t hash_bytes = flags & JFLAG_HASH ? 8 : 0;
     uint64_t key_len = get16(f + F_KEY_LEN);
-    if (key_len != size - HEAD)
+    if (key_len < 1 || key_len > KVCR_KEY_MAX || key_len + hash_bytes != size - HEAD)
         return kvcr_fail(KVCR_EPROTO,
                          "recovery journal: frame at %" PRIu64 " has key length %" PRIu64
                          " for size %" PRIu64, pos, key_len, size);
@@ -270,6 +271,8 @@ static int decode(uint8_t *f, uint64_t total, uint64_t generation, uint64_t seq,
     out->key_len = (size_t)key_len;
     out->pool = pool;
     out->slot = slot;
+    out->has_hash = hash_bytes != 0;
+    out->router_hash = hash_bytes ? get64(f + HEAD + key_len) : 0;
     return 0;
 }
 
@@ -432,7 +435,9 @@ int journal_publish(journal *j, const jrec *r)
                        "consumed cursor %" PRIu64 " impossible (published %" PRIu64
                        ", capacity %" PRIu64 ")", consumed, j->cursor, j->cap);
     /* The engine never waits for the Guard: a full ring ends recovery. */
-    uint64_t total = journal_frame_bytes(r->key_len);
+    bool hashed = r->type == JREC_PUT && r->has_hash;
+    uint64_t size = HEAD + r->key_len + (hashed ? 8 : 0);
+    uint64_t total = round8(size);
     uint64_t free_bytes = j->cap - (j->cursor - consumed);
     if (total > free_bytes)
         return give_up(j, KVCR_ECLOSED,
@@ -442,13 +447,15 @@ int journal_publish(journal *j, const jrec *r)
     uint8_t *f = j->scratch;
     bool put = r->type == JREC_PUT;
     memset(f, 0, total);
-    put16(f + F_SIZE, (uint16_t)(HEAD + r->key_len));
+    put16(f + F_SIZE, (uint16_t)size);
     f[F_TYPE] = (uint8_t)r->type;
+    f[F_FLAGS] = hashed ? JFLAG_HASH : 0;
     put16(f + F_KEY_LEN, (uint16_t)r->key_len);
     put16(f + F_POOL, put ? (uint16_t)r->pool : 0);
     put64(f + F_SLOT, put ? r->slot : 0);
     put64(f + F_SEQ, j->seq);
     memcpy(f + HEAD, r->key, r->key_len);
+    if (hashed) put64(f + HEAD + r->key_len, r->router_hash);
     put64(f + F_SUM, XXH3_64bits_withSeed(f, total, j->generation));
 
     uint8_t *ring = j->base + JOURNAL_HEADER_BYTES;

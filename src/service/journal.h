@@ -38,11 +38,14 @@
  * starts at ring offset cursor mod C and may wrap. Valid cursors are
  * multiples of 8 with consumed <= published <= consumed + C.
  *
- * Frame (32-byte head, then the key, then zero padding to a multiple of 8):
- *    0  u16 frame_size = 32 + key_len (<= 32 + KVCR_KEY_MAX)
+ * Frame (32-byte head, then the key, then for a PUT with JFLAG_HASH the
+ * block's router hash, then zero padding to a multiple of 8):
+ *    0  u16 frame_size = 32 + key_len (+ 8 with JFLAG_HASH) (<= 40 + KVCR_KEY_MAX)
  *    2  u8  type: 1 PUT (key now lives in pool `pool` at `slot`),
  *                 2 REMOVE (key has no DRAM residency any more)
- *    3  u8  0
+ *    3  u8  flags: 0, or JFLAG_HASH (PUT only): the u64 router hash of the
+ *           block (the engine's key adapter) follows the key, so that the
+ *           Guard can announce the block to routers
  *    4  u16 key_len, 1 .. KVCR_KEY_MAX
  *    6  u16 pool (PUT; 0 for REMOVE)
  *    8  u64 slot (PUT; 0 for REMOVE)
@@ -50,7 +53,7 @@
  *       journal_format; a frame with the wrong number is invalid
  *   24  u64 XXH3-64, seeded with the generation, of the frame with this
  *       field zero (head, key and padding)
- * A reader rejects: a bad size, type, reserved byte, key length, non-zero
+ * A reader rejects: a bad size, type, flag, key length, non-zero
  * padding, wrong sequence, wrong checksum, or a frame that would cross the
  * published cursor.
  *
@@ -78,7 +81,11 @@ typedef struct jrec {
     size_t key_len;     /* 1 .. KVCR_KEY_MAX */
     uint32_t pool;      /* PUT only: < 65536 */
     uint64_t slot;      /* PUT only */
+    bool has_hash;      /* PUT only: router_hash is the block's router hash */
+    uint64_t router_hash;
 } jrec;
+
+#define JFLAG_HASH 0x1u
 
 /* One side's view of a journal (a producer or a consumer; never both). */
 typedef struct journal {

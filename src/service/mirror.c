@@ -5,6 +5,8 @@
 
 #include "util/log.h"
 
+#define MIRROR_HASHED 0x1u /* block.flags in the mirror: seq holds the router hash */
+
 int mirror_init(mirror *m, uint32_t n_pools, const uint64_t *slots)
 {
     memset(m, 0, sizeof *m);
@@ -49,7 +51,19 @@ int mirror_apply(mirror *m, const jrec *r)
     b->n_slots = 1;
     b->sl.one.pool = (uint8_t)r->pool;
     b->sl.one.slot = (uint32_t)r->slot;
+    b->flags = r->has_hash ? MIRROR_HASHED : 0;
+    b->seq = r->has_hash ? r->router_hash : 0;
     return 0;
+}
+
+bool mirror_router_hash(const mirror *m, const uint8_t *key, size_t key_len, uint64_t *hash)
+{
+    block_id id = index_find(&m->ix, key, key_len, index_hash(key, key_len));
+    if (id == BLOCK_NONE) return false;
+    const block *b = index_get(&m->ix, id);
+    if (!(b->flags & MIRROR_HASHED)) return false;
+    *hash = b->seq;
+    return true;
 }
 
 int mirror_collect(const mirror *m, recovered_block **out, size_t *n)

@@ -1,5 +1,6 @@
-/* The Guard's picture of a pool group: key -> (pool, slot) of every block
- * the current (or last) owner committed, built by applying the recovery
+/* The Guard's picture of a pool group: key -> (pool, slot) and router hash
+ * (when the owner's frames carried one) of every block the current (or
+ * last) owner committed, built by applying the recovery
  * journal's frames in order. A PUT replaces the key's place wholesale, a
  * REMOVE deletes it. Frames are checked against the group's geometry: a
  * slot outside its pool means the journal lies, and the whole mirror is
@@ -7,6 +8,7 @@
 #ifndef KVCR_SERVICE_MIRROR_H
 #define KVCR_SERVICE_MIRROR_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,7 +17,8 @@
 #include "service/journal.h"
 
 typedef struct mirror {
-    block_index ix;     /* records use key, sl.one.pool and sl.one.slot only */
+    block_index ix;     /* records use key, sl.one.pool and sl.one.slot only, and
+                         * seq for the router hash when flags has MIRROR_HASHED */
     uint32_t n_pools;
     uint64_t slots[KVCR_MAX_POOLS]; /* per pool */
 } mirror;
@@ -27,6 +30,10 @@ uint64_t mirror_count(const mirror *m);
 
 /* 0, or KVCR_EPROTO (a frame the geometry refutes), KVCR_ENOMEM. */
 int mirror_apply(mirror *m, const jrec *r);
+
+/* The router hash of key's block: false when the mirror has no such block
+ * or its frame carried none. */
+bool mirror_router_hash(const mirror *m, const uint8_t *key, size_t key_len, uint64_t *hash);
 
 /* Every block, as a malloc'd array whose keys point into the mirror (valid
  * until it changes). */

@@ -10,7 +10,9 @@
  * what was not committed; DRAM and G3 blocks both back after a restart
  * in guard mode; a corrupt journal frame -> nothing recovered,
  * never wrong bytes; the service itself restarted and SIGKILLed; the
- * failover repeated 20 times with zero blocks lost. */
+ * failover repeated 20 times with zero blocks lost; the Guard speaking for
+ * a SIGKILLed engine to routers (its KV events on the engine's topic, rank
+ * and endpoints), and the restarted engine taking its stream back. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -26,6 +28,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
+#include "net/kvev.h"
 #include "peer.h"
 #include "service/frame.h"
 #include "service/journal.h"
@@ -652,6 +657,140 @@ static void test_failover_twenty_times_loses_nothing(void **state)
     svc_cleanup(&s);
 }
 
+/* ---- the Guard speaks for a dead engine to routers ------------------------------- */
+
+#define KV_TOPIC "kv@engine-0@failover"
+#define KV_RANK 3
+
+/* What one publisher's replay holds from 0: its batches decoded (every
+ * one checked: numbered from 0 without a gap, rank, medium), the hashes
+ * stored after its last AllBlocksCleared (bit i: hash i, of 64). 0 when
+ * nobody answered within the wait. */
+typedef struct kv_state {
+    size_t batches;
+    bool cleared_first;
+    uint64_t stored; /* since the last AllBlocksCleared */
+} kv_state;
+
+static bool kv_replay(const char *endpoint, kv_state *st)
+{
+    memset(st, 0, sizeof *st);
+    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
+    int ms = 1000, zero = 0;
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &ms, sizeof ms);
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    uint8_t start[8] = {0};
+    bool ended = false;
+    if (zmq_connect(d, endpoint) == 0 && zmq_send(d, "", 0, ZMQ_SNDMORE) == 0 &&
+        zmq_send(d, start, 8, 0) == 8) {
+        for (int i = 0; i < 10000 && !ended; i++) {
+            zmq_msg_t f[3];
+            int n = 0;
+            for (bool more = true; more && n < 3; n++) {
+                zmq_msg_init(&f[n]);
+                if (zmq_msg_recv(&f[n], d, 0) < 0) {
+                    zmq_msg_close(&f[n]);
+                    break;
+                }
+                more = zmq_msg_more(&f[n]);
+            }
+            if (n < 3) { /* nobody answered (yet) */
+                for (int k = 0; k < n; k++) zmq_msg_close(&f[k]);
+                break;
+            }
+            assert_int_equal(zmq_msg_size(&f[1]), 8);
+            uint64_t seq = kvev_get_be64(zmq_msg_data(&f[1]));
+            if (seq == KVEV_END_SEQ) {
+                ended = true;
+            } else {
+                assert_int_equal(seq, st->batches);
+                kvev_batch b;
+                const char *why = kvev_decode_batch(zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), &b);
+                if (why) fail_msg("replayed batch %llu: %s", (unsigned long long)seq, why);
+                assert_int_equal(b.dp_rank, KV_RANK);
+                for (size_t e = 0; e < b.n_events; e++) {
+                    const kvev_event *ev = &b.events[e];
+                    if (ev->type == KVEV_CLEARED) {
+                        st->stored = 0;
+                        if (seq == 0 && e == 0) st->cleared_first = true;
+                        continue;
+                    }
+                    assert_string_equal(ev->medium, "CPU");
+                    for (size_t h = 0; h < ev->n_hashes; h++) {
+                        assert_true(ev->hashes[h] < 64);
+                        if (ev->type == KVEV_STORED) st->stored |= 1ull << ev->hashes[h];
+                        else st->stored &= ~(1ull << ev->hashes[h]);
+                    }
+                }
+                kvev_batch_free(&b);
+                st->batches++;
+            }
+            for (int k = 0; k < 3; k++) zmq_msg_close(&f[k]);
+        }
+    }
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    return ended;
+}
+
+/* Asks the replay until it shows blocks k0..k<n-1> stored after a clear
+ * (bounded: 100 rounds, each waiting at most 1 s for an answer). */
+static void kv_wait_stored(const char *endpoint, uint32_t n, const char *who)
+{
+    kv_state st = {0};
+    uint64_t want = (1ull << n) - 1;
+    for (int i = 0; i < 100; i++) {
+        if (kv_replay(endpoint, &st) && st.cleared_first && (st.stored & want) == want) return;
+        usleep(50000);
+    }
+    fail_msg("%s: the replay at %s shows %zu batches, stored 0x%llx, cleared first %d", who,
+             endpoint, st.batches, (unsigned long long)st.stored, st.cleared_first);
+}
+
+static void test_guard_publishes_for_a_killed_engine(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvcr-test-kvev-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char replay[128], pub[128], events[400];
+    snprintf(replay, sizeof replay, "ipc://%s/replay", dir);
+    snprintf(pub, sizeof pub, "ipc://%s/pub", dir);
+    snprintf(events, sizeof events, "%s %s %s %d", pub, replay, KV_TOPIC, KV_RANK);
+    svc s;
+    svc_start(&s);
+    peer_opts o;
+    peer_opts_init(&o);
+    o.block_size = BS;
+    o.deposit_n = 16;
+    o.service = s.sock;
+    o.guard_index = 0;
+    o.digest = DIGEST;
+    o.kv_events = events;
+    peer a;
+    peer_spawn(&a, &o);
+    kv_wait_stored(replay, 16, "the engine");
+
+    peer_kill(&a); /* SIGKILL: the engine's stream ends without a word */
+    assert_int_equal(wait_serving(&s, 0), 1);
+    /* The Guard on the same endpoints: a stream of its own, from 0, that
+     * clears what the engine said and announces what it serves. */
+    kv_wait_stored(replay, 16, "the Guard");
+
+    o.deposit_n = 0;
+    peer_spawn(&a, &o); /* the restarted engine takes the group and its stream back */
+    peer_wait(&a, sixteen_announced);
+    kv_wait_stored(replay, 16, "the restarted engine");
+    peer_stop(&a);
+    svc_stop(&s);
+    svc_cleanup(&s);
+    char path[160];
+    snprintf(path, sizeof path, "%s/replay", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/pub", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -666,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_service_restart_and_sigkill_keep_a_live_engine_working),
         cmocka_unit_test(test_malformed_frames_are_refused_and_the_service_goes_on),
         cmocka_unit_test(test_failover_twenty_times_loses_nothing),
+        cmocka_unit_test(test_guard_publishes_for_a_killed_engine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

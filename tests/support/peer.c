@@ -136,15 +136,15 @@ void peer_opts_init(peer_opts *o)
 
 
 /* The environment of a peer: ours, plus its agent name (KVCR_TEST_PEER_AGENT),
- * its address (KVCR_TEST_PEER_HOST) and its pipes' descriptors when they are
- * not 0 and 1 (KVCR_TEST_PEER_FDS, "<in> <out>"), each when it has one; the
- * array is the caller's to free. */
+ * its address (KVCR_TEST_PEER_HOST), its KV events (KVCR_TEST_PEER_KV_EVENTS)
+ * and its pipes' descriptors when they are not 0 and 1 (KVCR_TEST_PEER_FDS,
+ * "<in> <out>"), each when it has one; the array is the caller's to free. */
 static char **peer_env(char **base, const peer_opts *o, int in, int out)
 {
-    static char vars[3][300];
+    static char vars[4][600];
     size_t n = 0;
     while (base[n]) n++;
-    char **env = calloc(n + 4, sizeof *env);
+    char **env = calloc(n + 5, sizeof *env);
     assert_non_null(env);
     size_t k = 0;
     if (o->agent != NULL) {
@@ -158,6 +158,10 @@ static char **peer_env(char **base, const peer_opts *o, int in, int out)
     if (in != 0 || out != 1) {
         snprintf(vars[2], sizeof vars[2], "KVCR_TEST_PEER_FDS=%d %d", in, out);
         env[k++] = vars[2];
+    }
+    if (o->kv_events != NULL) {
+        snprintf(vars[3], sizeof vars[3], "KVCR_TEST_PEER_KV_EVENTS=%s", o->kv_events);
+        env[k++] = vars[3];
     }
     for (size_t i = 0; i < n; i++)
         if (strncmp(base[i], "KVCR_TEST_PEER_", 15) != 0) env[k++] = base[i];

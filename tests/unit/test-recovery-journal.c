@@ -120,6 +120,8 @@ static void record(uint64_t i, jrec *r, uint8_t *key)
     r->key_len = len;
     r->pool = put ? (uint32_t)(i % 65536) : 0;
     r->slot = put ? i * 3 + 1 : 0;
+    r->has_hash = false; /* frames of journal_frame_bytes(len): see the hash test */
+    r->router_hash = 0;
 }
 
 static bool record_matches(uint64_t i, const jrec *got)
@@ -632,9 +634,16 @@ static void sealed_bad_type(uint8_t *m)
     reseal(ring_of(m) + VICTIM, VICTIM_BYTES);
 }
 
-static void sealed_reserved_byte(uint8_t *m)
+static void sealed_unknown_flag(uint8_t *m)
 {
-    ring_of(m)[VICTIM + 3] = 1;
+    ring_of(m)[VICTIM + 3] = 2;
+    reseal(ring_of(m) + VICTIM, VICTIM_BYTES);
+}
+
+/* The hash flag on a frame that has no room for the hash. */
+static void sealed_hash_flag_without_a_hash(uint8_t *m)
+{
+    ring_of(m)[VICTIM + 3] = JFLAG_HASH;
     reseal(ring_of(m) + VICTIM, VICTIM_BYTES);
 }
 
@@ -740,12 +749,50 @@ static void test_a_flipped_size_bit_is_caught(void **state)
     expect_caught(sealed_size_too_small, "has size 32");
 }
 
+/* A PUT may carry its block's router hash (8 bytes after the key, the
+ * flag set); it comes back exactly, a REMOVE never carries one, and a
+ * record without a hash keeps its frame size. */
+static void test_put_frames_carry_the_router_hash(void **state)
+{
+    (void)state;
+    uint8_t *m = new_journal(BYTES);
+    journal prod, cons;
+    attach_both(m, &prod, &cons);
+    const uint8_t key[13] = "block-key-013";
+    jrec put = {JREC_PUT, key, sizeof key, 2, 77, true, 0xFEDCBA9876543210ull};
+    jrec plain = {JREC_PUT, key, sizeof key, 2, 78, false, 0};
+    jrec rm = {JREC_REMOVE, key, sizeof key, 0, 0, true, 5}; /* a REMOVE drops the hash */
+    publish_ok(&prod, &put);
+    assert_int_equal(prod.cursor, 56); /* 32 + 13 + 8, rounded up to 8 */
+    publish_ok(&prod, &plain);
+    assert_int_equal(prod.cursor, 56 + journal_frame_bytes(sizeof key));
+    publish_ok(&prod, &rm);
+    jrec r;
+    read_one(&cons, &r);
+    assert_int_equal(r.type, JREC_PUT);
+    assert_true(r.has_hash);
+    assert_true(r.router_hash == 0xFEDCBA9876543210ull);
+    assert_int_equal(r.slot, 77);
+    assert_memory_equal(r.key, key, sizeof key);
+    read_one(&cons, &r);
+    assert_false(r.has_hash);
+    assert_int_equal(r.slot, 78);
+    read_one(&cons, &r);
+    assert_int_equal(r.type, JREC_REMOVE);
+    assert_false(r.has_hash);
+    assert_int_equal(journal_read_next(&cons, &r), 0);
+    journal_detach(&prod);
+    journal_detach(&cons);
+    free(m);
+}
+
 static void test_bad_fields_are_caught_even_when_sealed(void **state)
 {
     (void)state;
     expect_caught(sealed_nonzero_padding, "non-zero padding");
     expect_caught(sealed_bad_type, "has type 3");
-    expect_caught(sealed_reserved_byte, "reserved byte 1");
+    expect_caught(sealed_unknown_flag, "has flags 2");
+    expect_caught(sealed_hash_flag_without_a_hash, "key length 13 for size 45");
     expect_caught(sealed_key_length_mismatch, "key length 12 for size 45");
     expect_caught(sealed_remove_with_a_slot, "REMOVE frame at 40 names pool 0 slot 5");
 }
@@ -1123,6 +1170,7 @@ int main(void)
         cmocka_unit_test(test_a_flipped_sequence_bit_is_caught),
         cmocka_unit_test(test_a_flipped_size_bit_is_caught),
         cmocka_unit_test(test_bad_fields_are_caught_even_when_sealed),
+        cmocka_unit_test(test_put_frames_carry_the_router_hash),
         cmocka_unit_test(test_impossible_published_cursors_are_caught),
         cmocka_unit_test(test_a_torn_frame_is_caught),
         cmocka_unit_test(test_a_producer_seeing_an_impossible_consumed_cursor_ends_recovery),
