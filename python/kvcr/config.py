@@ -115,7 +115,7 @@ class KVEventsOptions:
 
     Events name blocks by their router hash: bindings.key_adapter.decode
     must give an int for every key to be announced. A block deposited
-    without token ids (see KVCR.deposit's block_meta) is announced with its
+    without token ids (KVCR.deposit's router=, RouterBlock) is announced with its
     hashes only: llm-d then only updates where blocks it already knows
     live, Dynamo drops it (it computes its hashes from the tokens)."""
 
