@@ -297,7 +297,7 @@ def test_stored_pages_are_announced_by_their_router_hash(backends):
         sub = ZmtpPeer(f"{d}/pub", b"SUB")
         sub.send([b"\x01" + topic])
         sub.s.settimeout(0.05)
-        stored = set()
+        stored, parents = set(), {}
 
         def read_for(seconds):
             deadline = time.monotonic() + seconds
@@ -312,6 +312,9 @@ def test_stored_pages_are_announced_by_their_router_hash(backends):
                 for kind, fields in check_batch(frames[2], 0, "CPU"):
                     if kind == "BlockStored":
                         stored.update(fields["block_hashes"])
+                        assert fields["block_size"] == pool.page_size
+                        assert fields["token_ids"] == []  # SGLang gives a backend none
+                        parents[fields["block_hashes"][0]] = fields["parent_block_hash"]
 
         # The subscription joins some time after connecting: pages are set
         # until one is announced, then four more must all be.
@@ -322,13 +325,20 @@ def test_stored_pages_are_announced_by_their_router_hash(backends):
                 break
         assert sglang_hash(i) in stored
         keys = [sglang_key(100 + j) for j in range(4)]
-        assert b.batch_set_v1(keys, indices(pool, range(4))) == [True] * 4
+        info = s.HiCacheStorageExtraInfo(prefix_keys=[sglang_key(99)])
+        assert b.batch_set_v1(keys, indices(pool, range(4)), info) == [True] * 4
         want = {sglang_hash(100 + j) for j in range(4)}
         for _ in range(100):
             if want <= stored:
                 break
             read_for(0.1)
         assert want <= stored
+        # An event names its first page's parent: the page before it (for
+        # the batch's first, the last prefix key).
+        assert parents[sglang_hash(100)] == sglang_hash(99)
+        for j in range(1, 4):
+            if sglang_hash(100 + j) in parents:
+                assert parents[sglang_hash(100 + j)] == sglang_hash(99 + j)
         sub.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)

@@ -46,7 +46,9 @@ Configuration (`storage_config.extra_config`, all optional):
   control_host        address the peer tier binds (default 127.0.0.1)
   control_port        base port: this rank binds base + tp_rank (0: any free)
   advertise_host      address peers are told (default control_host)
-  kv_events_endpoint  ZeroMQ endpoint of KV events (TP rank 0 publishes)
+  kv_events_endpoint  ZeroMQ endpoint of KV events (TP rank 0 publishes; a page
+                      is announced by its hash, its parent's and the page size:
+                      SGLang gives a backend no token ids)
   kv_events_topic     their topic (default "kv@<host name>@<model name>")
   operation_timeout_ms  libkvcr's operation deadline (default 5000)
 `control_endpoint` says where peers (and a router's hints) reach this rank.
@@ -166,6 +168,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
         self.control_endpoint: Optional[str] = None
         self.mem_pool_host = None
         self._kv = None
+        self._events = False                # this rank publishes KV events
         self._stage = None                  # legacy interface: the staging region
         self._dram = None                   # KVCR DRAM
         self._cond = threading.Condition()  # the completion table and the poller's stop
@@ -217,7 +220,8 @@ class KVCRHiCacheStorage(HiCacheStorage):
                                 capacity_bytes_per_file=self.g3_bytes
                                 // self.page_bytes * self.page_bytes)
         events = None
-        if self.kv_events_endpoint and self.tp_rank == 0:
+        self._events = bool(self.kv_events_endpoint) and self.tp_rank == 0
+        if self._events:
             model = getattr(self.storage_config, "model_name", None) or "model"
             topic = self.extra.get("kv_events_topic", f"kv@{socket.gethostname()}@{model}")
             events = kvcr.KVEventsOptions(endpoint=str(self.kv_events_endpoint), topic=topic,
@@ -378,7 +382,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
 
     def batch_set_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
         """Deposits each key's host page into KVCR DRAM (idempotent)."""
-        return self._pages_op("batch_set_v1", keys, host_indices, None)
+        return self._pages_op("batch_set_v1", keys, host_indices, extra_info)
 
     def batch_get_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
         """Delivers each key's page into its host page: from KVCR DRAM, G3,
@@ -386,9 +390,10 @@ class KVCRHiCacheStorage(HiCacheStorage):
         return self._pages_op("batch_get_v1", keys, host_indices, extra_info)
 
     def _pages_op(self, call: str, keys: List[str], host_indices, extra_info) -> List[bool]:
-        """A zero-copy set (deposit) or get (deliver, under the request's
-        hint) of keys' host pages: one bool per key, never an exception
-        (SGLang's backup and prefetch threads would die of one)."""
+        """A zero-copy set (deposit, with what KV events say of the pages)
+        or get (deliver, under the request's hint) of keys' host pages: one
+        bool per key, never an exception (SGLang's backup and prefetch
+        threads would die of one)."""
         get = call == "batch_get_v1"
         try:
             if not self._ready_v1(call):
@@ -400,14 +405,28 @@ class KVCRHiCacheStorage(HiCacheStorage):
             rid = self._request(extra_info, keys) if get else None
             nkeys = [self._key(k) for k in keys]
             blocks = {nk: self._refs(p // self.page_size) for nk, p in zip(nkeys, pages)}
+            router = None if get or not self._events else self._router(keys, nkeys, extra_info)
             out = self._run("get" if get else "set",
                             (lambda: self._kv.deliver(blocks, request_id=rid)) if get
-                            else (lambda: self._kv.deposit(blocks)), nkeys)
+                            else (lambda: self._kv.deposit(blocks, router=router)), nkeys)
             self._count("get_pages" if get else "set_pages", out.count(True))
             return out
         except Exception:
             log.exception("%s failed", call)
             return [False] * len(keys)
+
+    def _router(self, keys: List[str], nkeys: list, extra_info) -> dict:
+        """What KV events announce of stored pages: each page's parent (the
+        key before it: keys chain page to page; the first's is the last
+        prefix key when SGLang passes them) and the page size in tokens.
+        SGLang gives a backend no token ids: pages are announced by hash."""
+        prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
+        parent = _PageKeys().decode(str(prefix[-1]).encode()) if prefix else None
+        out = {}
+        for k, nk in zip(keys, nkeys):
+            out[nk] = kvcr.RouterBlock(parent_hash=parent, block_size=self.page_size)
+            parent = _PageKeys().decode(k.encode())
+        return out
 
     def _ready_v1(self, call: str) -> bool:
         if self._kv is not None and self.v1:
