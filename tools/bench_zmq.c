@@ -67,7 +67,8 @@ static _Noreturn void zrt_echo(int up)
     int n = zrt_recv(pull, buf, sizeof buf - 1, "echo");
     buf[n] = '\0';
     if (zmq_connect(push, buf) != 0) bench_fail("raw ZeroMQ echo: connect %s", buf);
-    while ((n = zrt_recv(pull, buf, sizeof buf, "echo")) != 1) zrt_send(push, buf, (size_t)n, "echo");
+    while ((n = zrt_recv(pull, buf, sizeof buf, "echo")) != 1)
+        zrt_send(push, buf, (size_t)n, "echo");
     zmq_close(pull);
     zmq_close(push);
     zmq_ctx_term(ctx);

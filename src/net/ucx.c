@@ -8,6 +8,7 @@
 #include <ucp/api/ucp.h>
 
 #include "kvcr/error.h"
+#include "util/bytes.h"
 #include "util/clock.h"
 
 /* Bounds on a worker address from the wire: a header, a worker id and at
@@ -858,55 +859,48 @@ static bool post(write_op *op, void *req)
     return true;
 }
 
-static bool post_puts(write_op *op, const ucx_seg *segs, size_t n)
+/* One run of segments as a put (mem: the source's registration, or NULL). */
+static void *put_run(write_op *op, const ucx_seg *first, size_t len, const ucx_mem *mem)
 {
-    ucp_ep_h ep = op->p->ep;
-    for (size_t i = 0, end; i < n; i = end) {
-        if (segs[i].len == 0) {
-            end = i + 1;
-            continue;
-        }
-        const ucx_mem *mem;
-        size_t len = merge_run(segs, n, i, &end, &mem);
-        ucp_request_param_t rp = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-            .cb.send = request_done,
-            .user_data = op,
-        };
-        /* UCX 1.13 accepts the handle but its RMA path ignores it (user
-         * handles for RMA came in 1.14); its shared memory and emulated puts
-         * need no source registration anyway. A newer UCX skips a lookup. */
-        if (mem != NULL) {
-            rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-            rp.memh = mem->memh;
-        }
-        void *req = ucp_put_nbx(ep, segs[i].src, len, segs[i].remote_addr, segs[i].rkey->rkey, &rp);
-        if (!post(op, req)) return false;
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = request_done,
+        .user_data = op,
+    };
+    /* UCX 1.13 accepts the handle but its RMA path ignores it (user
+     * handles for RMA came in 1.14); its shared memory and emulated puts
+     * need no source registration anyway. A newer UCX skips a lookup. */
+    if (mem != NULL) {
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        rp.memh = mem->memh;
     }
-    return true;
+    return ucp_put_nbx(op->p->ep, first->src, len, first->remote_addr, first->rkey->rkey, &rp);
 }
 
-static void le64_put(uint8_t *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t le64_get(const uint8_t *b)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
-
-/* Every run of segments as one eager active message (the tag and the
- * destination address in its header): the target's sink copies the bytes
+/* One run of segments as one eager active message, its header (the tag
+ * and the destination address) at h: the target's sink copies the bytes
  * into place when the whole message has arrived, and nothing but that copy
- * writes its memory. No flush: the target believes a write complete when
- * it has taken as many bytes as the source says it sent. */
-static bool post_messages(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
+ * writes its memory. */
+static void *message_run(write_op *op, const ucx_seg *first, size_t len, uint64_t tag, uint8_t *h)
 {
-    op->headers = malloc(n * AM_WRITE_HDR);
-    if (op->headers == NULL) {
+    put64(h, tag);
+    put64(h + 8, first->remote_addr);
+    ucp_request_param_t rp = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .cb.send = request_done,
+        .user_data = op,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+    };
+    return ucp_am_send_nbx(op->p->ep, AM_WRITE_ID, h, AM_WRITE_HDR, first->src, len, &rp);
+}
+
+/* Every run of segments: puts, or (to a peer that takes messages) one
+ * message each, whose headers op holds until it is done. */
+static bool post_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
+{
+    bool messages = op->p->messages;
+    if (messages && (op->headers = malloc(n * AM_WRITE_HDR)) == NULL) {
         op->status = KVCR_ENOMEM;
         return false;
     }
@@ -918,19 +912,10 @@ static bool post_messages(write_op *op, const ucx_seg *segs, size_t n, uint64_t 
         }
         const ucx_mem *mem;
         size_t len = merge_run(segs, n, i, &end, &mem);
-        le64_put(h, tag);
-        le64_put(h + 8, segs[i].remote_addr);
-        ucp_request_param_t rp = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                            UCP_OP_ATTR_FIELD_FLAGS,
-            .cb.send = request_done,
-            .user_data = op,
-            .flags = UCP_AM_SEND_FLAG_EAGER,
-        };
-        if (!post(op, ucp_am_send_nbx(op->p->ep, AM_WRITE_ID, h, AM_WRITE_HDR, segs[i].src, len,
-                                      &rp)))
-            return false;
-        h += AM_WRITE_HDR;
+        void *req = messages ? message_run(op, &segs[i], len, tag, h)
+                             : put_run(op, &segs[i], len, mem);
+        if (messages) h += AM_WRITE_HDR;
+        if (!post(op, req)) return false;
     }
     return true;
 }
@@ -945,8 +930,7 @@ static ucs_status_t on_write_message(void *arg, const void *header, size_t heade
     ucx_ctx *c = arg;
     bool eager = !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
     if (header_length != AM_WRITE_HDR || !eager || length == 0 || c->sink == NULL ||
-        !c->sink(c->sink_arg, le64_get(header), le64_get((const uint8_t *)header + 8), data,
-                 length))
+        !c->sink(c->sink_arg, get64(header), get64((const uint8_t *)header + 8), data, length))
         c->sink_dropped++;
     return UCS_OK;
 }
@@ -991,12 +975,11 @@ int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag,
     op->done = done;
     op->ud = ud;
     p->busy++;
-    /* Messages: each complete once sent. Puts: every put first, then one
-     * flush; the puts pipeline, and the flush completes once all of them
-     * are complete at the destination. */
-    if (p->messages) {
-        (void)post_messages(op, segs, n, tag);
-    } else if (post_puts(op, segs, n)) {
+    /* Messages: each complete once sent; no flush, the target counts the
+     * bytes it took. Puts: every put first, then one flush; the puts
+     * pipeline, and the flush completes once all of them are complete at
+     * the destination. */
+    if (post_runs(op, segs, n, tag) && !p->messages) {
         ucp_request_param_t rp = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
             .cb.send = request_done,

@@ -1,7 +1,8 @@
 /* The UCX data plane (net/ucx.h): writes land byte for byte, done is
  * reported exactly once and only from ucx_progress, big and many-segment
- * writes, writes sent as messages taken only through the sink, malformed addresses and rkeys from the wire, a real second
- * process, and a peer killed in the middle of a stream of writes.
+ * writes, writes sent as messages taken only through the sink, malformed
+ * addresses and rkeys from the wire, a real second process, and a peer
+ * killed in the middle of a stream of writes.
  *
  * UCX and fork() do not mix: the helper processes of the two-process tests
  * are forked at the start of main(), before this process makes any UCX
