@@ -767,6 +767,8 @@ size_t kvcr__test_metadata_bytes(kvcr_t *kv, uint64_t *records)
     instance_lock(kv);
     size_t bytes = index_memory_bytes(&kv->index) + kv->evq.heap_cap * sizeof(uint32_t) +
                    (kv->claims.mask + 1) * (sizeof(uint64_t) + sizeof(block_id));
+    for (uint32_t t = 1; t <= kv->conf.n_tenants; t++) /* the tenants' evictable heaps */
+        bytes += kv->tenants[t].evq.heap_cap * sizeof(uint32_t);
     *records = kv->index.count;
     instance_unlock(kv);
     return bytes;
