@@ -421,6 +421,30 @@ static int spill(void *ud, const kvcr_block_meta *m, kvcr_tier source, kvcr_plac
     return 0;
 }
 
+/* The recording policy above, set up as r's (version 2, spilling to G3). */
+static void use_seer(rig *r, seen *s, kvcr_policy_ops *p)
+{
+    *s = (seen){0};
+    *p = (kvcr_policy_ops){.version = KVCR_POLICY_VERSION, .name = "seer",
+                           .eviction_score = lru_score, .decide_eviction = spill,
+                           .decide_ingest_hints = see_ingest};
+    r->cfg.policy = p;
+    r->cfg.policy_ud = s;
+}
+
+/* Polls until the key is FETCHABLE from G3: its spill landed (bounded: 5 s). */
+static void wait_in_g3(rig *r, const kvcr_key *k)
+{
+    kvcr_query_result q = {0};
+    for (int spin = 0; spin < 5000 && q.tier != KVCR_TIER_G3; spin++) {
+        rig_pump(r);
+        assert_int_equal(kvcr_query(r->kv, k, 1, NULL, &q), 0);
+        if (q.tier != KVCR_TIER_G3) usleep(1000);
+    }
+    assert_int_equal(q.status, KVCR_QUERY_FETCHABLE);
+    assert_int_equal(q.tier, KVCR_TIER_G3);
+}
+
 static const char *const HINT =
     "{\"protocol_version\":\"0.1\",\"actions\":[{\"action_type\":\"kv.fetch\","
     "\"action_version\":\"1.0\",\"payload\":{\"source_control_endpoint\":"
@@ -433,12 +457,9 @@ static void test_a_c_policy_sees_the_hints_and_the_tenant(void **state)
     g3_files f;
     static const kvcr_tenant t[] = {{"alice", 1, 3}, {"bob", 1, 5}};
     g3_tenants_init(&r, &f, 8, t);
-    seen s = {0};
-    kvcr_policy_ops p = {.version = KVCR_POLICY_VERSION, .name = "seer",
-                         .eviction_score = lru_score, .decide_eviction = spill,
-                         .decide_ingest_hints = see_ingest};
-    r.cfg.policy = &p;
-    r.cfg.policy_ud = &s;
+    seen s;
+    kvcr_policy_ops p;
+    use_seer(&r, &s, &p);
     for (size_t i = 0; i < 8; i++) rig_pattern(&r, i, (uint32_t)(7 + i));
     rig_start(&r);
     kvcr_entry_status st;
@@ -463,14 +484,7 @@ static void test_a_c_policy_sees_the_hints_and_the_tenant(void **state)
     /* b0 is spilled to G3 (n0 is pinned), keeping its tenant */
     assert_int_equal(rig_deposit1(&r, "n1", 2, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     kvcr_key k = key_of("b0");
-    kvcr_query_result q = {0};
-    for (int spin = 0; spin < 5000 && q.status != KVCR_QUERY_FETCHABLE; spin++) {
-        rig_pump(&r);
-        assert_int_equal(kvcr_query(r.kv, &k, 1, NULL, &q), 0);
-        usleep(1000);
-    }
-    assert_int_equal(q.status, KVCR_QUERY_FETCHABLE);
-    assert_int_equal(q.tier, KVCR_TIER_G3);
+    wait_in_g3(&r, &k);
     /* fetch back from G3 for a request with a router hint: both reach the policy */
     assert_int_equal(kvcr_submit_hint(r.kv, "req-1", HINT, strlen(HINT)), 0);
     const char *ff = "{\"tenant\":\"alice\",\"why\":\"prefill\"}";
@@ -518,12 +532,9 @@ static void test_a_staged_deliver_admits_with_its_router_hint(void **state)
         {.addr = r.fw + N * PB / 2, .element_size = PB / 2, .count = N, .label = "kv:v"}};
     r.cfg.framework_regions = parts;
     r.cfg.n_framework_regions = 2;
-    seen s = {0};
-    kvcr_policy_ops p = {.version = KVCR_POLICY_VERSION, .name = "seer",
-                         .eviction_score = lru_score, .decide_eviction = spill,
-                         .decide_ingest_hints = see_ingest};
-    r.cfg.policy = &p;
-    r.cfg.policy_ud = &s;
+    seen s;
+    kvcr_policy_ops p;
+    use_seer(&r, &s, &p);
     for (uint32_t i = 0; i < N; i++) { /* part k of element i, then part v */
         fill_pattern(r.fw + i * PB / 2, PB / 2, 500 + i);
         fill_pattern(r.fw + N * PB / 2 + i * PB / 2, PB / 2, 600 + i);
@@ -540,13 +551,7 @@ static void test_a_staged_deliver_admits_with_its_router_hint(void **state)
         assert_int_equal(st, KVCR_ENTRY_SUCCESS);
     }
     kvcr_key k = key_of("p0");
-    kvcr_query_result q = {0};
-    for (int spin = 0; spin < 5000 && q.tier != KVCR_TIER_G3; spin++) {
-        rig_pump(&r);
-        assert_int_equal(kvcr_query(r.kv, &k, 1, NULL, &q), 0);
-        if (q.tier != KVCR_TIER_G3) usleep(1000);
-    }
-    assert_int_equal(q.tier, KVCR_TIER_G3);
+    wait_in_g3(&r, &k);
     assert_int_equal(kvcr_submit_hint(r.kv, "req-2", HINT, strlen(HINT)), 0);
     memset(r.fw + 5 * PB / 2, 0, PB / 2);
     memset(r.fw + N * PB / 2 + 5 * PB / 2, 0, PB / 2);
