@@ -212,8 +212,8 @@ static void test_the_encoder_writes_exactly_the_type_fields(void **state)
     assert_int_equal(d.guard_index, 0);
     assert_string_equal(d.digest, "");
     free(buf);
-    /* A stats message is {"v": 1, "type": "stats"}, v first. */
-    static const uint8_t stats[] = {0x82, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e',
+    /* A stats message is {"v": 2, "type": "stats"}, v first. */
+    static const uint8_t stats[] = {0x82, 0xa1, 'v', 0x02, 0xa4, 't', 'y', 'p', 'e',
                                     0xa5, 's', 't', 'a', 't', 's'};
     m = simple(SVC_STATS);
     assert_int_equal(svc_encode(&m, &buf, &len), 0);
@@ -386,9 +386,10 @@ static void test_envelope_rules(void **state)
 {
     (void)state;
     svc_msg m = claim();
-    REFUSED_EDIT(m, SET, "v", U(2), "version");
+    REFUSED_EDIT(m, SET, "v", U(SVC_PROTOCOL_VERSION + 1), "version");
+    REFUSED_EDIT(m, SET, "v", U(1), "version"); /* before claims carried KV events */
     REFUSED_EDIT(m, SET, "v", U(0), "version");
-    REFUSED_EDIT(m, SET, "v", STR("1"), "version");
+    REFUSED_EDIT(m, SET, "v", STR("2"), "version");
     REFUSED_EDIT(m, DEL, "v", NIL(), "missing field: v");
     REFUSED_EDIT(m, DEL, "type", NIL(), "missing field: type");
     REFUSED_EDIT(m, SET, "type", STR("claims"), "unknown message type");
