@@ -28,8 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <zmq.h>
-
+#include "kvreplay.h"
 #include "net/kvev.h"
 #include "peer.h"
 #include "service/frame.h"
@@ -672,65 +671,39 @@ typedef struct kv_state {
     uint64_t stored; /* since the last AllBlocksCleared */
 } kv_state;
 
+/* One replayed batch into st (numbered from 0 without a gap, rank, medium). */
+static void kv_apply(void *ud, uint64_t seq, const void *payload, size_t len)
+{
+    kv_state *st = ud;
+    assert_int_equal(seq, st->batches);
+    kvev_batch b;
+    const char *why = kvev_decode_batch(payload, len, &b);
+    if (why) fail_msg("replayed batch %llu: %s", (unsigned long long)seq, why);
+    assert_int_equal(b.dp_rank, KV_RANK);
+    for (size_t e = 0; e < b.n_events; e++) {
+        const kvev_event *ev = &b.events[e];
+        if (ev->type == KVEV_CLEARED) {
+            st->stored = 0;
+            if (seq == 0 && e == 0) st->cleared_first = true;
+            continue;
+        }
+        assert_string_equal(ev->medium, "CPU");
+        for (size_t h = 0; h < ev->n_hashes; h++) {
+            assert_true(ev->hashes[h] < 64);
+            if (ev->type == KVEV_STORED)
+                st->stored |= 1ull << ev->hashes[h];
+            else
+                st->stored &= ~(1ull << ev->hashes[h]);
+        }
+    }
+    kvev_batch_free(&b);
+    st->batches++;
+}
+
 static bool kv_replay(const char *endpoint, kv_state *st)
 {
     memset(st, 0, sizeof *st);
-    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
-    int ms = 1000, zero = 0;
-    zmq_setsockopt(d, ZMQ_RCVTIMEO, &ms, sizeof ms);
-    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
-    uint8_t start[8] = {0};
-    bool ended = false;
-    if (zmq_connect(d, endpoint) == 0 && zmq_send(d, "", 0, ZMQ_SNDMORE) == 0 &&
-        zmq_send(d, start, 8, 0) == 8) {
-        for (int i = 0; i < 10000 && !ended; i++) {
-            zmq_msg_t f[3];
-            int n = 0;
-            for (bool more = true; more && n < 3; n++) {
-                zmq_msg_init(&f[n]);
-                if (zmq_msg_recv(&f[n], d, 0) < 0) {
-                    zmq_msg_close(&f[n]);
-                    break;
-                }
-                more = zmq_msg_more(&f[n]);
-            }
-            if (n < 3) { /* nobody answered (yet) */
-                for (int k = 0; k < n; k++) zmq_msg_close(&f[k]);
-                break;
-            }
-            assert_int_equal(zmq_msg_size(&f[1]), 8);
-            uint64_t seq = kvev_get_be64(zmq_msg_data(&f[1]));
-            if (seq == KVEV_END_SEQ) {
-                ended = true;
-            } else {
-                assert_int_equal(seq, st->batches);
-                kvev_batch b;
-                const char *why = kvev_decode_batch(zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), &b);
-                if (why) fail_msg("replayed batch %llu: %s", (unsigned long long)seq, why);
-                assert_int_equal(b.dp_rank, KV_RANK);
-                for (size_t e = 0; e < b.n_events; e++) {
-                    const kvev_event *ev = &b.events[e];
-                    if (ev->type == KVEV_CLEARED) {
-                        st->stored = 0;
-                        if (seq == 0 && e == 0) st->cleared_first = true;
-                        continue;
-                    }
-                    assert_string_equal(ev->medium, "CPU");
-                    for (size_t h = 0; h < ev->n_hashes; h++) {
-                        assert_true(ev->hashes[h] < 64);
-                        if (ev->type == KVEV_STORED) st->stored |= 1ull << ev->hashes[h];
-                        else st->stored &= ~(1ull << ev->hashes[h]);
-                    }
-                }
-                kvev_batch_free(&b);
-                st->batches++;
-            }
-            for (int k = 0; k < 3; k++) zmq_msg_close(&f[k]);
-        }
-    }
-    zmq_close(d);
-    zmq_ctx_term(ctx);
-    return ended;
+    return kv_replay_each(endpoint, 0, 1000, kv_apply, st);
 }
 
 /* Asks the replay until it shows blocks k0..k<n-1> stored after a clear

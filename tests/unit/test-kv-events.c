@@ -15,6 +15,7 @@
 #include <zmq.h>
 
 #include "harness.h"
+#include "kvreplay.h"
 #include "net/kvev.h"
 
 #define TOPIC "kv@pod-1@model-a"
@@ -198,47 +199,27 @@ static void join_stream(rig *r, sub *s, seen *w, const char *medium, bool positi
 
 /* ---- replay ---------------------------------------------------------------- */
 
-/* Asks for every batch from start (as a REQ-style client: identity, empty
- * delimiter, start) and returns them, the end marker checked. */
+typedef struct replayed {
+    msg3 *m;
+    size_t n, cap;
+} replayed;
+
+static void keep_replayed(void *ud, uint64_t seq, const void *payload, size_t len)
+{
+    replayed *r = ud;
+    assert_true(r->n < r->cap);
+    if (r->n > 0) assert_int_equal(seq, r->m[r->n - 1].seq + 1);
+    r->m[r->n] = (msg3){seq, malloc(len ? len : 1), len};
+    memcpy(r->m[r->n].payload, payload, len);
+    r->n++;
+}
+
+/* Every batch from start, in order without a gap, the end marker checked. */
 static size_t replay(const char *endpoint, uint64_t start, msg3 *out, size_t cap)
 {
-    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
-    int ms = 5000, zero = 0;
-    zmq_setsockopt(d, ZMQ_RCVTIMEO, &ms, sizeof ms);
-    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
-    assert_int_equal(zmq_connect(d, endpoint), 0);
-    uint8_t be[8];
-    kvev_put_be64(be, start);
-    assert_int_equal(zmq_send(d, "", 0, ZMQ_SNDMORE), 0);
-    assert_int_equal(zmq_send(d, be, 8, 0), 8);
-    size_t n = 0;
-    for (;;) {
-        char empty[1];
-        assert_int_equal(zmq_recv(d, empty, 1, 0), 0); /* the delimiter comes back */
-        uint8_t seq[8];
-        assert_int_equal(zmq_recv(d, seq, 8, 0), 8);
-        zmq_msg_t pl;
-        zmq_msg_init(&pl);
-        assert_true(zmq_msg_recv(&pl, d, 0) >= 0);
-        assert_false(zmq_msg_more(&pl));
-        uint64_t sq = kvev_get_be64(seq);
-        if (sq == KVEV_END_SEQ) {
-            assert_int_equal(zmq_msg_size(&pl), 0);
-            zmq_msg_close(&pl);
-            break;
-        }
-        assert_true(n < cap);
-        out[n].seq = sq;
-        out[n].len = zmq_msg_size(&pl);
-        out[n].payload = malloc(out[n].len);
-        memcpy(out[n].payload, zmq_msg_data(&pl), out[n].len);
-        zmq_msg_close(&pl);
-        if (n > 0) assert_int_equal(sq, out[n - 1].seq + 1);
-        n++;
-    }
-    zmq_close(d);
-    zmq_ctx_term(ctx);
-    return n;
+    replayed r = {out, 0, cap};
+    assert_true(kv_replay_each(endpoint, start, 5000, keep_replayed, &r));
+    return r.n;
 }
 
 static void free_msgs(msg3 *m, size_t n)
