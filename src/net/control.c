@@ -40,6 +40,7 @@
 #include <zmq.h>
 
 #include "kvcr/error.h"
+#include "tiers/h5trace.h"
 
 #define CTL_MAX_PEERS 256 /* two fds each; beyond, the least recently used is closed */
 #define CTL_SNDHWM 1000   /* messages queued for one peer before sends fail */
@@ -215,6 +216,11 @@ static peer *find_peer(ctl_channel *c, const char *endpoint)
     return NULL;
 }
 
+bool ctl_connected(const ctl_channel *c, const char *endpoint)
+{
+    return find_peer((ctl_channel *)c, endpoint) != NULL; /* it only reads */
+}
+
 static void drop_peer(ctl_channel *c, peer *p)
 {
     zmq_close(p->sock);
@@ -295,6 +301,7 @@ static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
     p->sock = s;
     p->used = ++c->tick;
     CTL_DEBUG(c, "control: connecting to %s", endpoint);
+    H5T("ctl open_peer %s", endpoint);
     *out = p;
     return 0;
 }
@@ -659,6 +666,6 @@ const char *ctl_drop_name(ctl_drop cause)
         [CTL_DROP_HANDSHAKE] = "handshake",   [CTL_DROP_AUTH] = "auth",
         [CTL_DROP_MALFORMED] = "malformed",   [CTL_DROP_UNKNOWN_TYPE] = "unknown_type",
         [CTL_DROP_BAD_SENDER] = "bad_sender", [CTL_DROP_UNEXPECTED] = "unexpected",
-        [CTL_DROP_UNUSABLE] = "unusable"};
+        [CTL_DROP_UNUSABLE] = "unusable",     [CTL_DROP_REPLY_LIMITED] = "reply_limited"};
     return (unsigned)cause < CTL_N_DROPS ? names[cause] : "?";
 }

@@ -87,11 +87,14 @@ typedef enum ctl_drop {
     CTL_DROP_UNUSABLE,     /* valid, but its metadata cannot be used (a worker
                             * address or rkey UCX refuses, a target replaced
                             * while writes to it run) */
+    CTL_DROP_REPLY_LIMITED, /* a refusal or probe answer for an endpoint we have
+                             * no connection to, over the budget of such
+                             * replies (remote_source.c): not sent */
     CTL_N_DROPS
 } ctl_drop;
 
 /* "handshake", "auth", "malformed", "unknown_type", "bad_sender",
- * "unexpected", "unusable": static strings. */
+ * "unexpected", "unusable", "reply_limited": static strings. */
 const char *ctl_drop_name(ctl_drop cause);
 
 /* Drops are logged at most once per this many ms per cause, each line with
@@ -149,6 +152,10 @@ int ctl_connect(ctl_channel *c, const char *endpoint);
 /* Queues one message to endpoint without blocking. 0, or a negative code
  * (the peer's socket is then closed and forgotten). */
 int ctl_send(ctl_channel *c, const char *endpoint, const void *data, size_t len);
+
+/* Whether a PUSH socket to endpoint is open (a send there opens no new
+ * connection). */
+bool ctl_connected(const ctl_channel *c, const char *endpoint);
 
 /* Closes and forgets the PUSH socket of endpoint, if any. */
 void ctl_forget(ctl_channel *c, const char *endpoint);

@@ -317,6 +317,8 @@ struct remote {
     uint64_t dropped_messages;    /* malformed, unexpected or from a bad sender */
     uint64_t refused_messages;    /* CURVE: reply endpoint key not the connection's */
     kvcr_log_limit drop_log[CTL_N_DROPS]; /* per cause; progress only */
+    uint64_t stranger_window_ns;  /* replies to unconnected endpoints: this second's */
+    uint32_t stranger_replies;    /* start and count (remote_source.c) */
 };
 
 /* remote_progress.c (locked, progress thread unless noted) */

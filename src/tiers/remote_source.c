@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "tiers/remote_int.h"
+#include "tiers/h5trace.h"
 #include "util/clock.h"
 
 #define MS 1000000ull
@@ -75,10 +76,45 @@ static void wstat_prune(remote *r, uint64_t now)
 
 /* ---- replies -------------------------------------------------------------- */
 
-static void reply(remote *r, const wire_msg *req, wire_msg *m)
+/* Without CURVE nothing ties a message's reply endpoint ("from") to its
+ * sender, so junk naming endless endpoints could make this process open
+ * connections to all of them. Refusals and probe answers (what any
+ * stranger's message earns) go to an endpoint we hold no connection to at
+ * most STRANGER_REPLIES_PER_S times a second; the rest are dropped and
+ * counted (cause reply_limited). A real peer's refusal or probe answer is
+ * then late, not lost for good: its operation ends by its deadline and the
+ * next attempt finds budget again. Replies that follow a route made from
+ * the message's metadata are not limited: a UCX endpoint was made first. */
+#define STRANGER_REPLIES_PER_S 16
+
+/* Locked, progress thread: whether a refusal or probe answer may go to to. */
+static bool stranger_budget(remote *r, const char *to, const wire_msg *req)
+{
+    if (ctl_connected(r->ctl, to)) return true;
+    uint64_t now = kvcr_now_ns();
+    if (now - r->stranger_window_ns >= 1000 * MS) {
+        r->stranger_window_ns = now;
+        r->stranger_replies = 0;
+    }
+    if (r->stranger_replies < STRANGER_REPLIES_PER_S) {
+        r->stranger_replies++;
+        return true;
+    }
+    remote_drop(r, CTL_DROP_REPLY_LIMITED,
+                "no reply to a %s from %.*s: %d replies this second to endpoints without a "
+                "connection (%.*s)",
+                wire_type_name(req->type), (int)req->agent.len, (const char *)req->agent.data,
+                STRANGER_REPLIES_PER_S, (int)req->from.len, (const char *)req->from.data);
+    return false;
+}
+
+/* Locked, progress thread: m to req's sender; limited: only within the
+ * budget of replies to strangers (above). */
+static void reply(remote *r, const wire_msg *req, wire_msg *m, bool limited)
 {
     char to[CTL_MAX_ENDPOINT + 1];
     copy_str(to, sizeof to, &req->from);
+    if (limited && !stranger_budget(r, to, req)) return;
     m->from = req->to; /* our address as the sender used it */
     send_msg(r, to, m, MD_NEVER);
 }
@@ -88,7 +124,7 @@ static void refuse(remote *r, const wire_msg *req, const char *why)
     kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "start_write %lld from %.*s refused: %s",
              (long long)req->op, (int)req->agent.len, (const char *)req->agent.data, why);
     wire_msg m = {.type = WIRE_WRITE_REFUSED, .has_op = true, .op = req->op};
-    reply(r, req, &m);
+    reply(r, req, &m, true);
 }
 
 /* A start_write refused at one of the limits (kvcr_limits): the target
@@ -132,6 +168,7 @@ static void send_done(remote *r, swrite *sw, bool success, bool terminal)
         for (uint32_t i = 0; i < sw->n_segs; i++) m.am_bytes += sw->segs[i].len;
     }
     m.from = (wire_bytes){(const uint8_t *)sw->reflected, strlen(sw->reflected)};
+    H5T("src send write_done");
     send_msg(r, sw->reply_to, &m, MD_NEVER);
     free(completed);
 }
@@ -396,7 +433,7 @@ static void on_start_write(remote *r, const wire_msg *m)
     }
     if (m->has_metadata) {
         wire_msg ack = {.type = WIRE_METADATA_ACK, .has_op = true, .op = m->op};
-        reply(r, m, &ack);
+        reply(r, m, &ack, false);
     }
     wstat *st = wstat_find(r, sw->agent, m->op);
     if (st != NULL) { /* a duplicate, or fenced by a probe that overtook it */
@@ -453,7 +490,7 @@ static void on_metadata(remote *r, const wire_msg *m)
         return;
     }
     wire_msg ack = {.type = WIRE_METADATA_ACK};
-    reply(r, m, &ack);
+    reply(r, m, &ack, false);
 }
 
 /* A probe: fence the write, say whether it can still happen. A probe
@@ -480,7 +517,7 @@ static void on_probe(remote *r, const wire_msg *m)
         kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "probe from %s for a retired incarnation: over",
                  agent);
     }
-    reply(r, m, &ack);
+    reply(r, m, &ack, true);
 }
 
 void source_on_message(remote *r, const wire_msg *m)
@@ -527,6 +564,7 @@ swrite *source_take_posts(remote *r)
 static void on_ucx_done(void *ud, int status)
 {
     swrite *sw = ud;
+    H5T("src ucx done %d", status);
     sw->ucx_status = status;
     sw->ucx_next = sw->owner->ucx_done;
     sw->owner->ucx_done = sw;
@@ -534,6 +572,7 @@ static void on_ucx_done(void *ud, int status)
 
 void source_post(remote *r, swrite *sw)
 {
+    H5T("src ucx_write");
     int rc = ucx_write(sw->route->peer, sw->segs, sw->n_segs, (uint64_t)sw->op, on_ucx_done, sw);
     if (rc != 0) on_ucx_done(sw, rc); /* nothing was posted */
     (void)r;

@@ -44,14 +44,18 @@
  * in all (a sanitizer build decrypts slowly). */
 #define CURVE_PACE_MS 20
 
-enum { HANDSHAKE, AUTH, MALFORMED, UNKNOWN_TYPE, BAD_SENDER, UNEXPECTED, UNUSABLE, N_CAUSES };
+enum {
+    HANDSHAKE, AUTH, MALFORMED, UNKNOWN_TYPE, BAD_SENDER, UNEXPECTED, UNUSABLE, REPLY_LIMITED,
+    N_CAUSES
+};
 static const char *const cause_names[N_CAUSES] = {
-    "handshake", "auth", "malformed", "unknown_type", "bad_sender", "unexpected", "unusable"};
+    "handshake", "auth", "malformed", "unknown_type", "bad_sender", "unexpected", "unusable",
+    "reply_limited"};
 /* A phrase of each cause's log line (src/net/control.c, src/tiers/remote_*.c). */
 static const char *const cause_lines[N_CAUSES] = {
     "handshake (",          "is not in the allow-list",         "malformed control message",
     "of a type this version lacks", "its connection was admitted for key",
-    "that nothing here waits for",  "not usable:"};
+    "that nothing here waits for",  "not usable:", "to endpoints without a connection"};
 
 static uint64_t now_ms(void)
 {
@@ -453,7 +457,8 @@ static void test_junk_is_counted_by_cause_and_logged_once_a_second(void **state)
         oversize += w[i].oversize;
     }
     for (int c = 0; c < N_CAUSES; c++)
-        if (c != AUTH && c != BAD_SENDER && want[c] == 0) fail_msg("no %s junk sent", cause_names[c]);
+        if (c != AUTH && c != BAD_SENDER && c != REPLY_LIMITED && want[c] == 0)
+            fail_msg("no %s junk sent", cause_names[c]);
     assert_true(oversize > 0);
 
     /* Everything sent arrives (PUSH sockets lose nothing while connected,
@@ -558,11 +563,97 @@ static void test_curve_junk_is_counted_by_cause(void **state)
     check_log(s.count, start);
 }
 
+/* A start_write from agent "junk", which sent no metadata: valid, and
+ * refused (to `from`) since no route to it exists. */
+static void mp_start_write(mp *m, const char *from, const char *to, uint8_t op)
+{
+    mp_head(m, 10, 1, "start_write");
+    mp_str(m, "agent"), mp_str(m, "junk");
+    mp_str(m, "inc"), mp_byte(m, 0xc4), mp_byte(m, 16);
+    for (int i = 0; i < 16; i++) mp_byte(m, (uint8_t)i);
+    mp_str(m, "from"), mp_str(m, from);
+    mp_str(m, "to"), mp_str(m, to);
+    mp_str(m, "op"), mp_byte(m, op & 0x7f);
+    mp_str(m, "remaining_ms"), mp_byte(m, 100);
+    mp_str(m, "keys"), mp_byte(m, 0x91), mp_byte(m, 0xc4), mp_byte(m, 1), mp_byte(m, 'k');
+    mp_str(m, "dst"), mp_byte(m, 0x91), mp_byte(m, 0x91), mp_byte(m, 0x93);
+    mp_byte(m, 0xc3), mp_str(m, "fw"), mp_byte(m, 0);
+}
+
+#define STRANGERS 48 /* reply endpoints named by the junk, all different */
+#define STRANGER_BUDGET 16 /* replies a second to unconnected endpoints */
+
+/* Junk start_writes, each naming another reply endpoint (all of them ports
+ * of one PULL socket here, so that what the instance sends there can be
+ * counted), sent within a fraction of a second: each is refused only
+ * within the budget of replies to endpoints the instance holds no
+ * connection to, at most two seconds' worth (the burst may straddle a
+ * second), and every other one is dropped and counted as reply_limited;
+ * nothing is both. */
+static void test_replies_to_strangers_are_bounded_and_counted(void **state)
+{
+    (void)state;
+    rig r;
+    rig_init_remote(&r, BS, 8, 8);
+    r.cfg.enable_telemetry = true;
+    r.cfg.callbacks.log = count_line;
+    sink_reset();
+    rig_start(&r);
+    const char *endpoint = kvcr_control_endpoint(r.kv);
+
+    void *ctx = zmq_ctx_new();
+    void *pull = zmq_socket(ctx, ZMQ_PULL), *push = zmq_socket(ctx, ZMQ_PUSH);
+    int linger = 0, wait = 100;
+    zmq_setsockopt(push, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(pull, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(pull, ZMQ_RCVTIMEO, &wait, sizeof wait);
+    char from[STRANGERS][64];
+    for (int i = 0; i < STRANGERS; i++) {
+        size_t len = sizeof from[i];
+        assert_int_equal(zmq_bind(pull, "tcp://127.0.0.1:*"), 0);
+        assert_int_equal(zmq_getsockopt(pull, ZMQ_LAST_ENDPOINT, from[i], &len), 0);
+    }
+    assert_int_equal(zmq_connect(push, endpoint), 0);
+    uint64_t start = now_ms();
+    for (int i = 0; i < STRANGERS; i++) {
+        mp m;
+        mp_start_write(&m, from[i], endpoint, (uint8_t)i);
+        assert_int_equal(zmq_send(push, m.b, m.n, 0), (int)m.n);
+    }
+
+    /* Until every start_write is accounted for: answered here, or counted. */
+    uint64_t replies = 0, give_up = now_ms() + WAIT_MS;
+    seen s = {0};
+    while (now_ms() < give_up) {
+        uint8_t buf[1024];
+        while (zmq_recv(pull, buf, sizeof buf, 0) >= 0) replies++;
+        memset(&s, 0, sizeof s);
+        take(&r, &s);
+        if (replies + s.count[REPLY_LIMITED] >= STRANGERS) break;
+    }
+    uint8_t buf[1024];
+    while (zmq_recv(pull, buf, sizeof buf, 0) >= 0) replies++; /* none more expected */
+    printf("%d junk start_writes: %llu refusals sent, %llu dropped as reply_limited\n", STRANGERS,
+           (unsigned long long)replies, (unsigned long long)s.count[REPLY_LIMITED]);
+    assert_true(replies >= 1);
+    assert_true(replies <= 2 * STRANGER_BUDGET);
+    assert_int_equal(replies + s.count[REPLY_LIMITED], STRANGERS);
+    for (int c = 0; c < N_CAUSES; c++)
+        if (c != REPLY_LIMITED) assert_int_equal(s.count[c], 0);
+    assert_int_equal(s.other_causes, 0);
+    zmq_close(push);
+    zmq_close(pull);
+    zmq_ctx_term(ctx);
+    rig_stop(&r);
+    check_log(s.count, start);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_junk_is_counted_by_cause_and_logged_once_a_second),
         cmocka_unit_test(test_curve_junk_is_counted_by_cause),
+        cmocka_unit_test(test_replies_to_strangers_are_bounded_and_counted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
