@@ -40,7 +40,6 @@
 #include <zmq.h>
 
 #include "kvcr/error.h"
-#include "tiers/h5trace.h"
 
 #define CTL_MAX_PEERS 256 /* two fds each; beyond, the least recently used is closed */
 #define CTL_SNDHWM 1000   /* messages queued for one peer before sends fail */
@@ -301,7 +300,6 @@ static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
     p->sock = s;
     p->used = ++c->tick;
     CTL_DEBUG(c, "control: connecting to %s", endpoint);
-    H5T("ctl open_peer %s", endpoint);
     *out = p;
     return 0;
 }

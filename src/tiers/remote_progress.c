@@ -21,7 +21,6 @@
 #include "tiers/remote_int.h"
 #include "util/clock.h"
 #include "util/event.h"
-#include "tiers/h5trace.h"
 
 #define MSG_BATCH 64
 #define IDLE_WAIT_MS 20
@@ -147,9 +146,7 @@ static int route_load(remote *r, const wire_msg *m, route **out)
     }
     memcpy(rt->worker_addr, md->worker_addr.data, md->worker_addr.len);
     rt->worker_len = md->worker_addr.len;
-    H5T("src route_load: ucx_peer_connect begin");
     int rc = ucx_peer_connect(r->ucx, rt->worker_addr, rt->worker_len, &rt->peer);
-    H5T("src route_load: ucx_peer_connect end rc=%d", rc);
     for (uint32_t i = 0; rc == 0 && i < md->n_regions; i++) {
         const wire_region *w = &md->regions[i];
         rregion *g = &rt->regions[i];
@@ -175,7 +172,6 @@ static int route_load(remote *r, const wire_msg *m, route **out)
         route_free(rt);
         return rc;
     }
-    H5T("src route_load: rkeys done");
     *out = rt;
     return 0;
 }
@@ -367,7 +363,6 @@ static void on_message(void *ud, const void *data, size_t len, const char *peer_
     /* The source's handlers count what they drop through remote_drop; the
      * target's only in the total: a valid reply that nothing here waits for
      * (a late one, a stranger's, another incarnation's). */
-    H5T("recv %s from %.*s md=%d", wire_type_name(m.type), (int)m.agent.len, (const char*)m.agent.data, m.has_metadata);
     uint64_t dropped = r->dropped_messages;
     switch (m.type) {
     case WIRE_METADATA:
@@ -400,7 +395,6 @@ static void publish_eager(remote *r, uint64_t now, uint64_t *next_ns)
         if (now >= p->retry_ns) {
             wire_msg m = {.type = WIRE_METADATA};
             p->eager_tries++;
-            H5T("tgt publish_eager try %u", p->eager_tries);
             if (send_msg(r, p->endpoint, &m, MD_FORCE) != 0)
                 p->retry_ns = now + (uint64_t)host_conf(r->kv)->remote.metadata_retry_interval_ms * MS;
         }
@@ -704,7 +698,6 @@ void remote_hint_source(remote *r, const char *source)
     if (p == NULL || p->acked || p->eager) return;
     p->eager = true;
     p->eager_tries = 0;
-    H5T("tgt hint_source %s", source);
     remote_wake(r);
 }
 

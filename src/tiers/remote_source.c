@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "tiers/remote_int.h"
-#include "tiers/h5trace.h"
 #include "util/clock.h"
 
 #define MS 1000000ull
@@ -168,7 +167,6 @@ static void send_done(remote *r, swrite *sw, bool success, bool terminal)
         for (uint32_t i = 0; i < sw->n_segs; i++) m.am_bytes += sw->segs[i].len;
     }
     m.from = (wire_bytes){(const uint8_t *)sw->reflected, strlen(sw->reflected)};
-    H5T("src send write_done");
     send_msg(r, sw->reply_to, &m, MD_NEVER);
     free(completed);
 }
@@ -564,7 +562,6 @@ swrite *source_take_posts(remote *r)
 static void on_ucx_done(void *ud, int status)
 {
     swrite *sw = ud;
-    H5T("src ucx done %d", status);
     sw->ucx_status = status;
     sw->ucx_next = sw->owner->ucx_done;
     sw->owner->ucx_done = sw;
@@ -572,7 +569,6 @@ static void on_ucx_done(void *ud, int status)
 
 void source_post(remote *r, swrite *sw)
 {
-    H5T("src ucx_write");
     int rc = ucx_write(sw->route->peer, sw->segs, sw->n_segs, (uint64_t)sw->op, on_ucx_done, sw);
     if (rc != 0) on_ucx_done(sw, rc); /* nothing was posted */
     (void)r;
