@@ -43,6 +43,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef KVCR_HAVE_HIREDIS
@@ -83,6 +84,9 @@ typedef struct job {
     int rounds;
     const pair_keys *curve; /* KVCR pairs: NULL for plaintext control */
     const char *seg; /* raw UCX: NULL, UCX's TCP segment sizes, or "TX,RX" sizes */
+    uint32_t hint_lead_us; /* KVCR target: the first round's hint this long before
+                            * its deliver, as a router's precedes the engine's
+                            * request (0: at once; later rounds always at once) */
 } job;
 
 /* What the measuring side of a pair sends the parent. */
@@ -233,7 +237,7 @@ static void seg_env(const char *seg)
  * in and out (the child's pipe ends) as its descriptors. */
 static pid_t rig_spawn(child_main fn, const job *j, unsigned host, int in, int out)
 {
-    char a[9][48];
+    char a[10][48];
     snprintf(a[0], sizeof a[0], "%d", in);
     snprintf(a[1], sizeof a[1], "%d", out);
     snprintf(a[2], sizeof a[2], "%zu", j->block);
@@ -243,10 +247,11 @@ static pid_t rig_spawn(child_main fn, const job *j, unsigned host, int in, int o
     snprintf(a[6], sizeof a[6], "%s", j->tls ? j->tls : "-");
     snprintf(a[7], sizeof a[7], "%s", j->seg ? j->seg : "-");
     snprintf(a[8], sizeof a[8], "%s", netrig_addr(g_rig, host));
+    snprintf(a[9], sizeof a[9], "%u", (unsigned)j->hint_lead_us);
     if (fcntl(in, F_SETFD, 0) != 0 || fcntl(out, F_SETFD, 0) != 0)
         bench_fail("fcntl: %s", strerror(errno));
     char *argv[] = {g_exe, "bench", "peer", "--netns-child", (char *)role_name(fn),
-                    a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], NULL};
+                    a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], NULL};
     pid_t pid = netrig_spawn(g_rig, host, argv, NULL);
     if (pid < 0)
         bench_fail("cannot start the %s on rig host %u: %s", argv[4], host,
@@ -741,6 +746,10 @@ static void kv_target(const job *j, int in, int out)
         char request[32];
         snprintf(request, sizeof request, "bench-%d", r);
         kv_check(kvcr_submit_hint(s.kv, request, json, at), &s, "kvcr_submit_hint");
+        if (r == 0 && j->hint_lead_us > 0) /* the instance's own thread acts on the hint */
+            nanosleep(&(struct timespec){(time_t)(j->hint_lead_us / 1000000),
+                                         (long)(j->hint_lead_us % 1000000) * 1000},
+                      NULL);
         double t0 = tool_now();
         for (size_t first = 0; first < j->n; first += j->batch) {
             size_t n = kv_batch(&s, j, first, shift);
@@ -1192,11 +1201,11 @@ static const char *role_name(child_main fn)
     bench_fail("internal: a child without a role name");
 }
 
-/* kvcr bench peer --netns-child ROLE IN OUT BLOCK N BATCH ROUNDS TLS SEG ADDR:
- * one child of a --netns run, on its rig host (see rig_spawn). */
+/* kvcr bench peer --netns-child ROLE IN OUT BLOCK N BATCH ROUNDS TLS SEG ADDR
+ * LEAD_US: one child of a --netns run, on its rig host (see rig_spawn). */
 static int netns_child(int argc, char **argv)
 {
-    if (argc != 11) {
+    if (argc != 12) {
         fprintf(stderr, "kvcr: bench peer --netns-child is started by bench peer --netns\n");
         return 2;
     }
@@ -1212,6 +1221,7 @@ static int netns_child(int argc, char **argv)
     j.tls = strcmp(argv[8], "-") ? argv[8] : NULL;
     j.seg = strcmp(argv[9], "-") ? argv[9] : NULL;
     g_bind = argv[10];
+    j.hint_lead_us = (uint32_t)strtoul(argv[11], NULL, 10);
     /* As in_child: die with the parent, UCX's stdout goes to stderr. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(STDERR_FILENO, STDOUT_FILENO);
@@ -1232,8 +1242,12 @@ static const char *goal(char *buf, size_t cap, bool quick, const char *what, boo
  * block per deliver, in round trips of the same link measured in the same
  * rig (a 1-byte TCP ping-pong, median). netns_1block_rtts: the median
  * deliver to a peer already connected; netns_first_contact_rtts: the first
- * deliver of a pair (no control connection or UCX endpoint yet), the
- * median over the pairs. */
+ * deliver of a pair (no control connection or UCX endpoint yet), its hint
+ * submitted at once before it, the median over the pairs;
+ * netns_hinted_first_rtts: the same first deliver with its hint submitted
+ * HINT_LEAD_RTTS round trips ahead, as a router's hint precedes the
+ * engine's request (the hint's eager connect: docs/ARCHITECTURE.md). */
+#define HINT_LEAD_RTTS 20
 static void netns_rtts(bench_out *o, bool quick)
 {
     netrig_opts ro = {.n_hosts = 2, .delay_us = 1000};
@@ -1247,21 +1261,30 @@ static void netns_rtts(bench_out *o, bool quick)
     double rtt = tcp_pair(&ping).median_s;
     job one = {NULL, 4096, 1, 1, quick ? 20 : 200};
     enum { PAIRS = 3 };
-    double med[PAIRS], first[PAIRS];
+    job hinted = one;
+    hinted.rounds = 1;
+    hinted.hint_lead_us = (uint32_t)(HINT_LEAD_RTTS * rtt * 1e6);
+    double med[PAIRS], first[PAIRS], ahead[PAIRS];
     int pairs = quick ? 1 : PAIRS;
     for (int p = 0; p < pairs; p++) {
         pair_result k = kvcr_pair(&one);
         med[p] = k.median_s, first[p] = k.first_s;
+        ahead[p] = kvcr_pair(&hinted).first_s;
     }
     qsort(med, (size_t)pairs, sizeof *med, cmp_double);
     qsort(first, (size_t)pairs, sizeof *first, cmp_double);
-    double known = med[pairs / 2] / rtt, fresh = first[pairs / 2] / rtt;
+    qsort(ahead, (size_t)pairs, sizeof *ahead, cmp_double);
+    double known = med[pairs / 2] / rtt, fresh = first[pairs / 2] / rtt,
+           hint_first = ahead[pairs / 2] / rtt;
     if (!o->json) fprintf(stderr, "  round trip (1-byte TCP ping-pong): %.0f us\n", rtt * 1e6);
     bench_report(o, &(bench_figure){.name = "netns_1block_rtts", .value = known, .unit = "rtt",
                                     .goal = goal(g, sizeof g, quick, "<= 1.3", known <= 1.3)});
     bench_report(o, &(bench_figure){.name = "netns_first_contact_rtts", .value = fresh,
                                     .unit = "rtt",
                                     .goal = goal(g, sizeof g, quick, "<= 2.5", fresh <= 2.5)});
+    bench_report(o, &(bench_figure){.name = "netns_hinted_first_rtts", .value = hint_first,
+                                    .unit = "rtt",
+                                    .goal = goal(g, sizeof g, quick, "<= 2.5", hint_first <= 2.5)});
     netrig_down(g_rig);
     g_rig = NULL;
 }
