@@ -219,6 +219,25 @@ static void tcp_seg_size(const ucx_ctx *c, const char *name, const char *value)
              user ? "from the environment" : "KVCR's default for TCP lanes");
 }
 
+/* UCX 1.13 (and before) asserts, aborting the process, when a TCP
+ * connection to a peer fails while one of its connection set-up messages
+ * still waits to be sent on it: a peer that dies, or a link that drops,
+ * within about a round trip of the first contact between two workers, on
+ * either side (docs/ARCHITECTURE.md, "Peer failures over TCP"). Nothing
+ * here can catch it, so whoever runs peers over TCP is told once: a
+ * warning when TCP is the only transport, else a note. */
+static void note_tcp_setup_abort(const ucx_ctx *c)
+{
+    unsigned major, minor, release;
+    ucp_get_version(&major, &minor, &release);
+    if (major > 1 || minor > 13) return;
+    kvcr_log(c->log, shared_memory_allowed() ? KVCR_LOG_INFO : KVCR_LOG_WARN,
+             "ucx %u.%u.%u: a peer reached over TCP that dies, or a link that drops, while UCX "
+             "sets up the connection aborts this process (an assertion inside UCX, removed in "
+             "later releases); see docs/ARCHITECTURE.md, \"Peer failures over TCP\"",
+             major, minor, release);
+}
+
 static ucs_status_t read_config(const ucx_ctx *c, ucp_config_t **cfg)
 {
     /* Shared memory transports only advertise peer error handling with this
@@ -229,6 +248,7 @@ static ucs_status_t read_config(const ucx_ctx *c, ucp_config_t **cfg)
     if (tcp_allowed()) {
         tcp_seg_size(c, "TX", TCP_TX_SEG_SIZE);
         tcp_seg_size(c, "RX", TCP_RX_SEG_SIZE);
+        note_tcp_setup_abort(c);
     }
     ucs_status_t st = ucp_config_read(NULL, NULL, cfg);
     if (st != UCS_OK) return st;

@@ -136,17 +136,24 @@ static void mp_head(mp *m, unsigned n, unsigned v, const char *type)
     mp_str(m, type);
 }
 
-/* A write_done as a source at `from` sends it, for an operation the
- * instance never started: valid, and dropped as unexpected once
- * dispatched. */
-static void mp_write_done(mp *m, const char *from, const char *to, bool success_as_str)
+/* The head of a version-1 message of type from agent "junk" (n pairs in
+ * all), then its incarnation, reply endpoint from and addressee to. */
+static void mp_junk_head(mp *m, unsigned n, const char *type, const char *from, const char *to)
 {
-    mp_head(m, 9, 1, "write_done");
+    mp_head(m, n, 1, type);
     mp_str(m, "agent"), mp_str(m, "junk");
     mp_str(m, "inc"), mp_byte(m, 0xc4), mp_byte(m, 16);
     for (int i = 0; i < 16; i++) mp_byte(m, (uint8_t)i);
     mp_str(m, "from"), mp_str(m, from);
     mp_str(m, "to"), mp_str(m, to);
+}
+
+/* A write_done as a source at `from` sends it, for an operation the
+ * instance never started: valid, and dropped as unexpected once
+ * dispatched. */
+static void mp_write_done(mp *m, const char *from, const char *to, bool success_as_str)
+{
+    mp_junk_head(m, 9, "write_done", from, to);
     mp_str(m, "op"), mp_byte(m, 77);
     mp_str(m, "success");
     if (success_as_str)
@@ -173,12 +180,7 @@ typedef struct framed {
  * short, so it is refused as unusable. */
 static void mp_metadata(mp *m, const char *to)
 {
-    mp_head(m, 7, 1, "metadata");
-    mp_str(m, "agent"), mp_str(m, "junk");
-    mp_str(m, "inc"), mp_byte(m, 0xc4), mp_byte(m, 16);
-    for (int i = 0; i < 16; i++) mp_byte(m, (uint8_t)i);
-    mp_str(m, "from"), mp_str(m, STRANGER);
-    mp_str(m, "to"), mp_str(m, to);
+    mp_junk_head(m, 7, "metadata", STRANGER, to);
     mp_str(m, "md"), mp_byte(m, 0x82);
     mp_str(m, "worker"), mp_byte(m, 0xc4), mp_byte(m, 1), mp_byte(m, 0);
     mp_str(m, "regions"), mp_byte(m, 0x90);
@@ -567,12 +569,7 @@ static void test_curve_junk_is_counted_by_cause(void **state)
  * refused (to `from`) since no route to it exists. */
 static void mp_start_write(mp *m, const char *from, const char *to, uint8_t op)
 {
-    mp_head(m, 10, 1, "start_write");
-    mp_str(m, "agent"), mp_str(m, "junk");
-    mp_str(m, "inc"), mp_byte(m, 0xc4), mp_byte(m, 16);
-    for (int i = 0; i < 16; i++) mp_byte(m, (uint8_t)i);
-    mp_str(m, "from"), mp_str(m, from);
-    mp_str(m, "to"), mp_str(m, to);
+    mp_junk_head(m, 10, "start_write", from, to);
     mp_str(m, "op"), mp_byte(m, op & 0x7f);
     mp_str(m, "remaining_ms"), mp_byte(m, 100);
     mp_str(m, "keys"), mp_byte(m, 0x91), mp_byte(m, 0xc4), mp_byte(m, 1), mp_byte(m, 'k');

@@ -65,6 +65,18 @@ static bool all_zero(const uint8_t *p, size_t len)
     return true;
 }
 
+/* Set by tests/CMakeLists.txt for the run over TCP alone with a UCX that
+ * aborts a process whose TCP connection fails during set-up (UCX <= 1.13,
+ * docs/ARCHITECTURE.md "Peer failures over TCP"): a scenario that kills a
+ * peer while UCX may still be connecting to it is skipped, saying why. */
+static bool skip_kill_during_setup(void)
+{
+    if (getenv("KVCR_TEST_UCX_TCP_SETUP_ABORTS") == NULL) return false;
+    print_message("skipped: over TCP, this UCX aborts a process whose peer dies while UCX "
+                  "sets up the connection (docs/ARCHITECTURE.md, \"Peer failures over TCP\")\n");
+    return true;
+}
+
 static void rig_remote(rig *r, uint32_t op_ms, uint32_t abandon_ms)
 {
     rig_init_remote(r, BS, 16, 8);
@@ -77,6 +89,7 @@ static void rig_remote(rig *r, uint32_t op_ms, uint32_t abandon_ms)
 static void test_source_killed_mid_transfer_fails_by_abandon_deadline(void **state)
 {
     (void)state;
+    if (skip_kill_during_setup()) skip();
     peer_opts o;
     peer_opts_init(&o);
     o.slots = 0;
@@ -111,6 +124,7 @@ static void test_source_killed_mid_transfer_fails_by_abandon_deadline(void **sta
 static void test_restarted_source_at_same_address_is_fenced(void **state)
 {
     (void)state;
+    if (skip_kill_during_setup()) skip();
     uint16_t port = peer_free_port();
     peer_opts o;
     peer_opts_init(&o);
