@@ -78,7 +78,7 @@ enum demo_msg_type {
     MSG_HELLO = 1, /* engine -> router: demo_hello */
     MSG_READY,     /* router -> driver: no payload */
     MSG_REQ,       /* driver -> router: demo_req + hashes; router -> engine: + hint JSON */
-    MSG_DONE,      /* engine -> router -> driver: demo_result */
+    MSG_DONE,      /* engine -> router: demo_result + hashes; router -> driver: demo_result */
     MSG_STOP,      /* driver -> router -> engines: no payload */
     MSG_FATAL,     /* router -> driver: text */
     MSG_BYE,       /* engine -> router -> driver after STOP: demo_bye */
@@ -129,6 +129,12 @@ typedef struct demo_result {
     double wall_s;  /* the whole request inside the engine */
     double slowest_op_s; /* its longest KVCR operation, submit to result */
     uint32_t slow_ops;   /* operations longer than DEMO_SLOW_OP_S */
+    /* Bit i: block i is in the engine's KVCR DRAM after the request (a
+     * DRAM hit, or stored by its deposit), so its KV events announce it.
+     * engine -> router only: the router holds the answer back (bounded)
+     * until its index has heard of these blocks, then sends the driver the
+     * result alone. */
+    uint64_t held;
 } demo_result;
 
 /* An operation this slow outlived even the engines' abandon timeout (10 s). */
@@ -249,6 +255,7 @@ typedef struct demo_events_figures {
     uint64_t batches, events; /* decoded, from every engine */
     uint64_t replays;         /* gaps in an engine's numbering, filled from its replay */
     uint64_t unfilled;        /* replays that did not bring the whole gap */
+    uint64_t catch_ups;       /* replays asked for what follows the last batch (of those) */
 } demo_events_figures;
 
 /* One event of engine e: type 0 BlockStored, 1 BlockRemoved, 2
@@ -263,6 +270,10 @@ void demo_events_close(demo_events *d);
 int demo_events_items(demo_events *d, zmq_pollitem_t *items);
 /* Applies what engine e's stream holds now (bounded). 0, or -1: broken. */
 int demo_events_read(demo_events *d, int e);
+/* Asks engine e's replay for every batch after the last one applied (what
+ * the SUB socket lost with no later batch to show the gap) and applies
+ * them; the SUB socket's copies of those are skipped. 0, or -1: broken. */
+int demo_events_catch_up(demo_events *d, int e);
 const demo_events_figures *demo_events_figures_of(const demo_events *d);
 
 /* ---- demo_chaos.c: faults while the workload runs ------------------------------- */

@@ -285,6 +285,8 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     }
     for (size_t i = 0; i < n_loc; i++) {
         if (st[1][i] == KVCR_ENTRY_SUCCESS) {
+            if (q[loc[i]].status == KVCR_QUERY_HIT && q[loc[i]].tier == KVCR_TIER_LOCAL_G2)
+                out->held |= 1ull << loc[i];
             out->local_hit++;
             out->g3_hit += q[loc[i]].tier == KVCR_TIER_G3;
         } else {
@@ -325,14 +327,16 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     if (wait_ops(e, p, 1) != 0) return 1;
     timed(out, p, 1);
     for (size_t i = 0; i < n_keep; i++) {
-        if (st[0][i] == KVCR_ENTRY_SUCCESS)
+        if (st[0][i] == KVCR_ENTRY_SUCCESS) {
             out->deposited++;
-        else
+            out->held |= 1ull << keep[i];
+        } else {
             out->deposit_not_stored++;
+        }
     }
     /* One more poll: the inventory of that deposit goes to the KV events
-     * before the driver hears the request is done (its next turn may need
-     * it; the router reads an engine's events before its answers). */
+     * (the router holds this answer back until its index has it: the
+     * request's next turn may need it). */
     kvcr_op_result *res;
     size_t n_res;
     if ((rc = kvcr_poll(e->kv, &res, &n_res)) != 0) return fail(e, "kvcr_poll", rc);
@@ -541,7 +545,8 @@ static int loop(engine *e)
         const char *hint = (const char *)msg + sizeof rq + rq.n_blocks * 8;
         demo_result out;
         if (serve(e, &rq, hashes, hint, &out) != 0) return 1;
-        if (demo_send(e->to_router, MSG_DONE, &out, sizeof out, NULL, 0) != 0) return 1;
+        if (demo_send(e->to_router, MSG_DONE, &out, sizeof out, hashes, rq.n_blocks * 8) != 0)
+            return 1;
     }
 }
 

@@ -8,7 +8,9 @@
  * by libkvcr's strict decoder (compiled into the tool, net/kvev.h). A gap
  * in the numbering (a subscription that came late, a slow reader) is
  * filled from the engine's replay; a number lower than expected is a new
- * process (its first batch clears what the old one announced). */
+ * process (its first batch clears what the old one announced). A gap
+ * nothing follows yet (the first batches, sent before the subscription
+ * took) shows only when the router asks: demo_events_catch_up. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,9 @@ typedef struct kv_stream {
     char replay[DEMO_ENDPOINT_MAX];
     bool have_seq;
     uint64_t next_seq;
+    /* [dup_lo, dup_hi): batches a catch-up applied from the replay that
+     * the SUB socket may still bring (skipped, not taken for a restart) */
+    uint64_t dup_lo, dup_hi;
 } kv_stream;
 
 struct demo_events {
@@ -120,9 +125,10 @@ static bool recv_frame(void *sock, zmq_msg_t *m, int flags)
 }
 
 /* Fills [from, to) from the engine's replay. The batches arrive in order;
- * one the index already has is skipped. 0 (filled or not: a gap that stays
- * is counted), -1 when a replayed batch does not decode. */
-static int replay(demo_events *d, int e, uint64_t from, uint64_t to)
+ * one the index already has is skipped; *next (may be NULL) gets one past
+ * the last applied. 0 (filled or not: a gap that stays is counted), -1
+ * when a replayed batch does not decode. */
+static int replay(demo_events *d, int e, uint64_t from, uint64_t to, uint64_t *next)
 {
     kv_stream *s = &d->s[e];
     void *dealer = zmq_socket(d->ctx, ZMQ_DEALER);
@@ -146,8 +152,10 @@ static int replay(demo_events *d, int e, uint64_t from, uint64_t to)
             if (n == 3 && zmq_msg_size(&f[0]) == 0 && zmq_msg_size(&f[1]) == 8) {
                 uint64_t seq = kvev_get_be64(zmq_msg_data(&f[1]));
                 ended = seq == KVEV_END_SEQ;
-                if (!ended && seq >= from && seq < to)
+                if (!ended && seq >= from && seq < to) {
                     rc = apply_payload(d, e, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
+                    if (next) *next = seq + 1;
+                }
                 ended |= seq + 1 >= to;
             } else {
                 ended = true; /* timed out, or not a replay answer: what is missing stays */
@@ -180,9 +188,15 @@ static int read_one(demo_events *d, int e)
         rc = -1;
     } else {
         uint64_t seq = kvev_get_be64(zmq_msg_data(&f[1]));
+        bool dup = seq >= s->dup_lo && seq < s->dup_hi;
+        if (seq >= s->dup_hi) s->dup_lo = s->dup_hi = 0; /* past what a catch-up brought */
+        if (dup) {
+            for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
+            return 1;
+        }
         if (s->have_seq && seq < s->next_seq) s->have_seq = false; /* a new process */
         uint64_t want = s->have_seq ? s->next_seq : 0;
-        if (seq > want && replay(d, e, want, seq) != 0) rc = -1;
+        if (seq > want && replay(d, e, want, seq, NULL) != 0) rc = -1;
         if (rc == 1 && apply_payload(d, e, zmq_msg_data(&f[2]), zmq_msg_size(&f[2])) != 0)
             rc = -1;
         s->have_seq = true;
@@ -190,6 +204,21 @@ static int read_one(demo_events *d, int e)
     }
     for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
     return rc;
+}
+
+int demo_events_catch_up(demo_events *d, int e)
+{
+    kv_stream *s = &d->s[e];
+    uint64_t want = s->have_seq ? s->next_seq : 0, next = want;
+    d->fig.catch_ups++;
+    if (replay(d, e, want, KVEV_END_SEQ, &next) != 0) return -1;
+    if (next > want) {
+        s->have_seq = true;
+        s->next_seq = next;
+        s->dup_lo = want;
+        s->dup_hi = next;
+    }
+    return 0;
 }
 
 int demo_events_read(demo_events *d, int e)

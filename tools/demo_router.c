@@ -27,6 +27,7 @@
 typedef struct slot {
     uint64_t hash;
     uint32_t mask; /* bit e: engine e holds it in KVCR DRAM */
+    uint32_t gone; /* bit e: e's last event of it removed it, no request with it went to e since */
     bool used;
 } slot;
 
@@ -58,11 +59,14 @@ static int inv_update(inventory *inv, int engine, bool removed, const uint64_t *
     for (size_t k = 0; k < n; k++) {
         if (2 * (inv->used + 1) > inv->cap && grow(inv) != 0) return -1;
         slot *s = &inv->t[find(inv, h[k])];
-        if (!s->used) *s = (slot){h[k], 0, true}, inv->used++;
-        if (removed)
+        if (!s->used) *s = (slot){h[k], 0, 0, true}, inv->used++;
+        if (removed) {
             s->mask &= ~(1u << engine);
-        else
+            s->gone |= 1u << engine;
+        } else {
             s->mask |= 1u << engine;
+            s->gone &= ~(1u << engine);
+        }
     }
     return 0;
 }
@@ -73,12 +77,60 @@ static uint32_t inv_mask(const inventory *inv, uint64_t h)
     return s->used ? s->mask : 0;
 }
 
+/* A request goes to engine e: a removal heard before it says nothing of
+ * what e holds after it. */
+static void inv_sent(inventory *inv, int engine, const uint64_t *h, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        slot *s = &inv->t[find(inv, h[k])];
+        if (s->used) s->gone &= ~(1u << engine);
+    }
+}
+
+/* Whether the index has heard of every block in `held` at engine e: it
+ * holds it, or heard it removed since the request was sent. */
+static bool inv_heard(const inventory *inv, int engine, uint64_t held, const uint64_t *h, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        if (!(held >> k & 1u)) continue;
+        const slot *s = &inv->t[find(inv, h[k])];
+        if (!s->used || !((s->mask | s->gone) >> engine & 1u)) return false;
+    }
+    return true;
+}
+
 /* ---- routing ---------------------------------------------------------------------- */
 
 static void inv_forget(inventory *inv, int engine)
 {
     for (size_t i = 0; i < inv->cap; i++) inv->t[i].mask &= ~(1u << engine);
 }
+
+/* ---- answers held back until the index has their blocks ------------------------------ */
+
+/* An engine's answer lands before its KV events when its publisher is
+ * slow (a loaded machine, a sanitizer); routed at once, the next turn of
+ * that conversation would get a hint from a stale index (no hint, or one
+ * naming blocks the source no longer has). */
+#define INDEX_WAIT_S 1.0
+/* Waited this long, the engine's replay is asked for what followed the
+ * last batch the index has (a lost batch shows as a gap only once a later
+ * one comes, and an idle engine sends none). */
+#define CATCH_UP_S 0.1
+
+typedef struct waiter {
+    double since, until;
+    bool asked; /* its engine's replay was asked (once) */
+    demo_result res;
+    uint64_t h[DEMO_MAX_BLOCKS];
+} waiter;
+
+typedef struct index_waits {
+    waiter *w;
+    size_t n, cap; /* bounded: each is a request its engine held (DEMO_HELD_MAX each) */
+    uint64_t held_back, caught_up, gave_up, released; /* released: its engine gone, or STOP */
+    double longest_s;
+} index_waits;
 
 typedef struct router {
     const demo_opts *o;
@@ -91,6 +143,7 @@ typedef struct router {
     int busy[DEMO_MAX_ENGINES];                 /* entries of held */
     bool ready, stopping;
     inventory inv;
+    index_waits iw;
     demo_events *ev;
     uint64_t rng;
 } router;
@@ -107,6 +160,48 @@ static int fatal(router *r, const char *fmt, ...)
     va_end(ap);
     demo_send(r->to_driver, MSG_FATAL, text, strlen(text) + 1, NULL, 0);
     return -1;
+}
+
+/* Whether the index has heard of w's blocks: 1 or 0, after asking the
+ * engine's replay once when w has waited CATCH_UP_S; -1: a broken stream. */
+static int index_heard(router *r, waiter *w, double now)
+{
+    int e = w->res.engine;
+    if (inv_heard(&r->inv, e, w->res.held, w->h, w->res.n_blocks)) return 1;
+    if (w->asked || now - w->since < CATCH_UP_S) return 0;
+    w->asked = true;
+    if (demo_events_catch_up(r->ev, e) != 0) return -1;
+    return inv_heard(&r->inv, e, w->res.held, w->h, w->res.n_blocks);
+}
+
+/* Sends the answers done() held back on: those whose blocks the index has
+ * heard of, those waited for INDEX_WAIT_S, and every one of engine `all`
+ * (-2: of every engine; -1: none) whatever the index says. */
+static int send_waiting(router *r, int all)
+{
+    index_waits *iw = &r->iw;
+    double now = tool_now();
+    int heard;
+    for (size_t i = 0; i < iw->n;) {
+        waiter *w = &iw->w[i];
+        int e = w->res.engine;
+        if (all == e || all == -2)
+            iw->released++;
+        else if ((heard = index_heard(r, w, now)) < 0)
+            return -1;
+        else if (heard)
+            iw->caught_up++;
+        else if (now >= w->until)
+            iw->gave_up++;
+        else {
+            i++;
+            continue;
+        }
+        if (now - w->since > iw->longest_s) iw->longest_s = now - w->since;
+        if (demo_send(r->to_driver, MSG_DONE, &w->res, sizeof w->res, NULL, 0) != 0) return -1;
+        *w = iw->w[--iw->n];
+    }
+    return 0;
 }
 
 /* The least busy engine that is up, random among equals; -1: none is up. */
@@ -138,6 +233,7 @@ static int engine_gone(router *r, int e, const char *why)
 {
     if (!r->o->chaos && !r->stopping)
         return fatal(r, "engine %d stopped talking to the router (%s)", e, why);
+    if (send_waiting(r, e) != 0) return -1;
     close(r->from_engine[e]);
     close(r->to_engine[e]);
     r->from_engine[e] = r->to_engine[e] = -1;
@@ -217,29 +313,50 @@ static int route(router *r, const demo_req *in, const uint64_t *h)
     memcpy(msg, &out, sizeof out);
     memcpy(msg + sizeof out, h, (size_t)n * 8);
     r->held[t][r->busy[t]++] = in->req_no;
+    inv_sent(&r->inv, t, h, (size_t)n);
     if (demo_send(r->to_engine[t], MSG_REQ, msg, sizeof out + (size_t)n * 8, json, out.hint_len) !=
         0)
         return engine_gone(r, t, strerror(errno)); /* the request with the rest */
     return 0;
 }
 
+/* An engine's answer: to the driver once the index has heard of the
+ * blocks the engine holds after it, or INDEX_WAIT_S later (counted). */
 static int done(router *r, int e, const uint8_t *msg, size_t len)
 {
     demo_result res;
     memcpy(&res, msg, sizeof res);
+    if (res.n_blocks == 0 || res.n_blocks > DEMO_MAX_BLOCKS ||
+        len != sizeof res + res.n_blocks * 8)
+        return fatal(r, "router: a malformed answer from engine %d", e);
     int k = 0;
     while (k < r->busy[e] && r->held[e][k] != res.req_no) k++;
-    if (k == r->busy[e] || res.failed != DEMO_FAIL_NONE)
+    if (k == r->busy[e] || res.failed != DEMO_FAIL_NONE || res.engine != e)
         return fatal(r, "router: engine %d answered request %" PRIu32 ", not one of its own", e,
                      res.req_no);
     r->held[e][k] = r->held[e][--r->busy[e]];
-    return demo_send(r->to_driver, MSG_DONE, msg, len, NULL, 0) != 0 ? -1 : 0;
+    waiter w = {.since = tool_now(), .res = res};
+    memcpy(w.h, msg + sizeof res, res.n_blocks * 8);
+    if (inv_heard(&r->inv, e, res.held, w.h, res.n_blocks))
+        return demo_send(r->to_driver, MSG_DONE, &res, sizeof res, NULL, 0) != 0 ? -1 : 0;
+    index_waits *iw = &r->iw;
+    if (iw->n == iw->cap) {
+        size_t cap = iw->cap ? 2 * iw->cap : 64;
+        waiter *g = realloc(iw->w, cap * sizeof *g);
+        if (g == NULL) return fatal(r, "router: out of memory");
+        iw->w = g, iw->cap = cap;
+    }
+    w.until = w.since + INDEX_WAIT_S;
+    iw->w[iw->n++] = w;
+    iw->held_back++;
+    return 0;
 }
 
 /* Every engine with pipes: STOP. The run ends once each said BYE or died. */
 static int stop_all(router *r)
 {
     r->stopping = true;
+    if (send_waiting(r, -2) != 0) return -1;
     for (int i = 0; i < r->o->engines; i++)
         if (r->to_engine[i] >= 0 && demo_send(r->to_engine[i], MSG_STOP, NULL, 0, NULL, 0) != 0 &&
             engine_gone(r, i, strerror(errno)) != 0)
@@ -289,7 +406,7 @@ static int handle(router *r, int e, uint32_t type, const uint8_t *msg, size_t le
         return route(r, &rq, h) != 0 ? -1 : 0;
     }
     if (e >= 0 && type == MSG_HELLO && len == sizeof(demo_hello)) return hello(r, e, msg);
-    if (e >= 0 && type == MSG_DONE && len == sizeof(demo_result)) return done(r, e, msg, len);
+    if (e >= 0 && type == MSG_DONE && len > sizeof(demo_result)) return done(r, e, msg, len);
     if (e >= 0 && type == MSG_BYE && len == sizeof(demo_bye) && r->stopping) {
         if (demo_send(r->to_driver, MSG_BYE, msg, len, NULL, 0) != 0) return -1;
         return engine_gone(r, e, "said goodbye");
@@ -327,8 +444,16 @@ static void events_line(const router *r)
     const demo_events_figures *f = demo_events_figures_of(r->ev);
     fprintf(stderr,
             "kvcr demo: router: index from KV events: %" PRIu64 " batches, %" PRIu64
-            " events, %" PRIu64 " gaps filled by replay (%" PRIu64 " not whole)\n",
-            f->batches, f->events, f->replays, f->unfilled);
+            " events, %" PRIu64 " gaps filled by replay and %" PRIu64
+            " catch-ups asked of it (%" PRIu64 " not whole)\n",
+            f->batches, f->events, f->replays - f->catch_ups, f->catch_ups, f->unfilled);
+    const index_waits *w = &r->iw;
+    fprintf(stderr,
+            "kvcr demo: router: %" PRIu64 " answers held back until the index had their blocks: %"
+            PRIu64 " caught up, %" PRIu64 " gave up after %.0f s, %" PRIu64
+            " released (engine gone, STOP); longest %.0f ms\n",
+            w->held_back, w->caught_up, w->gave_up, INDEX_WAIT_S, w->released,
+            w->longest_s * 1e3);
 }
 
 int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds_from_driver,
@@ -372,7 +497,11 @@ int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds
         for (int e = 0; e < o->engines; e++)
             if (r.from_engine[e] >= 0)
                 fds[n] = (zmq_pollitem_t){NULL, r.from_engine[e], ZMQ_POLLIN, 0}, who[n++] = e;
-        if (zmq_poll(fds, n, 100) <= 0) continue;
+        if (send_waiting(&r, -1) != 0) {
+            rc = -1;
+            break;
+        }
+        if (zmq_poll(fds, n, r.iw.n ? 10 : 100) <= 0) continue;
         for (int e = 0; e < n_ev && rc == 0; e++)
             if (fds[e].revents & ZMQ_POLLIN) rc = demo_events_read(r.ev, e);
         for (int i = n_ev; i < n && rc == 0; i++) {
@@ -398,5 +527,6 @@ int demo_router_main(const demo_opts *o, int from_driver, int to_driver, int fds
     if (!o->json) events_line(&r);
     demo_events_close(r.ev);
     free(r.inv.t);
+    free(r.iw.w);
     return rc == 0 ? 0 : 1;
 }
