@@ -86,15 +86,26 @@ kvcr_op_handle peer_deliver_range(rig *r, uint32_t first, uint32_t n, size_t dst
     return peer_deliver(r, keys, at, n, request);
 }
 
+/* 30 s: a bound on a wait, never a measure of speed (under valgrind on a
+ * loaded machine each counters round trip and each step of the peer take
+ * far longer than natively). */
+#define PEER_WAIT_MS 30000
+
 peer_counts peer_wait(peer *p, bool (*done)(const peer_counts *c))
 {
     peer_counts c = {0};
-    for (int spin = 0; spin < 5000; spin++) {
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int spin = 0; spin < 10 * PEER_WAIT_MS; spin++) {
         peer_counters(p, &c);
         if (done(&c)) return c;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 > PEER_WAIT_MS)
+            break;
         usleep(1000);
     }
-    fail_msg("the peer's counters did not reach the expected state within 5 s");
+    fail_msg("the peer's counters did not reach the expected state within %d s",
+             PEER_WAIT_MS / 1000);
     return c;
 }
 

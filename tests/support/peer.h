@@ -142,7 +142,7 @@ kvcr_op_handle peer_deliver(rig *r, const uint32_t *keys, const size_t *dst, siz
 kvcr_op_handle peer_deliver_range(rig *r, uint32_t first, uint32_t n, size_t dst,
                                   const char *request);
 
-/* Polls the peer's counters until done(counts) holds (bounded: 5 s). */
+/* Polls the peer's counters until done(counts) holds (bounded: 30 s, see peer.c). */
 peer_counts peer_wait(peer *p, bool (*done)(const peer_counts *c));
 
 /* A rig with the remote tier on (key adapter set); adjust, then rig_start. */
