@@ -55,10 +55,12 @@ cmake -S . -B build-valgrind -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   "-DCMAKE_CROSSCOMPILING_EMULATOR=valgrind;-q;--error-exitcode=99;--leak-check=full;--errors-for-leak-kinds=definite,indirect;--show-leak-kinds=definite,indirect;--trace-children=yes;--trace-children-skip=*/kvcr,*/promtool;--suppressions=$PWD/tests/valgrind.supp" \
   >/dev/null
 cmake --build build-valgrind
-# The failover test repeats its SIGKILL-and-restart round 4 times here
-# instead of 20 (each costs seconds under valgrind; the other builds run 20).
-(cd build-valgrind && KVCR_FAILOVER_ROUNDS=4 ctest --output-on-failure -j "$jobs" --timeout 900 \
-  -E 'bench|demo' -LE rig)
+# Left to the other builds as well: the Guard failover test (SIGKILLs and
+# restarts, five minutes under valgrind, most of this stage's time) and the
+# load test (eight flooding processes): their memory paths are the ones the
+# other peer and service tests here exercise, and ASan checks them too.
+(cd build-valgrind && ctest --output-on-failure -j "$jobs" --timeout 900 \
+  -E 'bench|demo|test-service-guard-failover|test-remote-source-load' -LE rig)
 
 echo "== fuzzing (libFuzzer, bounded) =="
 CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCR_BUILD_FUZZ=ON \

@@ -625,13 +625,8 @@ static void test_failover_twenty_times_loses_nothing(void **state)
     engine_spawn(&a, &s, 0, 0);
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "%s", a.endpoint);
-    /* 20 unless KVCR_FAILOVER_ROUNDS says fewer (the valgrind stage, where
-     * one round costs seconds; the other builds run all 20). */
-    const char *env = getenv("KVCR_FAILOVER_ROUNDS");
-    int rounds = env ? atoi(env) : 20;
-    if (rounds < 1 || rounds > 20) rounds = 20;
     uint32_t committed = 0;
-    for (int round = 0; round < rounds; round++) {
+    for (int round = 0; round < 20; round++) {
         peer_deposit_async(&a, committed, 2);
         uint32_t want = committed + 2;
         peer_counts c;
