@@ -282,6 +282,9 @@ static void op_start(kvcr_t *kv, op_rec *o)
 
 static void op_complete(kvcr_t *kv, op_rec *o)
 {
+    /* Its keys' inventory event goes out whole, in request order (the
+     * copies finish in any order, over several progress turns). */
+    if (kv->n_commit > 0 && kv->commit_origin == o->handle) res_flush_commits(kv);
     if (o->live_prev)
         o->live_prev->live_next = o->live_next;
     else
@@ -1020,6 +1023,15 @@ void ops_cancel_all(kvcr_t *kv)
 
 /* ---- progress and results ----------------------------------------------- */
 
+/* Locked: whether the operation whose commits are batched is still
+ * pending (bounded by the live operations, limits.max_unpolled_operations). */
+static bool commit_origin_live(const kvcr_t *kv)
+{
+    for (const op_rec *o = kv->live_head; kv->n_commit > 0 && o != NULL; o = o->live_next)
+        if (o->handle == kv->commit_origin) return true;
+    return false;
+}
+
 void ops_progress(kvcr_t *kv)
 {
     for (uint32_t t = kv->n_tiers; t-- > 0;) /* the peers first, as before the seam */
@@ -1034,7 +1046,7 @@ void ops_progress(kvcr_t *kv)
             deliver_done(kv, job->owner, job->owner_idx, ok);
         job = next;
     }
-    res_flush_commits(kv);
+    if (!commit_origin_live(kv)) res_flush_commits(kv); /* else when it completes */
     expire_deadlines(kv);
     res_check_capacity(kv);
 }
