@@ -65,10 +65,13 @@
  * A torn index write damages at most the 16 records of its block, which
  * then read as empty.
  *
- * I/O. One io_uring per store, with queue_depth (default 16) requests in
- * flight at once; each has at most two I/Os in flight (a read fetches its
- * record block and its data together), so the device sees at most
- * 2 * queue_depth. Later requests wait in a FIFO inside the store.
+ * I/O. One io_uring per store, with queue_depth (default 16) requests
+ * moving data at once; each has at most two I/Os in flight (a read fetches
+ * its record block and its data together). A write whose data is written
+ * but whose record update is still out, and a read whose bytes are in but
+ * not yet verified, leave their place to the next request (at most
+ * 2 * queue_depth requests are active in all), so the device sees at most
+ * 4 * queue_depth I/Os. Later requests wait in a FIFO inside the store.
  * Requests on one slot run in submission order (a write then a read of the
  * same slot returns the written bytes); the FIFO head waits while a
  * request for its slot is in flight. Completions are reaped by

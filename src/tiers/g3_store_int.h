@@ -68,10 +68,12 @@ struct g3_store {
     bool ring_ok;
     int efd;
     unsigned qd;
-    g3_req **active;   /* up to 2 * qd: reads awaiting verification do not */
-    unsigned n_active; /* count against the depth (their I/O is done)   */
+    g3_req **active;   /* up to 2 * qd: reads awaiting verification and  */
+    unsigned n_active; /* writes awaiting only their record update do not */
+                       /* count against the depth (their data I/O is done) */
     g3_req *verify, *verify_tail; /* reads whose I/O is back, to verify */
     unsigned n_verifying;
+    unsigned n_parked; /* writes whose data is written, record update out */
     g3_req *unsealed, *unsealed_tail; /* writes whose data is queued, checksum not yet */
     bool plugged;                     /* g3_store_plug: submissions only queue */
     g3_req *fifo, *fifo_tail;
@@ -81,7 +83,7 @@ struct g3_store {
     uint8_t *recbufs; /* 2 * qd * G3_ALIGN: one per active request */
     int *free_recbufs;
     unsigned n_free_recbufs;
-    g3_iblock *blocks; /* qd of them */
+    g3_iblock *blocks; /* 2 * qd of them */
     uint8_t *blockbufs;
     unsigned ios;         /* I/Os in flight */
     unsigned unsubmitted; /* SQEs not handed to the kernel yet */

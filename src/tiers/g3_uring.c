@@ -2,18 +2,24 @@
  * updates, completions and close, over one io_uring.
  *
  * Requests are heap allocated at submission and wait in a FIFO; at most
- * queue_depth of them are active (own I/Os). Memory the kernel reads or
- * writes is aligned: callers' buffers when they qualify, otherwise a
- * bounce buffer per request; record blocks of reads come from a pool of
- * queue_depth 4 KiB buffers, index blocks being updated from a pool of
- * queue_depth cached blocks. Both pools can never run dry: an active
- * request holds at most one of each.
+ * queue_depth of them are in their data phase at once (the depth the
+ * device sees), and at most 2 * queue_depth are active in all: a read whose
+ * bytes are in but not verified yet, or a write whose data is written but
+ * whose record update is not back yet, no longer counts against the depth
+ * (a write's record is a 4 KiB read-modify-write queued behind the large
+ * data I/Os: holding the write's place until it returns kept the device at
+ * about half the depth). Memory the kernel reads or writes is aligned:
+ * callers' buffers when they qualify, otherwise a bounce buffer per
+ * request; record blocks of reads and index blocks being updated come from
+ * pools of 2 * queue_depth 4 KiB buffers each. Neither pool can run dry: an
+ * active request holds at most one of each.
  *
  * Every SQE's user_data is a pointer with a tag in its low bits saying what
  * completed: a request's data, a read's record block, or an index block.
- * Outstanding I/Os never exceed 2 * queue_depth (a request has at most two;
- * an index block has one and stands for the requests waiting on it), which
- * is the ring's size: the SQ never fills and the CQ never overflows.
+ * Outstanding I/Os never exceed 2 * the active requests (a read has at most
+ * two; a write one and a share of its index block's one; a clear only the
+ * latter), so 4 * queue_depth, which is the ring's size: the SQ never fills
+ * and the CQ never overflows.
  *
  * Threads: the one thread using the store (g3_store.h); no locks. */
 #include <errno.h>
@@ -59,6 +65,7 @@ struct g3_req {
     unsigned active_at; /* index in st->active */
     unsigned ios;       /* own I/Os in flight */
     bool rec_pending;   /* write and clear: its record update is not back yet */
+    bool parked;        /* write: data written, only the record update out (st->n_parked) */
     int result;
     uint64_t sum;       /* write: the data's checksum; read of a known slot: the expected one */
     uint8_t record[G3_RECORD_SIZE]; /* write and clear: the record to store */
@@ -84,7 +91,7 @@ static bool direct_ok(const void *p, size_t len)
 
 static int setup_ring(g3_store *st)
 {
-    int rc = io_uring_queue_init(2 * st->qd, &st->ring, 0);
+    int rc = io_uring_queue_init(4 * st->qd, &st->ring, 0);
     if (rc < 0)
         return kvcr_fail(KVCR_ESYS, "G3 needs io_uring: io_uring_queue_init: %s", strerror(-rc));
     st->ring_ok = true;
@@ -99,13 +106,15 @@ static int alloc_pools(g3_store *st)
 {
     st->active = calloc(2 * (size_t)st->qd, sizeof *st->active);
     st->free_recbufs = calloc(2 * (size_t)st->qd, sizeof *st->free_recbufs);
-    st->blocks = calloc(st->qd, sizeof *st->blocks);
+    st->blocks = calloc(2 * (size_t)st->qd, sizeof *st->blocks);
     st->recbufs = g3_aligned_alloc(2 * (size_t)st->qd * G3_ALIGN);
-    st->blockbufs = g3_aligned_alloc((size_t)st->qd * G3_ALIGN);
+    st->blockbufs = g3_aligned_alloc(2 * (size_t)st->qd * G3_ALIGN);
     if (!st->active || !st->free_recbufs || !st->blocks || !st->recbufs || !st->blockbufs)
         return kvcr_fail(KVCR_ENOMEM, "out of memory");
-    for (unsigned i = 0; i < st->qd; i++) st->blocks[i].buf = st->blockbufs + (size_t)i * G3_ALIGN;
-    for (unsigned i = 0; i < 2 * st->qd; i++) st->free_recbufs[i] = (int)i;
+    for (unsigned i = 0; i < 2 * st->qd; i++) {
+        st->blocks[i].buf = st->blockbufs + (size_t)i * G3_ALIGN;
+        st->free_recbufs[i] = (int)i;
+    }
     st->n_free_recbufs = 2 * st->qd;
     return 0;
 }
@@ -156,7 +165,7 @@ static int queue_io(g3_store *st, bool write, int fd, void *buf, size_t len, uin
                     void *owner, unsigned tag)
 {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&st->ring);
-    if (sqe == NULL) { /* cannot happen with the ring sized 2 * qd; never block on it */
+    if (sqe == NULL) { /* cannot happen with the ring sized 4 * qd; never block on it */
         io_uring_submit(&st->ring);
         sqe = io_uring_get_sqe(&st->ring);
         if (sqe == NULL) return -EBUSY;
@@ -202,6 +211,7 @@ static void remember(g3_store *st, const g3_req *r)
 static void finish(g3_store *st, g3_req *r)
 {
     remember(st, r);
+    if (r->parked) st->n_parked--;
     unsigned at = r->active_at;
     st->active[at] = st->active[--st->n_active];
     st->active[at]->active_at = at;
@@ -279,7 +289,7 @@ static void block_join(g3_store *st, g3_req *r)
 {
     uint64_t block = r->fslot / G3_RECS_PER_BLOCK;
     g3_iblock *b = NULL, *free_b = NULL;
-    for (unsigned i = 0; i < st->qd && b == NULL; i++) {
+    for (unsigned i = 0; i < 2 * st->qd && b == NULL; i++) {
         g3_iblock *c = &st->blocks[i];
         if (c->used && c->file == r->file && c->block == block) b = c;
         if (!c->used && free_b == NULL) free_b = c;
@@ -294,7 +304,7 @@ static void block_join(g3_store *st, g3_req *r)
         b->pending_tail = r;
         return;
     }
-    if (free_b == NULL) { /* the pool holds qd blocks, one per active request at most */
+    if (free_b == NULL) { /* the pool holds 2 * qd blocks, one per active request at most */
         record_settle(st, r, -EBUSY);
         poke(st);
         return;
@@ -449,11 +459,14 @@ static bool slot_busy(const g3_store *st, uint64_t slot)
     return false;
 }
 
-/* Starts queued requests while there is room, in order; the head waits
- * while a request for its slot is in flight (or being verified). */
+/* Starts queued requests while there is room, in order: reads being
+ * verified and writes waiting only for their record update leave the
+ * depth to others (but stay active). The head waits while a request for
+ * its slot is active. */
 static void pump(g3_store *st)
 {
-    while (st->fifo && st->n_active - st->n_verifying < st->qd && st->n_active < 2 * st->qd &&
+    while (st->fifo && st->n_active - st->n_verifying - st->n_parked < st->qd &&
+           st->n_active < 2 * st->qd &&
            !slot_busy(st, st->fifo->slot)) {
         g3_req *r = st->fifo;
         st->fifo = r->next;
@@ -617,6 +630,10 @@ static void request_io_done(g3_store *st, g3_req *r, unsigned tag, int res)
         list_append(&st->verify, &st->verify_tail, r);
         st->n_verifying++;
         return;
+    }
+    if (r->rec_pending) { /* a write: the rest is a 4 KiB record update */
+        r->parked = true;
+        st->n_parked++;
     }
     settle(st, r, 0);
 }
