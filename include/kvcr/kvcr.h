@@ -294,8 +294,9 @@ typedef struct kvcr_kv_events_options {
  * quota. Free slots are anyone's; blocks without a tenant count against a
  * quota of 0. Rules: at most KVCR_MAX_TENANTS, names 1..KVCR_TENANT_NAME_MAX
  * bytes of [A-Za-z0-9_.-], unique; the dram_slots of all tenants together
- * at most the KVCR DRAM slots of local_dram (not checked in guard mode,
- * where the service's pools are not known yet), the g3_slots at most
+ * at most the KVCR DRAM slots of local_dram (in guard mode: of the pools
+ * the service grants, checked once the claim is granted; past them the
+ * claim is given back and kvcr_create fails), the g3_slots at most
  * G3's slots, and g3_slots 0 without G3. Per-tenant gauges:
  * tenant_<name>_dram_slots, _dram_quota_slots, _g3_slots,
  * _g3_quota_slots, _dram_evicted_blocks (and no_tenant_* for blocks

@@ -233,7 +233,9 @@ int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
 
 /* Everything kvcr_create would check, before the service is asked: the
  * pools the service will provide stand in as addresses near the top of the
- * address space (validated, never touched). */
+ * address space (validated, never touched), one block each, so the
+ * tenants' DRAM quotas are left out here: their sum is checked against the
+ * granted pools' slots once the claim is granted (create_claimed). */
 static int precheck_claimed(const kvcr_config *cfg)
 {
     int rc = svc_check_guard(cfg);
@@ -253,6 +255,12 @@ static int precheck_claimed(const kvcr_config *cfg)
     c.local_dram = pools;
     c.n_local_dram = cfg->n_pool_layouts;
     if (c.local_dram_backend == NULL) c.local_dram_backend = "UCX";
+    kvcr_tenant tenants[KVCR_MAX_TENANTS];
+    if (cfg->tenants != NULL && cfg->n_tenants <= KVCR_MAX_TENANTS) {
+        memcpy(tenants, cfg->tenants, cfg->n_tenants * sizeof *tenants);
+        for (size_t i = 0; i < cfg->n_tenants; i++) tenants[i].dram_slots = 0;
+        c.tenants = tenants;
+    }
     kvcr_conf conf;
     rc = conf_build(&c, &conf);
     if (rc == 0) conf_destroy(&conf);
@@ -260,7 +268,8 @@ static int precheck_claimed(const kvcr_config *cfg)
 }
 
 /* Guard mode: the pools come from a claim on the KVCR service; a failed
- * start gives the group straight back. */
+ * start gives the group straight back. The pools' slot counts are known
+ * only now: kvcr__create checks the tenants' DRAM quotas against them. */
 static int create_claimed(const kvcr_config *cfg, kvcr_t **out)
 {
     int rc = precheck_claimed(cfg);
@@ -282,7 +291,8 @@ static int create_claimed(const kvcr_config *cfg, kvcr_t **out)
         char why[512];
         snprintf(why, sizeof why, "%s", kvcr_last_error());
         svc_release(h, false);
-        return kvcr_fail(rc, "%s", why);
+        return kvcr_fail(rc, "the KVCR service granted guard %u's pools, given back: %s",
+                         cfg->guard.guard_index, why);
     }
     return 0;
 }

@@ -3,7 +3,8 @@
  * groups, and this process as a peer pulling blocks over 127.0.0.1.
  *
  * Pinned: claims refused with their reasons (digest, index, second owner,
- * conflicting local DRAM, no service); an engine SIGKILLed -> the Guard
+ * conflicting local DRAM, no service, tenants' DRAM quotas past the
+ * granted pools); an engine SIGKILLed -> the Guard
  * serves a peer's hinted delivery from the pool, bytes compared; the
  * restarted engine recovers every committed block, bytes compared, and
  * takes the group back; a SIGKILL in the middle of deposits loses only
@@ -277,6 +278,54 @@ static void test_claims_are_refused_with_their_reasons(void **state)
     assert_int_equal(v.good, 4);
     peer_stop(&a);
     assert_true(tool_svc_metric(s.sock, "kvcr_guard_refusals_total{guard=\"0\"}") >= 2);
+    assert_int_equal(tool_svc_metric(s.sock, "kvcr_guard_claims_total{guard=\"0\"}"), 2);
+    svc_stop(&s);
+    svc_cleanup(&s);
+}
+
+/* A claim of guard 0 with two tenants of dram_slots each: 0, or the
+ * refusal's code. */
+static int try_claim_tenants(const svc *s, uint64_t dram_slots)
+{
+    rig r;
+    rig_init(&r, BS, 4, 0);
+    r.cfg.local_dram = NULL, r.cfg.n_local_dram = 0;
+    r.cfg.operation_timeout_ms = 1000;
+    r.cfg.guard = (kvcr_guard_options){s->sock, 0, DIGEST};
+    kvcr_tenant tenants[] = {{"alice", dram_slots, 0}, {"bob", dram_slots, 0}};
+    r.cfg.tenants = tenants;
+    r.cfg.n_tenants = 2;
+    r.cfg.enable_telemetry = true;
+    int rc = kvcr_create(&r.cfg, &r.kv);
+    if (rc == 0) {
+        assert_true(rig_stat(&r, "tenant_bob_dram_quota_slots", NULL) == (double)dram_slots);
+        assert_int_equal(kvcr_close(r.kv), 0);
+    }
+    kvcr_free(r.kv);
+    free(r.fw);
+    free(r.dram);
+    return rc;
+}
+
+/* In guard mode the tenants' DRAM quotas are checked against the slots of
+ * the pools the service grants (unknown before the claim): past them the
+ * claim is refused with the reason and the group given back; within them
+ * it is granted. */
+static void test_tenant_dram_quotas_are_checked_against_the_granted_pools(void **state)
+{
+    (void)state;
+    svc s;
+    svc_start(&s);
+    assert_int_equal(try_claim_tenants(&s, POOL_BLOCKS / 2 + 1), KVCR_EINVAL);
+    assert_non_null(strstr(kvcr_last_error(), "granted guard 0's pools, given back"));
+    char want[128];
+    snprintf(want, sizeof want, "DRAM quotas must add up to at most the DRAM slots (%d)",
+             POOL_BLOCKS);
+    assert_non_null(strstr(kvcr_last_error(), want));
+    assert_non_null(strstr(kvcr_last_error(), "tenant 'bob'"));
+    assert_int_equal(tool_svc_metric(s.sock, "kvcr_guard_claims_total{guard=\"0\"}"), 1);
+    /* Given back: the group is claimed again, with quotas that fit. */
+    assert_int_equal(try_claim_tenants(&s, POOL_BLOCKS / 2), 0);
     assert_int_equal(tool_svc_metric(s.sock, "kvcr_guard_claims_total{guard=\"0\"}"), 2);
     svc_stop(&s);
     svc_cleanup(&s);
@@ -764,6 +813,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_claims_are_refused_with_their_reasons),
+        cmocka_unit_test(test_tenant_dram_quotas_are_checked_against_the_granted_pools),
         cmocka_unit_test(test_guard_serves_after_sigkill_and_hands_back_on_restart),
         cmocka_unit_test(test_sigkill_during_deposits_keeps_every_committed_block),
         cmocka_unit_test(test_pull_from_killed_engine_is_ended_by_the_guard),
