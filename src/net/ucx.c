@@ -1,6 +1,7 @@
 #include "net/ucx.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,10 +36,30 @@
 #define TCP_TX_SEG_SIZE "128k"
 #define TCP_RX_SEG_SIZE "512k"
 /* The active message that carries a write's bytes when they go as
- * messages (see ucx.h): its id, and its header of two little-endian u64,
- * the write's tag and the destination address. */
+ * messages (see ucx.h), AM_WRITE_ID, in one of two layouts told apart by
+ * the header's length (little-endian u64 throughout):
+ * - one run: the write's tag and the destination address (AM_WRITE_HDR
+ *   bytes); the payload is the run.
+ * - several runs: the tag, then (destination address, length) for each of
+ *   2..AM_BATCH_RUNS runs (8 + 16 n bytes); the payload is the runs one
+ *   after the other, their lengths summing to it exactly.
+ * Runs shorter than AM_BATCH_BYTES are gathered, in order, into messages
+ * of at most AM_BATCH_BYTES and AM_BATCH_RUNS runs: one message per small
+ * block costs the sender a request and the receiver a callback each,
+ * which with 16 KiB blocks over TCP held them to well under half the rate
+ * of 2 MiB blocks (docs/BENCHMARKS.md, "Across hosts"). Longer runs go
+ * alone. */
 #define AM_WRITE_ID 1
 #define AM_WRITE_HDR 16
+#define AM_RUN_HDR 16
+#define AM_BATCH_BYTES (256u << 10)
+#define AM_BATCH_RUNS 32
+/* KVCR_UCX_BATCH_BYTES overrides AM_BATCH_BYTES (0: every run alone), for
+ * comparisons; at most this. */
+#define AM_BATCH_BYTES_MAX (16u << 20)
+/* Header bytes a write of n runs needs at most: a tag per message, one
+ * entry per run, plus room for the one-run layout's address. */
+#define AM_HDR_BYTES(n) ((n) * (8 + AM_RUN_HDR))
 
 /* What a transport entry of our own address looks like; a peer's entry for
  * the same transport (same name checksum) must look the same. */
@@ -69,7 +90,11 @@ struct ucx_ctx {
     int writes_mode;       /* KVCR_UCX_WRITES: -1 puts, 1 messages, 0 by the lanes */
     ucx_sink *sink;        /* where messages' bytes go (ucx_set_sink) */
     void *sink_arg;
-    uint64_t sink_dropped; /* messages the sink refused or that were malformed */
+    size_t batch_runs;     /* runs per write message at most (AM_BATCH_RUNS) */
+    size_t batch_bytes;    /* runs shorter than this are gathered (AM_BATCH_BYTES) */
+    /* Messages the sink refused or that were malformed: counted by the
+     * progress thread, read by any (ucx_sink_dropped). */
+    _Atomic uint64_t sink_dropped;
 };
 
 struct ucx_mem {
@@ -102,7 +127,7 @@ struct write_op {
     uint32_t pending;  /* requests UCX still holds */
     bool posted;       /* ucx_write has returned: pending can only fall */
     int status;
-    uint8_t *headers;  /* messages: one AM_WRITE_HDR header each, held until done */
+    uint8_t *headers;  /* messages: their headers and iov lists, held until done */
 };
 
 static ucs_status_t set_write_handler(ucx_ctx *c);
@@ -274,6 +299,29 @@ static void learn_own_address(ucx_ctx *c)
                  "basic checks", why);
 }
 
+/* How many runs one write message may list: AM_BATCH_RUNS, or fewer if
+ * UCX's limit on an active message's header says so (1: none gathered). */
+static ucs_status_t set_batch_runs(ucx_ctx *c)
+{
+    ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
+    ucs_status_t st = ucp_worker_query(c->worker, &wa);
+    if (st != UCS_OK) return st;
+    size_t fit = wa.max_am_header > 8 ? (wa.max_am_header - 8) / AM_RUN_HDR : 0;
+    c->batch_runs = fit < 2 ? 1 : fit < AM_BATCH_RUNS ? fit : AM_BATCH_RUNS;
+    c->batch_bytes = AM_BATCH_BYTES;
+    const char *env = getenv("KVCR_UCX_BATCH_BYTES");
+    if (env != NULL) {
+        char *end;
+        unsigned long long v = strtoull(env, &end, 10);
+        if (end == env || *end != '\0' || v > AM_BATCH_BYTES_MAX)
+            kvcr_log(c->log, KVCR_LOG_WARN, "ucx: KVCR_UCX_BATCH_BYTES=%s is not 0..%u: %u", env,
+                     AM_BATCH_BYTES_MAX, AM_BATCH_BYTES);
+        else
+            c->batch_bytes = (size_t)v;
+    }
+    return UCS_OK;
+}
+
 int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out)
 {
     ucx_ctx *c = calloc(1, sizeof *c);
@@ -310,6 +358,8 @@ int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out)
     if (st != UCS_OK) return ctx_fail(c, "ucp_worker_create", st);
     st = set_write_handler(c);
     if (st != UCS_OK) return ctx_fail(c, "ucp_worker_set_am_recv_handler", st);
+    st = set_batch_runs(c);
+    if (st != UCS_OK) return ctx_fail(c, "ucp_worker_query", st);
     st = ucp_worker_get_efd(c->worker, &c->efd);
     if (st != UCS_OK) return ctx_fail(c, "ucp_worker_get_efd", st);
     st = ucp_worker_get_address(c->worker, &c->addr, &c->addr_len);
@@ -897,14 +947,12 @@ static void *put_run(write_op *op, const ucx_seg *first, size_t len, const ucx_m
     return ucp_put_nbx(op->p->ep, first->src, len, first->remote_addr, first->rkey->rkey, &rp);
 }
 
-/* One run of segments as one eager active message, its header (the tag
- * and the destination address) at h: the target's sink copies the bytes
- * into place when the whole message has arrived, and nothing but that copy
- * writes its memory. */
-static void *message_run(write_op *op, const ucx_seg *first, size_t len, uint64_t tag, uint8_t *h)
+/* One message of a write, eager: the target's sink copies its runs into
+ * place once the whole message has arrived, and nothing but that copy
+ * writes its memory. count bytes at buf, or (iov) count runs listed at buf. */
+static void *send_message(write_op *op, const uint8_t *h, size_t hlen, const void *buf,
+                          size_t count, bool iov)
 {
-    put64(h, tag);
-    put64(h + 8, first->remote_addr);
     ucp_request_param_t rp = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
@@ -912,19 +960,60 @@ static void *message_run(write_op *op, const ucx_seg *first, size_t len, uint64_
         .user_data = op,
         .flags = UCP_AM_SEND_FLAG_EAGER,
     };
-    return ucp_am_send_nbx(op->p->ep, AM_WRITE_ID, h, AM_WRITE_HDR, first->src, len, &rp);
+    if (iov) {
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        rp.datatype = ucp_dt_make_iov();
+    }
+    return ucp_am_send_nbx(op->p->ep, AM_WRITE_ID, h, hlen, buf, count, &rp);
 }
 
-/* Every run of segments: puts, or (to a peer that takes messages) one
- * message each, whose headers op holds until it is done. */
-static bool post_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
+/* The runs gathered for the next message of a write: its header at h (the
+ * tag, then one entry per run), its runs at iov. Both stay in op->headers
+ * until the write is done: UCX reads them until each send completes. */
+typedef struct am_batch {
+    uint8_t *h;
+    ucp_dt_iov_t *iov;
+    size_t runs, bytes;
+} am_batch;
+
+static void batch_add(am_batch *b, uint64_t tag, const ucx_seg *first, size_t len)
 {
-    bool messages = op->p->messages;
-    if (messages && (op->headers = malloc(n * AM_WRITE_HDR)) == NULL) {
+    if (b->runs == 0) put64(b->h, tag);
+    uint8_t *e = b->h + 8 + b->runs * AM_RUN_HDR;
+    put64(e, first->remote_addr);
+    put64(e + 8, len);
+    b->iov[b->runs] = (ucp_dt_iov_t){.buffer = (void *)(uintptr_t)first->src, .length = len};
+    b->runs++;
+    b->bytes += len;
+}
+
+/* Sends the gathered runs as one message (one run: the one-run layout,
+ * which is the first 16 bytes of the gathered header) and starts the
+ * next batch after them; false once the write has failed. */
+static bool batch_send(write_op *op, am_batch *b)
+{
+    if (b->runs == 0) return true;
+    void *req = b->runs == 1
+                    ? send_message(op, b->h, AM_WRITE_HDR, b->iov[0].buffer, b->iov[0].length, false)
+                    : send_message(op, b->h, 8 + b->runs * AM_RUN_HDR, b->iov, b->runs, true);
+    b->h += 8 + b->runs * AM_RUN_HDR;
+    b->iov += b->runs;
+    b->runs = 0;
+    b->bytes = 0;
+    return post(op, req);
+}
+
+/* Every run of a write as messages tagged tag: short runs gathered (see
+ * AM_BATCH_BYTES), long ones alone, in order. */
+static bool message_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
+{
+    size_t per_run = 8 + AM_RUN_HDR + sizeof(ucp_dt_iov_t);
+    if (n > SIZE_MAX / per_run || (op->headers = malloc(n * per_run)) == NULL) {
         op->status = KVCR_ENOMEM;
         return false;
     }
-    uint8_t *h = op->headers;
+    am_batch b = {op->headers, (ucp_dt_iov_t *)(void *)(op->headers + AM_HDR_BYTES(n)), 0, 0};
+    size_t max_runs = op->p->c->batch_runs, max_bytes = op->p->c->batch_bytes;
     for (size_t i = 0, end; i < n; i = end) {
         if (segs[i].len == 0) {
             end = i + 1;
@@ -932,10 +1021,53 @@ static bool post_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
         }
         const ucx_mem *mem;
         size_t len = merge_run(segs, n, i, &end, &mem);
-        void *req = messages ? message_run(op, &segs[i], len, tag, h)
-                             : put_run(op, &segs[i], len, mem);
-        if (messages) h += AM_WRITE_HDR;
-        if (!post(op, req)) return false;
+        bool alone = len >= max_bytes;
+        bool full = b.runs == max_runs || b.bytes + len > max_bytes;
+        if ((alone || full) && !batch_send(op, &b)) return false;
+        batch_add(&b, tag, &segs[i], len);
+        if (alone && !batch_send(op, &b)) return false;
+    }
+    return batch_send(op, &b);
+}
+
+/* Every run of segments: puts, or (to a peer that takes messages)
+ * messages, whose headers op holds until it is done. */
+static bool post_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
+{
+    if (op->p->messages) return message_runs(op, segs, n, tag);
+    for (size_t i = 0, end; i < n; i = end) {
+        if (segs[i].len == 0) {
+            end = i + 1;
+            continue;
+        }
+        const ucx_mem *mem;
+        size_t len = merge_run(segs, n, i, &end, &mem);
+        if (!post(op, put_run(op, &segs[i], len, mem))) return false;
+    }
+    return true;
+}
+
+/* Hands a write message's runs to the sink, one call per run, after
+ * checking the whole header (see AM_WRITE_ID): false if it is malformed
+ * or the sink refused a run (the runs after it are not offered). */
+static bool sink_runs(ucx_ctx *c, const uint8_t *h, size_t hlen, const uint8_t *data, size_t length)
+{
+    uint64_t tag = get64(h);
+    if (hlen == AM_WRITE_HDR) return c->sink(c->sink_arg, tag, get64(h + 8), data, length);
+    size_t runs = (hlen - 8) / AM_RUN_HDR;
+    if ((hlen - 8) % AM_RUN_HDR != 0 || runs < 2 || runs > AM_BATCH_RUNS) return false;
+    size_t sum = 0;
+    for (size_t k = 0; k < runs; k++) {
+        uint64_t len = get64(h + 8 + k * AM_RUN_HDR + 8);
+        if (len == 0 || len > length - sum) return false;
+        sum += len;
+    }
+    if (sum != length) return false;
+    for (size_t k = 0, off = 0; k < runs; k++) {
+        const uint8_t *e = h + 8 + k * AM_RUN_HDR;
+        size_t len = get64(e + 8);
+        if (!c->sink(c->sink_arg, tag, get64(e), data + off, len)) return false;
+        off += len;
     }
     return true;
 }
@@ -949,9 +1081,9 @@ static ucs_status_t on_write_message(void *arg, const void *header, size_t heade
 {
     ucx_ctx *c = arg;
     bool eager = !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
-    if (header_length != AM_WRITE_HDR || !eager || length == 0 || c->sink == NULL ||
-        !c->sink(c->sink_arg, get64(header), get64((const uint8_t *)header + 8), data, length))
-        c->sink_dropped++;
+    if (header_length < AM_WRITE_HDR || !eager || length == 0 || c->sink == NULL ||
+        !sink_runs(c, header, header_length, data, length))
+        atomic_fetch_add_explicit(&c->sink_dropped, 1, memory_order_relaxed);
     return UCS_OK;
 }
 
@@ -979,7 +1111,7 @@ static ucs_status_t set_write_handler(ucx_ctx *c)
 
 uint64_t ucx_sink_dropped(const ucx_ctx *c)
 {
-    return c->sink_dropped;
+    return atomic_load_explicit(&c->sink_dropped, memory_order_relaxed);
 }
 
 int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag,

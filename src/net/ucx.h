@@ -25,9 +25,11 @@
  * Where every lane to a peer is TCP (another host without RDMA), UCX would
  * only emulate puts, with messages the destination's worker copies, and a
  * flush costs a round trip: there a write goes as eager active messages
- * instead (ucx_peer_messages), one per run of segments, carrying the
- * write's tag and the destination address, and the destination's sink
- * (ucx_set_sink) copies each into place or refuses it. Nothing but the
+ * instead (ucx_peer_messages), carrying the write's tag and the
+ * destination address of each run of segments (short runs gathered
+ * several to a message, see ucx.c), and the destination's sink
+ * (ucx_set_sink), called once per run, copies each into place or refuses
+ * it. Nothing but the
  * sink then writes the destination's memory, and only while the sink says
  * yes: a destination that gave up on a write drops its late messages
  * instead of waiting to learn that none is left in flight. KVCR_UCX_WRITES
@@ -81,7 +83,8 @@ typedef bool ucx_sink(void *arg, uint64_t tag, uint64_t addr, const void *data, 
 /* Installs the sink of the writes peers send us as messages (before any
  * peer writes; without one every such message is dropped). */
 void ucx_set_sink(ucx_ctx *c, ucx_sink *sink, void *arg);
-/* Messages dropped: malformed, not eager, or refused by the sink. */
+/* Messages dropped: malformed, not eager, or with a run the sink refused.
+ * An atomic counter: any thread may read it. */
 uint64_t ucx_sink_dropped(const ucx_ctx *c);
 
 /* Creates an endpoint to a peer worker from its address (bytes from the
@@ -120,8 +123,8 @@ typedef struct ucx_seg {
 } ucx_seg;
 
 /* Puts every segment (segments contiguous on both sides are merged), then
- * flushes the endpoint; or, to a peer that takes messages, sends each run
- * as a message tagged `tag` (no flush). done(ud, status) is called exactly
+ * flushes the endpoint; or, to a peer that takes messages, sends the runs
+ * as messages tagged `tag` (no flush). done(ud, status) is called exactly
  * once, from ucx_progress (never from inside ucx_write), with 0 when every
  * byte is in place at the destination (messages: sent, for the
  * destination's sink to take) or a negative code when any part failed; it

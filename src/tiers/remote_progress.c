@@ -718,7 +718,10 @@ int remote_check_source(const remote *r, const char *source)
  * limits (source writes being served now and at most so far, source writes
  * held — also ended ones not yet settled by a poll —, fences of write ids,
  * pin requests pending) and what CURVE refused: connections (ZAP) and
- * messages whose reply endpoint named another key than their connection's. */
+ * messages whose reply endpoint named another key than their connection's;
+ * and the write messages from peers that the sink dropped (malformed, or
+ * not for a pull waiting for them: ucx_sink_dropped, an atomic the
+ * progress thread counts). */
 static void remote_gauges(tier *t, gauge_sink *s)
 {
     const remote *r = of(t);
@@ -736,6 +739,8 @@ static void remote_gauges(tier *t, gauge_sink *s)
     gauge_sink_add(s, "", "control_auth_refused_connections",
                    r->ctl ? (double)ctl_auth_refused(r->ctl) : 0);
     gauge_sink_add(s, "", "control_auth_refused_messages", (double)r->refused_messages);
+    gauge_sink_add(s, "", "ucx_write_messages_dropped",
+                   r->ucx ? (double)ucx_sink_dropped(r->ucx) : 0);
 }
 
 /* Locked, every poll: what the progress thread handed back (finished

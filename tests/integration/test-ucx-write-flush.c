@@ -16,9 +16,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <ucp/api/ucp.h>
+
+#include "core/instance.h"
 #include "harness.h"
 #include "kvcr/error.h"
+#include "kvcr/stats.h"
 #include "net/ucx.h"
+#include "peer.h"
+#include "tiers/remote_int.h"
 #include "util/clock.h"
 
 #define SEC 1000000000ull
@@ -213,6 +219,9 @@ typedef struct sink_rec {
     size_t len;
     uint64_t tag;
     uint64_t bytes; /* taken */
+    int calls;      /* runs taken */
+    int adjacent;   /* runs whose bytes followed the previous run's: one message */
+    const uint8_t *last_end;
 } sink_rec;
 
 static bool test_sink(void *arg, uint64_t tag, uint64_t addr, const void *data, size_t len)
@@ -223,6 +232,9 @@ static bool test_sink(void *arg, uint64_t tag, uint64_t addr, const void *data, 
         return false;
     memcpy((void *)(uintptr_t)addr, data, len);
     k->bytes += len;
+    k->calls++;
+    if (data == k->last_end) k->adjacent++;
+    k->last_end = (const uint8_t *)data + len;
     return true;
 }
 
@@ -283,6 +295,249 @@ static void test_writes_as_messages_land_only_through_the_sink(void **state)
     pair_close(&pr);
     free(src);
     free(model);
+}
+
+/* Small runs as messages: gathered several to a message at the source,
+ * handed to the sink one call per run at the destination (a run's bytes
+ * right after the previous run's shows they came in one message); a
+ * run of 1 MiB among them goes alone; every byte lands. */
+static void test_small_runs_as_messages_are_gathered_and_scattered(void **state)
+{
+    (void)state;
+    enum { N = 4 << 20, SEG = 16 << 10, K = 128 };
+    setenv("KVCR_UCX_WRITES", "messages", 1);
+    pair pr;
+    pair_open(&pr, N, false);
+    unsetenv("KVCR_UCX_WRITES");
+    sink_rec k = {pr.dst, N, 9, 0, 0, 0, NULL};
+    ucx_set_sink(pr.b, test_sink, &k);
+    uint8_t *src = malloc(N), *model = malloc(N);
+    ucx_seg *segs = malloc((K + 1) * sizeof *segs);
+    fill_pattern(src, N, 5);
+    for (int i = 0; i < K; i++) /* source chunk i to destination chunk 37 i mod K: no merging */
+        segs[i] = seg(&pr, src + (size_t)i * SEG, NULL, (size_t)(i * 37 % K) * SEG, SEG - i);
+    segs[K] = segs[K / 2]; /* a long run in the middle */
+    segs[K / 2] = seg(&pr, src + (3u << 20), NULL, 3u << 20, 1u << 20);
+    memset(model, 0xee, N);
+    apply(model, pr.dst, segs, K + 1);
+    uint64_t total = 0;
+    for (int i = 0; i <= K; i++) total += segs[i].len;
+    done_rec d = {0};
+    assert_int_equal(ucx_write(pr.ab, segs, K + 1, 9, on_done, &d), 0);
+    wait_done(pr.a, pr.b, &d);
+    assert_int_equal(d.status, 0);
+    uint64_t until = kvcr_now_ns() + WAIT_NS;
+    while (k.bytes < total && kvcr_now_ns() < until) {
+        ucx_progress(pr.a);
+        ucx_progress(pr.b);
+    }
+    assert_int_equal(k.bytes, total);
+    assert_int_equal(k.calls, K + 1);
+    assert_true(k.adjacent > 0);
+    assert_memory_equal(pr.dst, model, N);
+    assert_int_equal(ucx_sink_dropped(pr.b), 0);
+    pair_close(&pr);
+    free(segs);
+    free(src);
+    free(model);
+}
+
+/* A raw UCP sender of write messages, for headers ucx_write never makes. */
+typedef struct raw_sender {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    bool own; /* we progress the receiver (else its instance does) */
+} raw_sender;
+
+static void raw_open(raw_sender *r, const ucx_ctx *to, bool own)
+{
+    r->own = own;
+    ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    ucp_config_t *cfg;
+    assert_int_equal(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+    assert_int_equal(ucp_init(&params, cfg, &r->ctx), UCS_OK);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    assert_int_equal(ucp_worker_create(r->ctx, &wp, &r->worker), UCS_OK);
+    const void *addr;
+    size_t len;
+    ucx_worker_address(to, &addr, &len);
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                          .address = addr,
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    assert_int_equal(ucp_ep_create(r->worker, &ep, &r->ep), UCS_OK);
+}
+
+/* Sends one eager message with id 1 and waits until it is sent. The
+ * receiver `to` is progressed here when we own it, else by its instance's
+ * progress thread. */
+static void raw_send(raw_sender *r, ucx_ctx *to, const void *h, size_t hlen, const void *data,
+                     size_t len)
+{
+    bool own = r->own;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_EAGER};
+    void *req = ucp_am_send_nbx(r->ep, 1, h, hlen, data, len, &rp);
+    assert_false(UCS_PTR_IS_ERR(req));
+    uint64_t until = kvcr_now_ns() + WAIT_NS;
+    while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS &&
+           kvcr_now_ns() < until) {
+        ucp_worker_progress(r->worker);
+        if (own) ucx_progress(to);
+    }
+    if (UCS_PTR_IS_PTR(req)) {
+        assert_int_equal(ucp_request_check_status(req), UCS_OK);
+        ucp_request_free(req);
+    }
+}
+
+static void raw_close(raw_sender *r, ucx_ctx *to)
+{
+    bool own = r->own;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *req = ucp_ep_close_nbx(r->ep, &rp);
+    uint64_t until = kvcr_now_ns() + WAIT_NS;
+    while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS &&
+           kvcr_now_ns() < until) {
+        ucp_worker_progress(r->worker);
+        if (own) ucx_progress(to);
+    }
+    if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+    ucp_worker_destroy(r->worker);
+    ucp_cleanup(r->ctx);
+}
+
+/* Progresses both sides until the receiver has counted want drops. */
+static void wait_dropped(raw_sender *r, ucx_ctx *to, uint64_t want)
+{
+    bool own = r->own;
+    uint64_t until = kvcr_now_ns() + WAIT_NS;
+    while (ucx_sink_dropped(to) < want && kvcr_now_ns() < until) {
+        ucp_worker_progress(r->worker);
+        if (own) ucx_progress(to);
+    }
+    for (int i = 0; i < 100; i++) {
+        ucp_worker_progress(r->worker);
+        if (own) ucx_progress(to);
+    }
+    assert_int_equal(ucx_sink_dropped(to), want);
+}
+
+/* A header listing (address, length) runs: tag, then the pairs. */
+static size_t runs_header(uint8_t *h, uint64_t tag, const uint64_t *pairs, size_t n_runs)
+{
+    memcpy(h, &tag, 8);
+    memcpy(h + 8, pairs, n_runs * 16);
+    return 8 + n_runs * 16;
+}
+
+/* Write messages whose header does not add up are dropped whole and
+ * counted, and write nothing: too short, a length not of whole entries,
+ * one run in the listed layout, too many runs, lengths short of or past
+ * the payload, a run of zero bytes. A good one of two runs lands; one
+ * whose second run the sink refuses is counted once. */
+static void test_malformed_write_messages_are_dropped_and_counted(void **state)
+{
+    (void)state;
+    enum { N = 64 << 10 };
+    pair pr;
+    pair_open(&pr, N, false);
+    sink_rec k = {pr.dst, N, 3, 0, 0, 0, NULL};
+    ucx_set_sink(pr.b, test_sink, &k);
+    raw_sender r;
+    raw_open(&r, pr.b, true);
+    uint8_t data[8192], h[8 + 40 * 16];
+    fill_pattern(data, sizeof data, 6);
+    uint64_t base = (uint64_t)(uintptr_t)pr.dst, pairs[80];
+    for (int i = 0; i < 40; i++) pairs[2 * i] = base + (uint64_t)i * 256, pairs[2 * i + 1] = 100;
+    uint64_t dropped = 0;
+
+    runs_header(h, 3, pairs, 2);
+    raw_send(&r, pr.b, h, 8, data, 200); /* shorter than one run's header */
+    raw_send(&r, pr.b, h, 8 + 16 * 2 - 4, data, 200); /* not whole entries */
+    raw_send(&r, pr.b, h, runs_header(h, 3, pairs, 1), data, 100); /* one run, listed */
+    raw_send(&r, pr.b, h, runs_header(h, 3, pairs, 33), data, 3300); /* too many runs */
+    raw_send(&r, pr.b, h, runs_header(h, 3, pairs, 2), data, 199); /* lengths past the payload */
+    raw_send(&r, pr.b, h, runs_header(h, 3, pairs, 2), data, 201); /* short of it */
+    uint64_t zero[] = {base, 200, base + 1000, 0};
+    raw_send(&r, pr.b, h, runs_header(h, 3, zero, 2), data, 200);
+    uint64_t huge[] = {base, UINT64_MAX - 50, base + 1000, 251};
+    raw_send(&r, pr.b, h, runs_header(h, 3, huge, 2), data, 200); /* sum wraps to 200 */
+    dropped += 8;
+    wait_dropped(&r, pr.b, dropped);
+    assert_int_equal(k.calls, 0);
+    for (size_t i = 0; i < N; i++)
+        if (pr.dst[i] != 0xee) fail_msg("byte %zu written by a dropped message", i);
+
+    /* well formed: both runs land, in their places */
+    uint64_t good[] = {base + 5000, 300, base + 100, 700};
+    raw_send(&r, pr.b, h, runs_header(h, 3, good, 2), data, 1000);
+    uint64_t until = kvcr_now_ns() + WAIT_NS;
+    while (k.calls < 2 && kvcr_now_ns() < until) {
+        ucp_worker_progress(r.worker);
+        ucx_progress(pr.b);
+    }
+    assert_int_equal(k.calls, 2);
+    assert_memory_equal(pr.dst + 5000, data, 300);
+    assert_memory_equal(pr.dst + 100, data + 300, 700);
+
+    /* the second run outside the destination: refused there, counted once */
+    uint64_t outside[] = {base + 20000, 100, base + N - 50, 100};
+    raw_send(&r, pr.b, h, runs_header(h, 3, outside, 2), data, 200);
+    wait_dropped(&r, pr.b, ++dropped);
+    assert_int_equal(k.calls, 3);
+    raw_close(&r, pr.b);
+    pair_close(&pr);
+}
+
+/* The line of a gauge in the instance's Prometheus text, "" if absent. */
+static void prometheus_line(rig *r, const char *resource, char *out, size_t cap)
+{
+    kvcr_stats *st = NULL;
+    char *text = NULL, key[128];
+    size_t len;
+    assert_int_equal(kvcr_stats_take(r->kv, &st), 0);
+    assert_int_equal(kvcr_stats_render_prometheus(st, &text, &len), 0);
+    snprintf(key, sizeof key, "resource=\"%s\"}", resource);
+    const char *at = strstr(text, key);
+    snprintf(out, cap, "%.*s", at ? (int)strcspn(at, "\n") : 0, at ? at : "");
+    kvcr_prometheus_free(text);
+    kvcr_stats_free(st);
+}
+
+/* An instance's peer tier exports the write messages its sink dropped, in
+ * its gauges and its Prometheus text: a malformed one and one for no pull
+ * of the instance each move it by one. */
+static void test_dropped_write_messages_show_in_the_instances_gauges(void **state)
+{
+    (void)state;
+    rig a;
+    rig_init_remote(&a, 4096, 4, 4);
+    a.cfg.enable_telemetry = true;
+    rig_start(&a);
+    ucx_ctx *c = a.kv->remote->ucx;
+    assert_int_equal(rig_stat(&a, "ucx_write_messages_dropped", NULL), 0);
+    char line[160];
+    prometheus_line(&a, "ucx_write_messages_dropped", line, sizeof line);
+    assert_string_equal(line, "resource=\"ucx_write_messages_dropped\"} 0");
+    raw_sender r;
+    raw_open(&r, c, false);
+    uint8_t data[64] = {0}, h[24] = {0};
+    uint64_t pairs[] = {1 << 20, 64};
+    raw_send(&r, c, h, runs_header(h, 42, pairs, 1), data, sizeof data); /* malformed */
+    wait_dropped(&r, c, 1);
+    assert_int_equal(rig_stat(&a, "ucx_write_messages_dropped", NULL), 1);
+    raw_send(&r, c, h, 16, data, sizeof data); /* well formed, for no pull */
+    wait_dropped(&r, c, 2);
+    assert_int_equal(rig_stat(&a, "ucx_write_messages_dropped", NULL), 2);
+    prometheus_line(&a, "ucx_write_messages_dropped", line, sizeof line);
+    assert_string_equal(line, "resource=\"ucx_write_messages_dropped\"} 2");
+    raw_close(&r, c);
+    rig_stop(&a);
 }
 
 /* One 2 MiB segment, then 128 x 16 KiB in shuffled order (nothing merges:
@@ -612,14 +867,14 @@ static int reap(helper *h, bool kill_it)
     return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
 }
 
-typedef struct remote {
+typedef struct far_end {
     ucx_ctx *c;
     ucx_peer *p;
     ucx_rkey *rkey;
     uint64_t buf;
-} remote;
+} far_end;
 
-static void connect_helper(helper *h, remote *r)
+static void connect_helper(helper *h, far_end *r)
 {
     struct pollfd pf = {h->resp, POLLIN, 0};
     assert_int_equal(poll(&pf, 1, 10000), 1);
@@ -637,7 +892,7 @@ static void connect_helper(helper *h, remote *r)
 
 /* The helper's whole buffer in segments: 16 KiB ones in reverse order and
  * a few small odd ones, so that some merge and most do not. */
-static size_t cover(const remote *r, const uint8_t *src, ucx_seg *segs)
+static size_t cover(const far_end *r, const uint8_t *src, ucx_seg *segs)
 {
     size_t n = 0;
     for (size_t off = HELPER_BUF; off > 16384;) {
@@ -653,7 +908,7 @@ static size_t cover(const remote *r, const uint8_t *src, ucx_seg *segs)
 static void test_second_process_receives_the_bytes(void **state)
 {
     (void)state;
-    remote r;
+    far_end r;
     connect_helper(&verifier, &r);
     uint8_t *src = malloc(HELPER_BUF);
     ucx_seg *segs = malloc(128 * sizeof *segs);
@@ -677,7 +932,7 @@ static void test_second_process_receives_the_bytes(void **state)
 static void test_killed_peer_fails_later_writes_in_bounded_time(void **state)
 {
     (void)state;
-    remote r;
+    far_end r;
     connect_helper(&victim, &r);
     uint8_t *src = malloc(HELPER_BUF);
     ucx_seg *segs = malloc(128 * sizeof *segs);
@@ -732,6 +987,9 @@ int main(void)
         cmocka_unit_test(test_write_lands_every_byte_and_reports_once),
         cmocka_unit_test(test_big_and_many_segment_writes_land),
         cmocka_unit_test(test_writes_as_messages_land_only_through_the_sink),
+        cmocka_unit_test(test_small_runs_as_messages_are_gathered_and_scattered),
+        cmocka_unit_test(test_malformed_write_messages_are_dropped_and_counted),
+        cmocka_unit_test(test_dropped_write_messages_show_in_the_instances_gauges),
         cmocka_unit_test(test_done_is_never_called_inside_ucx_write),
         cmocka_unit_test(test_bad_segments_are_refused_before_anything_is_posted),
         cmocka_unit_test(test_malformed_addresses_and_rkeys_fail_cleanly),
