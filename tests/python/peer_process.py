@@ -96,6 +96,7 @@ def sglang_backend(kind: str, layout: str, pool, port: int = 0, **extra):
         tp_rank=extra.pop("tp_rank", 0), tp_size=2, pp_rank=0, pp_size=1,
         is_mla_model=kind == "mla", is_page_first_layout=layout == "page_first",
         model_name="test-model",
+        enable_storage_metrics=extra.pop("enable_storage_metrics", False),
         extra_config=dict({"backend_name": "kvcr", "module_path": "kvcr.integrations.sglang",
                            "class_name": "KVCRHiCacheStorage", "interface_v1": 1,
                            "dram_bytes": 1 << 20, "control_port": port,

@@ -188,6 +188,51 @@ def test_legacy_flat_pages_round_trip(backends):
     assert b.batch_set_v1(keys, indices(pool, range(3))) == [False] * 3
 
 
+# ---- SGLang's storage metrics --------------------------------------------------------
+
+def test_get_stats_gives_sglang_the_pages_and_bandwidth_of_each_batch(backends):
+    b, pool = backends("mha", "page_first", enable_storage_metrics=True)
+    collector = s.StorageMetricsCollector()
+    first = b.get_stats()
+    assert isinstance(first, s.StorageMetrics) and first == s.StorageMetrics()
+    size = pool.page_bytes()
+    keys = [sglang_key(i) for i in range(5)]
+    for i in range(5):
+        pool.write_page(i * pool.page_size, sglang_page(i, size))
+    assert b.batch_set_v1(keys[:3], indices(pool, range(3))) == [True] * 3
+    assert b.batch_set_v1(keys[3:], indices(pool, range(3, 5))) == [True] * 2
+    assert b.batch_get_v1(keys + [sglang_key(60)], indices(pool, range(8, 14))) == \
+        [True] * 5 + [False]
+    assert b.batch_get_v1([sglang_key(61)], indices(pool, [15])) == [False]  # moved nothing
+    m = b.get_stats()
+    collector.log_storage_metrics(m)  # what SGLang does with it: the type must be its own
+    assert m.backup_pgs == [3, 2] and m.prefetch_pgs == [5]
+    assert len(m.backup_bandwidth) == 2 and len(m.prefetch_bandwidth) == 1
+    assert all(isinstance(v, float) and v > 0 for v in m.backup_bandwidth + m.prefetch_bandwidth)
+    assert collector.histograms["backup_pgs"] == [3, 2]
+    for i in range(5):
+        assert pool.read_page((8 + i) * pool.page_size) == sglang_page(i, size)
+    assert b.get_stats() == s.StorageMetrics()  # each batch is reported once
+    # The legacy calls count as batches too.
+    legacy, lpool = backends("mha", "layer_first", interface_v1=0, enable_storage_metrics=True)
+    lpool.write_page(0, sglang_page(7, lpool.page_bytes()))
+    assert legacy.batch_set([sglang_key(7)], [lpool.get_data_page(0)]) is True
+    assert legacy.batch_get([sglang_key(7)], [lpool.get_dummy_flat_data_page()])[0] is not None
+    lm = legacy.get_stats()
+    assert lm.backup_pgs == [1] and lm.prefetch_pgs == [1]
+
+
+def test_get_stats_is_empty_without_storage_metrics_and_none_without_the_type(backends,
+                                                                              monkeypatch):
+    b, pool = backends("mha", "page_first")  # enable_storage_metrics off: nothing is sampled
+    pool.write_page(0, sglang_page(1, pool.page_bytes()))
+    assert b.batch_set_v1([sglang_key(1)], indices(pool, [0])) == [True]
+    assert b.get_stats() == s.StorageMetrics()
+    # An SGLang whose metrics module cannot be imported gets None, as the base class gives.
+    monkeypatch.setitem(sys.modules, "sglang.srt.metrics.collector", None)
+    assert b.get_stats() is None
+
+
 # ---- a peer pull steered by a hint --------------------------------------------------------
 
 @pytest.mark.parametrize("kind,layout", [("mha", "layer_first"), ("mla", "page_first")])

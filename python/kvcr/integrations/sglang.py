@@ -65,7 +65,7 @@ import select
 import socket
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -84,6 +84,8 @@ STAGE_PAGES = 128    # the controller's largest batch
 HINTS_KEPT = 1024    # requests whose router hint is kept
 RANK0_REQUEST = "sglang-mla-tp0"  # an MLA rank's reads from its rank 0
 DEFAULT_DRAM = 1 << 30
+METRIC_BATCHES = 4096  # per-batch samples of each kind kept between two get_stats calls
+GIB = float(1 << 30)   # SGLang's storage bandwidths are in GB/s of 2^30 bytes
 U64 = 1 << 64
 
 
@@ -182,6 +184,11 @@ class KVCRHiCacheStorage(HiCacheStorage):
         self._hint_lock = threading.Lock()
         self._stats = {"set_pages": 0, "get_pages": 0, "exists_hits": 0, "hinted_requests": 0,
                        "failures": 0}
+        # SGLang's storage metrics (get_stats): pages and GB/s of each batch,
+        # kept only when SGLang asks for them, the newest METRIC_BATCHES.
+        self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
+        self._samples = {k: deque(maxlen=METRIC_BATCHES) for k in
+                         ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")}
         self.agent = f"sglang-{os.getpid()}-tp{self.tp_rank}-pp{self.pp_rank}"
 
     # ---- set-up ------------------------------------------------------------------
@@ -406,10 +413,12 @@ class KVCRHiCacheStorage(HiCacheStorage):
             nkeys = [self._key(k) for k in keys]
             blocks = {nk: self._refs(p // self.page_size) for nk, p in zip(nkeys, pages)}
             router = None if get or not self._events else self._router(keys, nkeys, extra_info)
+            t0 = time.perf_counter()
             out = self._run("get" if get else "set",
                             (lambda: self._kv.deliver(blocks, request_id=rid)) if get
                             else (lambda: self._kv.deposit(blocks, router=router)), nkeys)
             self._count("get_pages" if get else "set_pages", out.count(True))
+            self._sample("prefetch" if get else "backup", out.count(True), t0)
             return out
         except Exception:
             log.exception("%s failed", call)
@@ -487,8 +496,10 @@ class KVCRHiCacheStorage(HiCacheStorage):
                 ctypes.memmove(base + i * self.page_bytes, addr, n)
             nkeys = [self._key(k) for k in keys]
             blocks = {nk: self._refs(i) for i, nk in enumerate(nkeys)}
+            t0 = time.perf_counter()
             ok = all(self._run("set", lambda: self._kv.deposit(blocks), nkeys))
         self._count("set_pages", len(keys) if ok else 0)
+        self._sample("backup", len(keys) if ok else 0, t0)
         return ok
 
     def set(self, key: str, value=None, target_location=None, target_sizes=None) -> bool:
@@ -501,6 +512,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
             if self._kv is None or target_locations is None:
                 return [None] * len(keys)
             nkeys = [self._key(k) for k in keys]
+            t0 = time.perf_counter()
             op = self._kv.fetch(nkeys, expected_layout=[POOL])
             entries = self._wait(op) or {}
             out, handles = [], []
@@ -520,6 +532,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
             if handles:
                 self._kv.release(handles)
             self._count("get_pages", sum(o is not None for o in out))
+            self._sample("prefetch", sum(o is not None for o in out), t0)
             return out
         except Exception:
             log.exception("batch_get failed")
@@ -545,9 +558,27 @@ class KVCRHiCacheStorage(HiCacheStorage):
             log.exception("clear failed")
 
     def get_stats(self):
-        """None: SGLang's storage metrics object is not filled by KVCR
-        (see stats() for the backend's counters)."""
-        return None
+        """SGLang's StorageMetrics of the batches since the last call, as
+        SGLang's own backends fill it (one entry per batch that moved pages:
+        prefetch_pgs / backup_pgs its pages, prefetch_bandwidth /
+        backup_bandwidth its GB/s; kept only with enable_storage_metrics, the
+        newest METRIC_BATCHES of each), the samples then dropped. None when
+        SGLang's metrics type cannot be imported (see stats() for the
+        backend's counters)."""
+        try:
+            from sglang.srt.metrics.collector import StorageMetrics
+        except Exception:  # an SGLang without it, or one that fails to import
+            return None
+        try:
+            metrics = StorageMetrics()
+            with self._stats_lock:
+                for name, samples in self._samples.items():
+                    getattr(metrics, name).extend(samples)
+                    samples.clear()
+            return metrics
+        except Exception:
+            log.exception("get_stats failed")
+            return None
 
     def stats(self) -> dict:
         """The backend's counters: pages set and got, leading hits reported,
@@ -558,6 +589,16 @@ class KVCRHiCacheStorage(HiCacheStorage):
     def _count(self, name: str, n: int) -> None:
         with self._stats_lock:
             self._stats[name] += n
+
+    def _sample(self, kind: str, pages: int, t0: float) -> None:
+        """One batch's pages and bandwidth for get_stats (kind: "prefetch"
+        or "backup"); a batch that moved nothing is no sample."""
+        elapsed = time.perf_counter() - t0
+        if not self._metrics_on or pages <= 0 or elapsed <= 0:
+            return
+        with self._stats_lock:
+            self._samples[f"{kind}_pgs"].append(pages)
+            self._samples[f"{kind}_bandwidth"].append(pages * self.page_bytes / GIB / elapsed)
 
     def _close_kv(self) -> None:
         with self._hint_lock:

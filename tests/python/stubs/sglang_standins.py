@@ -8,14 +8,17 @@ clear, get_stats), HiCacheStorageConfig and HiCacheStorageExtraInfo
 import-check-construct (storage/backend_factory.py), and host KV pools
 (pool_host: MHA and MLA, layouts layer_first, page_first,
 page_first_direct) over plain memory with SGLang's kv_buffer dimensions and
-get_page_buffer_meta pointer order. Tensors are a tiny class with the
-methods the backend reads (data_ptr, numel, element_size)."""
+get_page_buffer_meta pointer order, and the storage metrics a backend's
+get_stats returns with the collector that consumes them
+(sglang/srt/metrics/collector.py: StorageMetrics,
+StorageMetricsCollector.log_storage_metrics). Tensors are a tiny class with
+the methods the backend reads (data_ptr, numel, element_size)."""
 from __future__ import annotations
 
 import ctypes
 import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from standin_modules import register_modules
@@ -125,6 +128,37 @@ class HiCacheStorage(ABC):
 
     def get_stats(self):
         return None
+
+
+# ---- sglang.srt.metrics.collector (what get_stats returns, and who reads it) --------------
+
+@dataclass
+class StorageMetrics:
+    """One entry per storage batch since the backend's last get_stats:
+    pages of each prefetch (storage -> host) and backup (host -> storage)
+    batch, and their bandwidths in GB/s."""
+    prefetch_pgs: List[int] = field(default_factory=list)
+    backup_pgs: List[int] = field(default_factory=list)
+    prefetch_bandwidth: List[float] = field(default_factory=list)
+    backup_bandwidth: List[float] = field(default_factory=list)
+
+
+class StorageMetricsCollector:
+    """SGLang's consumer of get_stats (the HiCache controller hands it what
+    the backend returns): None is skipped, anything else must be a
+    StorageMetrics, each entry observed in its histogram (here: a list of
+    observations per histogram)."""
+
+    def __init__(self) -> None:
+        self.histograms = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
+                           "backup_bandwidth": []}
+
+    def log_storage_metrics(self, storage_metrics: Optional[StorageMetrics] = None) -> None:
+        if storage_metrics is None:
+            return
+        assert isinstance(storage_metrics, StorageMetrics)
+        for name, observed in self.histograms.items():
+            observed.extend(getattr(storage_metrics, name))
 
 
 # ---- sglang.srt.mem_cache.storage.backend_factory (the `dynamic` path) ------------------
@@ -282,6 +316,10 @@ _MODULES = {
         "HiCacheStorage": HiCacheStorage,
         "HiCacheStorageConfig": HiCacheStorageConfig,
         "HiCacheStorageExtraInfo": HiCacheStorageExtraInfo,
+    },
+    "sglang.srt.metrics.collector": {
+        "StorageMetrics": StorageMetrics,
+        "StorageMetricsCollector": StorageMetricsCollector,
     },
     "sglang.srt.mem_cache.storage.backend_factory": {
         "StorageBackendFactory": StorageBackendFactory,
