@@ -16,7 +16,43 @@ struct api_events {
     kvpub *pub;           /* NULL once stopped */
     kvpub_counts last;    /* the counts when it stopped */
     rmeta_map meta;       /* what deposits said of their blocks, by router hash */
+    uint64_t meta_unkept; /* blocks whose metadata did not fit a G3 record or journal frame */
+    uint64_t meta_damaged; /* stored metadata found again that did not decode */
 };
+
+/* Locked (the instance lock; takes the events' lock after it, never the
+ * other way round): the stored form of what the block's deposit said
+ * (block_meta_hook.get). */
+static size_t meta_get(void *ud, const uint8_t *key, size_t key_len, uint8_t *buf, size_t cap)
+{
+    kvcr_t *kv = ud;
+    struct api_events *e = kv->kv_events;
+    uint64_t h;
+    if (kv->conf.cb.key_hash(kv->conf.cb.ud, &(kvcr_key){key, key_len}, &h) != 0) return 0;
+    pthread_mutex_lock(&e->lock);
+    const rmeta *m = rmeta_get(&e->meta, h);
+    size_t n = m ? rmeta_encode(m, buf, cap) : 0;
+    if (n > cap) e->meta_unkept++;
+    pthread_mutex_unlock(&e->lock);
+    return n;
+}
+
+/* Before any thread runs: stored metadata found again with its block (a G3
+ * record, a recovered journal PUT); its BlockStored carries it. */
+static void meta_found(void *ud, const uint8_t *key, size_t key_len, const uint8_t *b, size_t len,
+                       kvcr_tier where)
+{
+    kvcr_t *kv = ud;
+    struct api_events *e = kv->kv_events;
+    uint64_t h;
+    if (kv->conf.cb.key_hash(kv->conf.cb.ud, &(kvcr_key){key, key_len}, &h) != 0) return;
+    pthread_mutex_lock(&e->lock);
+    int rc = rmeta_found(&e->meta, h, b, len, where == KVCR_TIER_G3 ? RMETA_G3 : RMETA_DRAM);
+    if (rc > 0) e->meta_damaged++;
+    pthread_mutex_unlock(&e->lock);
+    if (rc < 0) kvcr_log(&kv->log, KVCR_LOG_WARN, "kv events: out of memory restoring a block's "
+                         "router metadata (it is announced by its hash alone)");
+}
 
 int api_events_start(kvcr_t *kv, uint64_t first_seq)
 {
@@ -46,6 +82,7 @@ int api_events_start(kvcr_t *kv, uint64_t first_seq)
     kvpub_add(e->pub, &(kvev_event){.type = KVEV_CLEARED});
     kv->kv_events = e;
     kv->inventory_on = true;
+    kv->meta_hook = (block_meta_hook){meta_get, meta_found, kv};
     kvcr_log(&kv->log, KVCR_LOG_INFO, "kv events: %s %s, topic '%s'%s%s",
              kvpub_binds(k->endpoint) ? "bound" : "connected to", k->endpoint, k->topic,
              o.replay_endpoint ? ", replay at " : "", o.replay_endpoint ? o.replay_endpoint : "");
@@ -187,4 +224,9 @@ void api_events_gauges(kvcr_t *kv, gauge_sink *s)
     gauge_sink_add(s, "", "kv_events_dropped_batches", (double)c.dropped);
     gauge_sink_add(s, "", "kv_events_dropped_events", (double)c.events_dropped);
     gauge_sink_add(s, "", "kv_events_next_seq", (double)c.next_seq);
+    pthread_mutex_lock(&e->lock);
+    double unkept = (double)e->meta_unkept, damaged = (double)e->meta_damaged;
+    pthread_mutex_unlock(&e->lock);
+    gauge_sink_add(s, "", "kv_events_meta_unkept", unkept);
+    gauge_sink_add(s, "", "kv_events_meta_damaged", damaged);
 }

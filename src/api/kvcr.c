@@ -107,16 +107,28 @@ static void add_tier(kvcr_t *kv, const tier_ops *ops, tier *t)
 /* ---- guard mode: the journal the instance publishes to ------------------- */
 
 /* Locked (the recovery sink runs under the instance lock, as key_hash
- * may): a PUT carries the block's router hash, so that the Guard can
- * announce the block to routers while it serves it. */
+ * may): a PUT carries the block's router hash, its tenant and its router
+ * metadata (block_meta_hook; metadata longer than JOURNAL_META_MAX stays
+ * in memory only, counted by the hook), so that the Guard can announce the
+ * block to routers while it serves it and a claimant takes all of it back. */
 static int journal_sink(void *ud, bool put, const uint8_t *key, size_t key_len, uint32_t pool,
-                        uint64_t slot)
+                        uint64_t slot, const char *tenant)
 {
     kvcr_t *kv = ud;
     jrec r = {put ? JREC_PUT : JREC_REMOVE, key, key_len, pool, slot, false, 0};
+    uint8_t meta[JOURNAL_META_MAX];
     if (put && kv->conf.cb.key_hash) {
         kvcr_key k = {key, key_len};
         r.has_hash = kv->conf.cb.key_hash(kv->conf.cb.ud, &k, &r.router_hash) == 0;
+    }
+    if (put && tenant) {
+        r.tenant = (const uint8_t *)tenant;
+        r.tenant_len = strlen(tenant);
+    }
+    if (put && kv->meta_hook.get) {
+        size_t n = kv->meta_hook.get(kv->meta_hook.ud, key, key_len, meta, sizeof meta);
+        r.meta = meta;
+        r.meta_len = n <= sizeof meta ? n : 0;
     }
     return journal_publish(kv->journal, &r);
 }

@@ -57,6 +57,32 @@ void rmeta_unput(rmeta_map *m, uint64_t hash);
 
 const rmeta *rmeta_get(const rmeta_map *m, uint64_t hash);
 
+/* The stored form of an entry (what the G3 record and the recovery
+ * journal keep, opaque to them; little-endian):
+ *   u8 format (1), u8 flags (RMETA_F_*; other bits zero), u32 block size,
+ *   [u64 parent: RMETA_F_PARENT], [block size x u32 tokens: RMETA_F_TOKENS],
+ *   [u8 length, LoRA name: RMETA_F_LORA], u8 extra key count, then each
+ *   extra key as u8 length and bytes.
+ * Strings hold no NUL byte; nothing follows the last field.
+ * rmeta_encode returns the bytes e takes (written only when they fit in
+ * cap). */
+#define RMETA_FORMAT 1
+#define RMETA_F_PARENT 0x1u
+#define RMETA_F_TOKENS 0x2u
+#define RMETA_F_LORA 0x4u
+size_t rmeta_encode(const rmeta *e, uint8_t *buf, size_t cap);
+
+/* The entry of router hash `hash` that the stored bytes describe (one
+ * allocation, free() it; not in any map), or NULL when they do not decode
+ * exactly (strict: any deviation from the format above) or out of memory
+ * (*damaged tells which). */
+rmeta *rmeta_decode(uint64_t hash, const uint8_t *b, size_t len, bool *damaged);
+
+/* Stored bytes found again with a block resident in medium: its entry,
+ * resident (not pending). 0; 1 when the bytes do not decode (nothing
+ * kept); -1 out of memory. An entry already there is kept. */
+int rmeta_found(rmeta_map *m, uint64_t hash, const uint8_t *b, size_t len, unsigned medium);
+
 /* The block became resident in / left a medium (RMETA_*). */
 void rmeta_stored(rmeta_map *m, uint64_t hash, unsigned medium);
 void rmeta_removed(rmeta_map *m, uint64_t hash, unsigned medium);

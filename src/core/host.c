@@ -256,6 +256,30 @@ uint8_t host_tenant(const kvcr_t *kv, tier_block id)
     return index_get(&kv->index, id)->tenant;
 }
 
+const char *host_tenant_name(const kvcr_t *kv, tier_block id)
+{
+    return tenants_name(kv, index_get(&kv->index, id)->tenant);
+}
+
+void host_adopt_tenant(kvcr_t *kv, tier_block id, const void *name, size_t len)
+{
+    index_get(&kv->index, id)->tenant = len ? tenants_find(kv, name, len) : 0;
+}
+
+size_t host_block_meta(kvcr_t *kv, tier_block id, uint8_t *buf, size_t cap)
+{
+    if (kv->meta_hook.get == NULL) return 0;
+    const block *b = index_get(&kv->index, id);
+    return kv->meta_hook.get(kv->meta_hook.ud, block_key(b), b->key_len, buf, cap);
+}
+
+void host_meta_found(kvcr_t *kv, tier_block id, const void *meta, size_t len, kvcr_tier where)
+{
+    if (kv->meta_hook.found == NULL || len == 0) return;
+    const block *b = index_get(&kv->index, id);
+    kv->meta_hook.found(kv->meta_hook.ud, block_key(b), b->key_len, meta, len, where);
+}
+
 bool host_lower_over_quota(const kvcr_t *kv, uint32_t tenant, tier_block incoming)
 {
     return tenants_g3_over(kv, (uint8_t)tenant, incoming);

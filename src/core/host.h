@@ -129,6 +129,18 @@ kvcr_action host_eviction_decision(kvcr_t *kv, tier_block id, kvcr_tier from);
  * (false when the policy does not order by quotas). */
 void host_lower_slots(kvcr_t *kv, tier_block id, int delta);
 uint8_t host_tenant(const kvcr_t *kv, tier_block id);
+/* The name of the block's tenant, NULL for none. */
+const char *host_tenant_name(const kvcr_t *kv, tier_block id);
+/* A record host_lower_adopt just made takes the tenant named name (a name
+ * no longer configured: none), before it holds any slot. */
+void host_adopt_tenant(kvcr_t *kv, tier_block id, const void *name, size_t len);
+/* The API layer's opaque bytes of the block (core/recovery.h
+ * block_meta_hook.get): their length, 0 for none, more than cap when they
+ * do not fit. */
+size_t host_block_meta(kvcr_t *kv, tier_block id, uint8_t *buf, size_t cap);
+/* Before any thread runs: such bytes found again with a block now
+ * resident in `where`. */
+void host_meta_found(kvcr_t *kv, tier_block id, const void *meta, size_t len, kvcr_tier where);
 bool host_quota_first(const kvcr_t *kv);
 bool host_lower_over_quota(const kvcr_t *kv, uint32_t tenant, tier_block incoming);
 /* A move the policy asked for failed: decide_recovery, DROP. */

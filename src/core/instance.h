@@ -142,6 +142,7 @@ struct kvcr {
     struct remote *remote;   /* the peer-to-peer tier, NULL when off */
     struct g3_tier *g3;      /* the G3 tier, NULL when off */
     recovery_sink sink;       /* guard mode: where residencies are published */
+    block_meta_hook meta_hook; /* the API layer's bytes of a block (router metadata) */
     struct svc_hold *hold;    /* guard mode: the claim, released at close */
     struct journal *journal;  /* guard mode: where the recovery sink publishes */
     int control_listener;     /* guard mode: adopted by the control channel; -1 */

@@ -14,10 +14,10 @@ void recovery_set_sink(kvcr_t *kv, const recovery_sink *sink)
 }
 
 static void publish(kvcr_t *kv, bool put, const uint8_t *key, size_t key_len, uint32_t pool,
-                    uint64_t slot)
+                    uint64_t slot, const char *tenant)
 {
     if (kv->sink.publish == NULL) return;
-    int rc = kv->sink.publish(kv->sink.ud, put, key, key_len, pool, slot);
+    int rc = kv->sink.publish(kv->sink.ud, put, key, key_len, pool, slot, tenant);
     if (rc == 0 || rc == KVCR_EINVAL) return; /* EINVAL: a key the sink cannot carry */
     kvcr_log(&kv->log, KVCR_LOG_WARN,
              "recovery publication disabled after the journal refused a frame (%s): the cache "
@@ -94,8 +94,17 @@ static size_t install_all(kvcr_t *kv, const recovered_block *blocks, size_t n)
         const recovered_block *r = &blocks[i];
         uint64_t hash = index_hash(r->key, r->key_len);
         block_id id = index_find(&kv->index, r->key, r->key_len, hash);
-        if (id == BLOCK_NONE) id = index_insert(&kv->index, r->key, r->key_len, hash);
+        if (id == BLOCK_NONE) {
+            id = index_insert(&kv->index, r->key, r->key_len, hash);
+            /* A new record holds nothing yet: it may take its tenant (one
+             * the G3 scan found already keeps the tenant its slot counts). */
+            index_get(&kv->index, id)->tenant =
+                r->tenant_len ? tenants_find(kv, r->tenant, r->tenant_len) : 0;
+        }
         if (res_adopt(kv, id, r->pool, (uint32_t)r->slot)) {
+            if (r->meta_len && kv->meta_hook.found)
+                kv->meta_hook.found(kv->meta_hook.ud, r->key, r->key_len, r->meta, r->meta_len,
+                                    KVCR_TIER_LOCAL_G2);
             installed++;
             ids[n_ids++] = id;
             announce(kv, ids, &n_ids, false);
@@ -103,7 +112,7 @@ static size_t install_all(kvcr_t *kv, const recovered_block *blocks, size_t n)
         }
         /* The policy declined it: its slot goes back and the Guard hears so. */
         dram_pool_give(&kv->pools[r->pool], (uint32_t)r->slot);
-        publish(kv, false, r->key, r->key_len, 0, 0);
+        publish(kv, false, r->key, r->key_len, 0, 0, NULL);
         res_prune(kv, id);
     }
     announce(kv, ids, &n_ids, true);
@@ -142,11 +151,13 @@ size_t recovery_install(kvcr_t *kv, const recovered_block *blocks, size_t n)
 void recovery_put(kvcr_t *kv, block_id id)
 {
     const block *b = index_get(&kv->index, id);
-    if (b->n_slots == 1) publish(kv, true, block_key(b), b->key_len, b->sl.one.pool, b->sl.one.slot);
+    if (b->n_slots == 1)
+        publish(kv, true, block_key(b), b->key_len, b->sl.one.pool, b->sl.one.slot,
+                tenants_name(kv, b->tenant));
 }
 
 void recovery_remove(kvcr_t *kv, block_id id)
 {
     const block *b = index_get(&kv->index, id);
-    if (b->n_slots == 1) publish(kv, false, block_key(b), b->key_len, 0, 0);
+    if (b->n_slots == 1) publish(kv, false, block_key(b), b->key_len, 0, 0, NULL);
 }

@@ -22,6 +22,20 @@ void tenants_destroy(kvcr_t *kv)
     for (uint32_t t = 0; t <= KVCR_MAX_TENANTS; t++) evq_destroy(&kv->tenants[t].evq);
 }
 
+uint8_t tenants_find(const kvcr_t *kv, const void *name, size_t len)
+{
+    for (uint32_t i = 0; i < kv->conf.n_tenants; i++)
+        if (strlen(kv->conf.tenant_names[i]) == len &&
+            memcmp(kv->conf.tenant_names[i], name, len) == 0)
+            return (uint8_t)(i + 1);
+    return 0;
+}
+
+const char *tenants_name(const kvcr_t *kv, uint8_t t)
+{
+    return t ? kv->conf.tenant_names[t - 1] : NULL;
+}
+
 /* The "tenant" member of checked hints: 0 for none or null. */
 static int hints_tenant(const kvcr_t *kv, const json_doc *d, uint8_t *tenant)
 {
@@ -29,12 +43,8 @@ static int hints_tenant(const kvcr_t *kv, const json_doc *d, uint8_t *tenant)
     if (t == NULL || t->type == JSON_NULL) return 0;
     if (t->type != JSON_STRING)
         return kvcr_fail(KVCR_EINVAL, "hints' \"tenant\" must be a string or null");
-    for (uint32_t i = 0; i < kv->conf.n_tenants; i++)
-        if (strlen(kv->conf.tenant_names[i]) == t->str_len &&
-            memcmp(kv->conf.tenant_names[i], json_str(d, t), t->str_len) == 0) {
-            *tenant = (uint8_t)(i + 1);
-            return 0;
-        }
+    *tenant = t->str_len ? tenants_find(kv, json_str(d, t), t->str_len) : 0;
+    if (*tenant) return 0;
     return kvcr_fail(KVCR_EINVAL, "hints name tenant '%.*s', which is not configured",
                      (int)(t->str_len > 64 ? 64 : t->str_len), json_str(d, t));
 }
@@ -159,7 +169,7 @@ bool tenants_g3_over(const kvcr_t *kv, uint8_t t, block_id incoming)
 void tenants_meta(const kvcr_t *kv, block_id id, kvcr_block_meta *meta)
 {
     uint8_t t = index_get(&kv->index, id)->tenant;
-    meta->tenant = t ? kv->conf.tenant_names[t - 1] : NULL;
+    meta->tenant = tenants_name(kv, t);
     meta->tenant_dram_slots = kv->tenants[t].dram_slots;
     meta->tenant_dram_quota = dram_quota(kv, t);
     meta->tenant_g3_slots = kv->tenants[t].g3_slots;

@@ -9,6 +9,7 @@
 #define KVCR_CORE_TENANTS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/evictq.h"
@@ -52,6 +53,12 @@ void tenants_admit_enter(kvcr_t *kv, admit_ctx *ctx, const char *request_id);
 void tenants_admit_leave(kvcr_t *kv);
 /* No lock: frees what prepare kept. */
 void tenants_admit_free(admit_ctx *ctx);
+
+/* Any thread (the configuration is fixed): the tenant named name (len
+ * bytes), 0 when none is configured by that name; and tenant t's name,
+ * NULL for 0. */
+uint8_t tenants_find(const kvcr_t *kv, const void *name, size_t len);
+const char *tenants_name(const kvcr_t *kv, uint8_t t);
 
 /* The evictable queue a block belongs in, by its tenant. */
 evictq *tenant_queue(kvcr_t *kv, block_id id);

@@ -110,19 +110,21 @@ static int check_grant(const kvcr_config *cfg, const svc_msg *g, size_t n_fds)
     return 0;
 }
 
-static int keep_key(svc_hold *h, const jrec *r, const uint8_t **at)
+/* Copies len bytes of a frame (a key, a tenant, metadata) into the keys
+ * buffer; *at is their offset until the buffer settles. */
+static int keep_bytes(svc_hold *h, const uint8_t *p, size_t len, const uint8_t **at)
 {
-    if (h->keys_used + r->key_len > h->keys_cap) {
+    if (h->keys_used + len > h->keys_cap) {
         size_t cap = h->keys_cap ? h->keys_cap * 2 : 1 << 16;
-        while (cap < h->keys_used + r->key_len) cap *= 2;
+        while (cap < h->keys_used + len) cap *= 2;
         uint8_t *k = realloc(h->keys, cap);
         if (k == NULL) return KVCR_ENOMEM;
         h->keys = k;
         h->keys_cap = cap;
     }
-    memcpy(h->keys + h->keys_used, r->key, r->key_len);
-    *at = (const uint8_t *)(uintptr_t)h->keys_used; /* an offset until the buffer settles */
-    h->keys_used += r->key_len;
+    if (len) memcpy(h->keys + h->keys_used, p, len);
+    *at = (const uint8_t *)(uintptr_t)h->keys_used;
+    h->keys_used += len;
     return 0;
 }
 
@@ -140,8 +142,13 @@ static int on_frame(void *ud, const jrec *r)
         h->cap_recovered = cap;
     }
     recovered_block *b = &h->recovered[h->n_recovered];
-    if (keep_key(h, r, &b->key) != 0) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    if (keep_bytes(h, r->key, r->key_len, &b->key) != 0 ||
+        keep_bytes(h, r->tenant, r->tenant_len, &b->tenant) != 0 ||
+        keep_bytes(h, r->meta, r->meta_len, &b->meta) != 0)
+        return kvcr_fail(KVCR_ENOMEM, "out of memory");
     b->key_len = r->key_len;
+    b->tenant_len = r->tenant_len;
+    b->meta_len = r->meta_len;
     b->pool = r->pool;
     b->slot = r->slot;
     h->n_recovered++;
@@ -160,8 +167,12 @@ static void read_recovered(svc_hold *h, const svc_msg *g)
         h->n_recovered = 0;
         return;
     }
-    for (size_t i = 0; i < h->n_recovered; i++)
-        h->recovered[i].key = h->keys + (uintptr_t)h->recovered[i].key;
+    for (size_t i = 0; i < h->n_recovered; i++) {
+        recovered_block *b = &h->recovered[i];
+        b->key = h->keys + (uintptr_t)b->key;
+        b->tenant = b->tenant_len ? h->keys + (uintptr_t)b->tenant : NULL;
+        b->meta = b->meta_len ? h->keys + (uintptr_t)b->meta : NULL;
+    }
 }
 
 static void free_hold(svc_hold *h)

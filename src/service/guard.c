@@ -205,6 +205,10 @@ static void compact(guard *g)
     for (size_t i = 0; rc == 0 && i < n; i++) {
         jrec r = {JREC_PUT, list[i].key, list[i].key_len, list[i].pool, list[i].slot, false, 0};
         r.has_hash = mirror_router_hash(&g->mir, r.key, r.key_len, &r.router_hash);
+        r.tenant = list[i].tenant;
+        r.tenant_len = list[i].tenant_len;
+        r.meta = list[i].meta;
+        r.meta_len = list[i].meta_len;
         rc = journal_publish(&jp, &r);
     }
     if (n > 0 && rc != KVCR_ENOMEM) journal_detach(&jp);

@@ -10,7 +10,7 @@
  * before it decodes it, not only the frames that wrap: the producer lives
  * in another process and is not trusted, so the bytes that are checked
  * must be bytes it can no longer change. That is one copy of at most
- * 1056 bytes per frame. The size that bounds the copy is read with a
+ * FRAME_MAX bytes per frame (1,064 without JFLAG_META). The size that bounds the copy is read with a
  * single load for the same reason.
  *
  * Sequence numbers are not in the header, so a side that attaches at a
@@ -61,7 +61,9 @@
 
 #define HEAD JOURNAL_FRAME_HEAD
 #define FRAME_MIN (HEAD + 8)                 /* a 1-byte key, padded */
-#define SCRATCH_BYTES (HEAD + KVCR_KEY_MAX + 8) /* the largest frame: a PUT with its hash */
+#define EXTRA_HEAD 3 /* JFLAG_META: u16 metadata length, u8 tenant length */
+#define FRAME_MAX (HEAD + KVCR_KEY_MAX + 8 + EXTRA_HEAD + JOURNAL_TENANT_MAX + JOURNAL_META_MAX)
+#define SCRATCH_BYTES FRAME_MAX /* the largest frame: a PUT with all it may carry */
 
 /* ---- the words both processes touch ------------------------------------------ */
 
@@ -206,7 +208,7 @@ static int fetch(const uint8_t *ring, uint64_t cap, uint64_t pos, uint64_t end, 
     uint64_t off = pos % cap;
     const uint64_t *first = (const uint64_t *)(const void *)(ring + off);
     uint64_t size = le64toh(__atomic_load_n(first, __ATOMIC_RELAXED)) & 0xffff;
-    if (size <= HEAD || size > HEAD + KVCR_KEY_MAX + 8)
+    if (size <= HEAD || size > FRAME_MAX)
         return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has size %" PRIu64,
                          pos, size);
     uint64_t t = round8(size);
@@ -221,6 +223,21 @@ static int fetch(const uint8_t *ring, uint64_t cap, uint64_t pos, uint64_t end, 
     return 0;
 }
 
+/* JFLAG_META's part of a frame at x, with rest bytes after its lengths:
+ * a tenant (no NUL) and metadata, not both empty, exactly filling them. */
+static int decode_extra(const uint8_t *x, uint64_t rest, jrec *out)
+{
+    uint64_t ml = get16(x), tl = x[2];
+    if (tl + ml == 0 || tl > JOURNAL_TENANT_MAX || ml > JOURNAL_META_MAX || tl + ml != rest ||
+        memchr(x + EXTRA_HEAD, 0, tl) != NULL)
+        return -1;
+    out->tenant = tl ? x + EXTRA_HEAD : NULL;
+    out->tenant_len = tl;
+    out->meta = ml ? x + EXTRA_HEAD + tl : NULL;
+    out->meta_len = ml;
+    return 0;
+}
+
 /* Verifies the private copy f of the frame at pos (total bytes), which must
  * be number seq, and describes it in *out (key pointing into f). Zeroes
  * the checksum field of f. */
@@ -228,7 +245,7 @@ static int decode(uint8_t *f, uint64_t total, uint64_t generation, uint64_t seq,
                   jrec *out)
 {
     uint64_t size = get16(f + F_SIZE);
-    if (size <= HEAD || size > HEAD + KVCR_KEY_MAX + 8 || round8(size) != total)
+    if (size <= HEAD || size > FRAME_MAX || round8(size) != total)
         return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has size %" PRIu64,
                          pos, size);
     unsigned type = f[F_TYPE];
@@ -236,15 +253,23 @@ static int decode(uint8_t *f, uint64_t total, uint64_t generation, uint64_t seq,
         return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has type %u", pos,
                          type);
     unsigned flags = f[F_FLAGS];
-    if (flags & ~JFLAG_HASH || (flags && type != JREC_PUT))
+    if (flags & ~(JFLAG_HASH | JFLAG_META) || (flags && type != JREC_PUT))
         return kvcr_fail(KVCR_EPROTO, "recovery journal: frame at %" PRIu64 " has flags %u",
                          pos, flags);
     uint64_t hash_bytes = flags & JFLAG_HASH ? 8 : 0;
     uint64_t key_len = get16(f + F_KEY_LEN);
-    if (key_len < 1 || key_len > KVCR_KEY_MAX || key_len + hash_bytes != size - HEAD)
+    uint64_t fixed = HEAD + key_len + hash_bytes + (flags & JFLAG_META ? EXTRA_HEAD : 0);
+    if (key_len < 1 || key_len > KVCR_KEY_MAX || fixed > size ||
+        (!(flags & JFLAG_META) && fixed != size))
         return kvcr_fail(KVCR_EPROTO,
                          "recovery journal: frame at %" PRIu64 " has key length %" PRIu64
                          " for size %" PRIu64, pos, key_len, size);
+    out->tenant = out->meta = NULL;
+    out->tenant_len = out->meta_len = 0;
+    if ((flags & JFLAG_META) && decode_extra(f + fixed - EXTRA_HEAD, size - fixed, out) != 0)
+        return kvcr_fail(KVCR_EPROTO,
+                         "recovery journal: frame at %" PRIu64 " has a bad tenant or metadata",
+                         pos);
     uint32_t pool = get16(f + F_POOL);
     uint64_t slot = get64(f + F_SLOT);
     if (type == JREC_REMOVE && (pool != 0 || slot != 0))
@@ -419,6 +444,14 @@ static int check_record(const jrec *r)
                          r->key_len, KVCR_KEY_MAX);
     if (r->type == JREC_PUT && r->pool > 0xffff)
         return kvcr_fail(KVCR_EINVAL, "recovery journal: pool %" PRIu32 " beyond 65535", r->pool);
+    if (r->type == JREC_PUT &&
+        (r->tenant_len > JOURNAL_TENANT_MAX || r->meta_len > JOURNAL_META_MAX ||
+         (r->tenant_len && (r->tenant == NULL || memchr(r->tenant, 0, r->tenant_len))) ||
+         (r->meta_len && r->meta == NULL)))
+        return kvcr_fail(KVCR_EINVAL,
+                         "recovery journal: a tenant of at most %d bytes without NUL and metadata "
+                         "of at most %d bytes, each with its bytes", JOURNAL_TENANT_MAX,
+                         JOURNAL_META_MAX);
     return 0;
 }
 
@@ -436,7 +469,9 @@ int journal_publish(journal *j, const jrec *r)
                        ", capacity %" PRIu64 ")", consumed, j->cursor, j->cap);
     /* The engine never waits for the Guard: a full ring ends recovery. */
     bool hashed = r->type == JREC_PUT && r->has_hash;
-    uint64_t size = HEAD + r->key_len + (hashed ? 8 : 0);
+    bool extra = r->type == JREC_PUT && r->tenant_len + r->meta_len > 0;
+    uint64_t fixed = HEAD + r->key_len + (hashed ? 8 : 0);
+    uint64_t size = fixed + (extra ? EXTRA_HEAD + r->tenant_len + r->meta_len : 0);
     uint64_t total = round8(size);
     uint64_t free_bytes = j->cap - (j->cursor - consumed);
     if (total > free_bytes)
@@ -449,13 +484,19 @@ int journal_publish(journal *j, const jrec *r)
     memset(f, 0, total);
     put16(f + F_SIZE, (uint16_t)size);
     f[F_TYPE] = (uint8_t)r->type;
-    f[F_FLAGS] = hashed ? JFLAG_HASH : 0;
+    f[F_FLAGS] = (uint8_t)((hashed ? JFLAG_HASH : 0) | (extra ? JFLAG_META : 0));
     put16(f + F_KEY_LEN, (uint16_t)r->key_len);
     put16(f + F_POOL, put ? (uint16_t)r->pool : 0);
     put64(f + F_SLOT, put ? r->slot : 0);
     put64(f + F_SEQ, j->seq);
     memcpy(f + HEAD, r->key, r->key_len);
     if (hashed) put64(f + HEAD + r->key_len, r->router_hash);
+    if (extra) {
+        put16(f + fixed, (uint16_t)r->meta_len);
+        f[fixed + 2] = (uint8_t)r->tenant_len;
+        if (r->tenant_len) memcpy(f + fixed + EXTRA_HEAD, r->tenant, r->tenant_len);
+        if (r->meta_len) memcpy(f + fixed + EXTRA_HEAD + r->tenant_len, r->meta, r->meta_len);
+    }
     put64(f + F_SUM, XXH3_64bits_withSeed(f, total, j->generation));
 
     uint8_t *ring = j->base + JOURNAL_HEADER_BYTES;

@@ -39,13 +39,23 @@
  * multiples of 8 with consumed <= published <= consumed + C.
  *
  * Frame (32-byte head, then the key, then for a PUT with JFLAG_HASH the
- * block's router hash, then zero padding to a multiple of 8):
- *    0  u16 frame_size = 32 + key_len (+ 8 with JFLAG_HASH) (<= 40 + KVCR_KEY_MAX)
+ * block's router hash, then for a PUT with JFLAG_META its tenant and
+ * metadata, then zero padding to a multiple of 8):
+ *    0  u16 frame_size = 32 + key_len (+ 8 with JFLAG_HASH) (+ 3 + tenant
+ *           and metadata lengths with JFLAG_META)
  *    2  u8  type: 1 PUT (key now lives in pool `pool` at `slot`),
  *                 2 REMOVE (key has no DRAM residency any more)
- *    3  u8  flags: 0, or JFLAG_HASH (PUT only): the u64 router hash of the
+ *    3  u8  flags (PUT only, else 0): JFLAG_HASH: the u64 router hash of the
  *           block (the engine's key adapter) follows the key, so that the
- *           Guard can announce the block to routers
+ *           Guard can announce the block to routers; JFLAG_META: then
+ *           u16 metadata length, u8 tenant length (at most
+ *           JOURNAL_TENANT_MAX, no NUL), the tenant's name and the
+ *           metadata (at most JOURNAL_META_MAX bytes, opaque here: what
+ *           the engine's deposit told routers of the block), not both
+ *           empty. A frame without JFLAG_META (as version 1 wrote them all)
+ *           has no tenant and no metadata; a build that knows only
+ *           JFLAG_HASH refuses one with JFLAG_META (the journal turns
+ *           INVALID: nothing is recovered, nothing misread).
  *    4  u16 key_len, 1 .. KVCR_KEY_MAX
  *    6  u16 pool (PUT; 0 for REMOVE)
  *    8  u64 slot (PUT; 0 for REMOVE)
@@ -53,9 +63,9 @@
  *       journal_format; a frame with the wrong number is invalid
  *   24  u64 XXH3-64, seeded with the generation, of the frame with this
  *       field zero (head, key and padding)
- * A reader rejects: a bad size, type, flag, key length, non-zero
- * padding, wrong sequence, wrong checksum, or a frame that would cross the
- * published cursor.
+ * A reader rejects: a bad size, type, flag, key length, tenant or
+ * metadata length, a NUL in a tenant, non-zero padding, wrong sequence,
+ * wrong checksum, or a frame that would cross the published cursor.
  *
  * Memory order: the producer writes a frame, then store-releases published;
  * the consumer acquire-loads published, decodes, then store-releases
@@ -83,9 +93,16 @@ typedef struct jrec {
     uint64_t slot;      /* PUT only */
     bool has_hash;      /* PUT only: router_hash is the block's router hash */
     uint64_t router_hash;
+    /* PUT only (NULL / 0: none): the block's tenant's name and metadata;
+     * after journal_read_next they point into the frame like key. */
+    const uint8_t *tenant, *meta;
+    size_t tenant_len, meta_len;
 } jrec;
 
 #define JFLAG_HASH 0x1u
+#define JFLAG_META 0x2u
+#define JOURNAL_TENANT_MAX 255
+#define JOURNAL_META_MAX 4096
 
 /* One side's view of a journal (a producer or a consumer; never both). */
 typedef struct journal {

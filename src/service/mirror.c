@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/bytes.h"
 #include "util/log.h"
 
 #define MIRROR_HASHED 0x1u /* block.flags in the mirror: seq holds the router hash */
@@ -15,15 +16,63 @@ int mirror_init(mirror *m, uint32_t n_pools, const uint64_t *slots)
     return index_init(&m->ix) == 0 ? 0 : kvcr_fail(KVCR_ENOMEM, "out of memory");
 }
 
+static void free_extra(mirror *m)
+{
+    for (size_t i = 0; i < m->extra_cap; i++) free(m->extra[i]);
+    free(m->extra);
+    m->extra = NULL;
+    m->extra_cap = 0;
+}
+
 void mirror_destroy(mirror *m)
 {
+    free_extra(m);
     index_destroy(&m->ix);
 }
 
 void mirror_clear(mirror *m)
 {
+    free_extra(m);
     index_destroy(&m->ix);
     if (index_init(&m->ix) != 0) memset(&m->ix, 0, sizeof m->ix);
+}
+
+/* Block id's tenant and metadata become r's (none: NULL). 0 or -1 out of
+ * memory (the old ones are gone either way). */
+static int set_extra(mirror *m, block_id id, const jrec *r)
+{
+    if (id < m->extra_cap) {
+        free(m->extra[id]);
+        m->extra[id] = NULL;
+    }
+    if (r == NULL || r->tenant_len + r->meta_len == 0) return 0;
+    if (id >= m->extra_cap) {
+        size_t cap = m->extra_cap ? m->extra_cap : 1024;
+        while (cap <= id) cap *= 2;
+        uint8_t **v = realloc(m->extra, cap * sizeof *v);
+        if (v == NULL) return -1;
+        memset(v + m->extra_cap, 0, (cap - m->extra_cap) * sizeof *v);
+        m->extra = v;
+        m->extra_cap = cap;
+    }
+    uint8_t *x = malloc(3 + r->tenant_len + r->meta_len);
+    if (x == NULL) return -1;
+    x[0] = (uint8_t)r->tenant_len;
+    put16(x + 1, (uint16_t)r->meta_len);
+    if (r->tenant_len) memcpy(x + 3, r->tenant, r->tenant_len);
+    if (r->meta_len) memcpy(x + 3 + r->tenant_len, r->meta, r->meta_len);
+    m->extra[id] = x;
+    return 0;
+}
+
+/* Block id's tenant and metadata into b (none: NULL, 0). */
+static void extra_into(const mirror *m, block_id id, recovered_block *b)
+{
+    const uint8_t *x = id < m->extra_cap ? m->extra[id] : NULL;
+    b->tenant_len = x ? x[0] : 0;
+    b->meta_len = x ? get16(x + 1) : 0;
+    b->tenant = b->tenant_len ? x + 3 : NULL;
+    b->meta = b->meta_len ? x + 3 + b->tenant_len : NULL;
 }
 
 uint64_t mirror_count(const mirror *m)
@@ -36,7 +85,10 @@ int mirror_apply(mirror *m, const jrec *r)
     uint64_t hash = index_hash(r->key, r->key_len);
     block_id id = index_find(&m->ix, r->key, r->key_len, hash);
     if (r->type == JREC_REMOVE) {
-        if (id != BLOCK_NONE) index_remove(&m->ix, id);
+        if (id != BLOCK_NONE) {
+            set_extra(m, id, NULL);
+            index_remove(&m->ix, id);
+        }
         return 0;
     }
     if (r->pool >= m->n_pools || r->slot >= m->slots[r->pool])
@@ -53,8 +105,9 @@ int mirror_apply(mirror *m, const jrec *r)
     b->sl.one.slot = (uint32_t)r->slot;
     b->flags = r->has_hash ? MIRROR_HASHED : 0;
     b->seq = r->has_hash ? r->router_hash : 0;
-    return 0;
+    return set_extra(m, id, r) == 0 ? 0 : kvcr_fail(KVCR_ENOMEM, "out of memory");
 }
+
 
 bool mirror_router_hash(const mirror *m, const uint8_t *key, size_t key_len, uint64_t *hash)
 {
@@ -78,7 +131,8 @@ int mirror_collect(const mirror *m, recovered_block **out, size_t *n)
         block_id id = m->ix.table[i].id;
         if (id == BLOCK_NONE) continue;
         const block *b = index_get(&m->ix, id);
-        list[k++] = (recovered_block){block_key(b), b->key_len, b->sl.one.pool, b->sl.one.slot};
+        list[k] = (recovered_block){block_key(b), b->key_len, b->sl.one.pool, b->sl.one.slot};
+        extra_into(m, id, &list[k++]);
     }
     *out = list;
     *n = k;

@@ -1,6 +1,6 @@
-/* The Guard's picture of a pool group: key -> (pool, slot) and router hash
- * (when the owner's frames carried one) of every block the current (or
- * last) owner committed, built by applying the recovery
+/* The Guard's picture of a pool group: key -> (pool, slot), router hash,
+ * tenant and router metadata (when the owner's frames carried them) of
+ * every block the current (or last) owner committed, built by applying the recovery
  * journal's frames in order. A PUT replaces the key's place wholesale, a
  * REMOVE deletes it. Frames are checked against the group's geometry: a
  * slot outside its pool means the journal lies, and the whole mirror is
@@ -21,6 +21,10 @@ typedef struct mirror {
                          * seq for the router hash when flags has MIRROR_HASHED */
     uint32_t n_pools;
     uint64_t slots[KVCR_MAX_POOLS]; /* per pool */
+    /* By block id: a PUT's tenant and metadata (u8 tenant length, u16
+     * metadata length, the two), NULL when it carried neither. */
+    uint8_t **extra;
+    size_t extra_cap;
 } mirror;
 
 int mirror_init(mirror *m, uint32_t n_pools, const uint64_t *slots);
@@ -35,8 +39,8 @@ int mirror_apply(mirror *m, const jrec *r);
  * or its frame carried none. */
 bool mirror_router_hash(const mirror *m, const uint8_t *key, size_t key_len, uint64_t *hash);
 
-/* Every block, as a malloc'd array whose keys point into the mirror (valid
- * until it changes). */
+/* Every block, as a malloc'd array whose keys, tenants and metadata point
+ * into the mirror (valid until it changes). */
 int mirror_collect(const mirror *m, recovered_block **out, size_t *n);
 
 #endif

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/host.h"
+#include "tiers/g3_format.h"
 #include "tiers/g3_store.h"
 #include "util/clock.h"
 #include "util/event.h"
@@ -32,6 +33,8 @@ typedef struct g3_req {
     tier_block block;
     uint8_t *key;        /* owned copy: the I/O thread reads it unlocked */
     uint32_t key_len;
+    uint8_t tenant_len, meta_len; /* write: the record's tenant and metadata, */
+    uint8_t extra[G3_REC_ROOM];   /* one after the other here */
     void *buf;           /* write: the staging copy; read: the destination */
     tier_token token;    /* reads: whom to settle */
     uint64_t start_ns;
@@ -68,6 +71,7 @@ struct g3_tier {
     uint8_t *slot_tenant;
     uint32_t t_head[KVCR_MAX_TENANTS + 1], t_tail[KVCR_MAX_TENANTS + 1];
     uint32_t n_retired;
+    uint64_t tenant_unkept; /* spills whose tenant's name did not fit the record */
     uint64_t staging_bytes;
     uint32_t pending_stores;
     void **stage_free;   /* staging buffers not in use, kept for the next spill */
@@ -256,9 +260,10 @@ static void submit(g3_tier *t, g3_req *r)
         free(r);
         return;
     }
+    g3_rec_extra x = {r->extra, r->tenant_len, r->extra + r->tenant_len, r->meta_len};
     int rc = r->kind == REQ_WRITE
-                 ? g3_store_write(t->store, r->slot, r->key, r->key_len, r->buf, t->slot_size,
-                                  on_io_done, r, NULL)
+                 ? g3_store_write_ex(t->store, r->slot, r->key, r->key_len, &x, r->buf,
+                                     t->slot_size, on_io_done, r, NULL)
                  : g3_store_read(t->store, r->slot, r->key, r->key_len, r->buf, t->slot_size,
                                  on_io_done, r);
     t->in_store++;
@@ -316,6 +321,26 @@ static void enqueue(g3_tier *t, g3_req *r)
     list_push(&t->q_head, &t->q_tail, r);
     pthread_mutex_unlock(&t->qlock);
     event_signal(t->wake_fd);
+}
+
+/* Locked: what the spill's record carries besides the key, as far as it
+ * fits: the block's tenant, then what the API layer keeps of the block
+ * (metadata that does not fit stays in memory only; the API layer counts
+ * it). */
+static void take_extra(g3_tier *t, g3_req *r)
+{
+    const char *tenant = host_tenant_name(t->kv, r->block);
+    size_t tl = tenant ? strlen(tenant) : 0;
+    if (!g3_record_fits(r->key_len, tl, 0)) {
+        t->tenant_unkept++;
+        tl = 0;
+    }
+    if (tl) memcpy(r->extra, tenant, tl);
+    size_t room = G3_REC_ROOM - r->key_len - tl - 1;
+    if (room > UINT8_MAX) room = UINT8_MAX;
+    size_t ml = host_block_meta(t->kv, r->block, r->extra + tl, room);
+    r->tenant_len = (uint8_t)tl;
+    r->meta_len = ml <= room ? (uint8_t)ml : 0;
 }
 
 /* ---- staging buffers ------------------------------------------------------------ */
@@ -377,6 +402,7 @@ static bool g3_spill(tier *tt, tier_block id)
         free_push(t, s);
         return false;
     }
+    take_extra(t, r);
     tier_dst seg;
     host_block_segment(kv, id, 0, &seg);
     memcpy(r->buf, seg.addr, t->slot_size);
@@ -519,8 +545,9 @@ static void g3_settle(tier *tt)
 typedef struct found {
     uint32_t slot;
     uint64_t generation;
-    uint8_t *key;
+    uint8_t *key; /* the key, then its tenant's name, then its metadata */
     uint32_t key_len;
+    uint8_t tenant_len, meta_len;
 } found;
 
 typedef struct scan_acc {
@@ -546,13 +573,16 @@ static void on_found(void *ud, const g3_slot_info *info)
         a->v = v;
         a->cap = cap;
     }
-    uint8_t *k = malloc(key_len ? key_len : 1);
+    uint8_t *k = malloc(key_len + info->tenant_len + info->meta_len + 1);
     if (k == NULL) {
         a->oom = true;
         return;
     }
     memcpy(k, key, key_len);
-    a->v[a->n++] = (found){(uint32_t)slot, generation, k, (uint32_t)key_len};
+    if (info->tenant_len) memcpy(k + key_len, info->tenant, info->tenant_len);
+    if (info->meta_len) memcpy(k + key_len + info->tenant_len, info->meta, info->meta_len);
+    a->v[a->n++] = (found){(uint32_t)slot, generation, k, (uint32_t)key_len,
+                           (uint8_t)info->tenant_len, (uint8_t)info->meta_len};
 }
 
 static int by_generation(const void *x, const void *y)
@@ -581,11 +611,14 @@ static int recover(kvcr_t *kv, g3_tier *t)
             a.v[i].slot = NO_SLOT; /* an older copy: its slot is free */
             continue;
         }
-        tier_block id = host_lower_adopt(kv, a.v[i].key, a.v[i].key_len);
+        const found *f = &a.v[i];
+        tier_block id = host_lower_adopt(kv, f->key, f->key_len);
         if (id == TIER_BLOCK_NONE) {
             rc = kvcr_fail(KVCR_ENOMEM, "out of memory rebuilding the G3 index");
             break;
         }
+        host_adopt_tenant(kv, id, f->key + f->key_len, f->tenant_len); /* before set_owner */
+        host_meta_found(kv, id, f->key + f->key_len + f->tenant_len, f->meta_len, KVCR_TIER_G3);
         tier_lower *lw = host_lower(kv, id);
         lw->state = G3_READY;
         lw->slot = a.v[i].slot;
@@ -731,6 +764,7 @@ static void g3_gauges(tier *tt, gauge_sink *s)
     gauge_sink_add(s, "", "g3_allocated_slots", total - t->n_free);
     gauge_sink_add(s, "", "g3_evictable_slots", t->n_evictable);
     gauge_sink_add(s, "", "g3_pending_stores", t->pending_stores);
+    gauge_sink_add(s, "", "g3_tenant_unkept", (double)t->tenant_unkept);
 }
 
 const tier_ops g3_tier_ops = {

@@ -23,6 +23,9 @@ XXH64_hash_t XXH3_64bits_dispatch(const void *input, size_t len);
 #define SB_SUM_AT 120  /* its checksum covers [0, SB_SUM_AT); zeros follow it */
 #define REC_SUM_AT 248 /* the record checksum covers [0, REC_SUM_AT) */
 #define REC_KEY_AT 40
+#define REC_VERSION_AT 6 /* 0: version 1; REC_V2: key, tenant, meta length, meta */
+#define REC_TENANT_LEN_AT 7
+#define REC_V2 2
 
 static bool all_zero(const uint8_t *p, size_t n)
 {
@@ -87,6 +90,13 @@ void g3_record_seal(uint8_t *r, uint64_t seed)
     put64(r + REC_SUM_AT, XXH3_64bits_withSeed(r, REC_SUM_AT, seed));
 }
 
+bool g3_record_fits(size_t key_len, size_t tenant_len, size_t meta_len)
+{
+    size_t v2 = tenant_len + meta_len > 0 ? tenant_len + 1 + meta_len : 0;
+    return key_len <= G3_KEY_MAX && tenant_len <= UINT8_MAX && meta_len <= UINT8_MAX &&
+           key_len + v2 <= G3_REC_ROOM;
+}
+
 void g3_record_encode(uint8_t *r, uint64_t seed, const g3_record *rec)
 {
     memset(r, 0, G3_RECORD_SIZE);
@@ -98,7 +108,32 @@ void g3_record_encode(uint8_t *r, uint64_t seed, const g3_record *rec)
     put64(r + 24, rec->len);
     put64(r + 32, rec->sum);
     if (rec->key_len) memcpy(r + REC_KEY_AT, rec->key, rec->key_len);
+    if (rec->state == G3_REC_FULL && rec->tenant_len + rec->meta_len > 0) {
+        uint8_t *p = r + REC_KEY_AT + rec->key_len;
+        r[REC_VERSION_AT] = REC_V2;
+        r[REC_TENANT_LEN_AT] = rec->tenant_len;
+        if (rec->tenant_len) memcpy(p, rec->tenant, rec->tenant_len);
+        p[rec->tenant_len] = rec->meta_len;
+        if (rec->meta_len) memcpy(p + rec->tenant_len + 1, rec->meta, rec->meta_len);
+    }
     g3_record_seal(r, seed);
+}
+
+/* The version-2 part of a FULL record: tenant, metadata length, metadata,
+ * then zeros up to the checksum. False when it does not fit or anything
+ * after it is not zero. */
+static bool decode_v2(const uint8_t *r, g3_record *out)
+{
+    size_t at = REC_KEY_AT + (size_t)out->key_len, tl = r[REC_TENANT_LEN_AT];
+    if (at + tl + 1 > REC_SUM_AT) return false;
+    size_t ml = r[at + tl];
+    if (tl + ml == 0 || at + tl + 1 + ml > REC_SUM_AT) return false;
+    if (!all_zero(r + at + tl + 1 + ml, REC_SUM_AT - (at + tl + 1 + ml))) return false;
+    out->tenant_len = (uint8_t)tl;
+    out->tenant = tl ? r + at : NULL;
+    out->meta_len = (uint8_t)ml;
+    out->meta = ml ? r + at + tl + 1 : NULL;
+    return true;
 }
 
 g3_rec_check g3_record_decode(const uint8_t *r, uint64_t seed, uint64_t slot, uint64_t slot_size,
@@ -108,11 +143,15 @@ g3_rec_check g3_record_decode(const uint8_t *r, uint64_t seed, uint64_t slot, ui
         return all_zero(r, G3_RECORD_SIZE) ? G3_REC_UNWRITTEN : G3_REC_DAMAGED;
     if (get64(r + REC_SUM_AT) != XXH3_64bits_withSeed(r, REC_SUM_AT, seed)) return G3_REC_DAMAGED;
     *out = (g3_record){r[4], r[5], r + REC_KEY_AT, get64(r + 8), get64(r + 16), get64(r + 24),
-                       get64(r + 32)};
+                       get64(r + 32), 0, 0, NULL, NULL};
     if (out->slot != slot) return G3_REC_DAMAGED;
+    /* Version 1 wrote zeros in both bytes; anything else is unknown. */
+    uint8_t version = r[REC_VERSION_AT];
+    if (version != 0 && !(version == REC_V2 && out->state == G3_REC_FULL)) return G3_REC_DAMAGED;
+    if (version == 0 && r[REC_TENANT_LEN_AT] != 0) return G3_REC_DAMAGED;
     if (out->state == G3_REC_FULL)
         return out->key_len >= 1 && out->key_len <= G3_KEY_MAX && out->len >= 1 &&
-                       out->len <= slot_size
+                       out->len <= slot_size && (version == 0 || decode_v2(r, out))
                    ? G3_REC_OK
                    : G3_REC_DAMAGED;
     return out->state == G3_REC_EMPTY && out->key_len == 0 && out->len == 0 ? G3_REC_OK

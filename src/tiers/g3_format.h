@@ -10,6 +10,8 @@
 #ifndef KVCR_TIERS_G3_FORMAT_H
 #define KVCR_TIERS_G3_FORMAT_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "tiers/g3_store.h"
@@ -27,13 +29,17 @@ typedef struct g3_layout {
     uint64_t index_off, index_bytes, data_off, file_size;
 } g3_layout;
 
-/* A slot record, decoded (or to encode). key points into the record bytes
- * after g3_record_decode. */
+/* A slot record, decoded (or to encode). key, tenant and meta point into
+ * the record bytes after g3_record_decode. A FULL record with a tenant or
+ * metadata is written in record version 2 (g3_store.h), any other in
+ * version 1; tenant_len and meta_len are 0 for a version-1 record. */
 typedef struct g3_record {
     int state; /* G3_REC_FULL or G3_REC_EMPTY */
     uint8_t key_len;
     const uint8_t *key;
     uint64_t slot, gen, len, sum;
+    uint8_t tenant_len, meta_len;
+    const uint8_t *tenant, *meta;
 } g3_record;
 
 typedef enum { G3_REC_OK, G3_REC_UNWRITTEN, G3_REC_DAMAGED } g3_rec_check;
@@ -63,7 +69,12 @@ uint64_t g3_record_seed(const uint8_t uuid[G3_UUID_LEN]);
 /* XXH3-64 of a slot's data, as records carry it. */
 uint64_t g3_data_checksum(const void *p, size_t len);
 
-/* Writes the G3_RECORD_SIZE bytes of rec into r, checksum included. */
+/* Whether a FULL record with a key, tenant and metadata of these lengths
+ * fits in a record (version 2 when tenant_len + meta_len > 0). */
+bool g3_record_fits(size_t key_len, size_t tenant_len, size_t meta_len);
+
+/* Writes the G3_RECORD_SIZE bytes of rec into r, checksum included (rec
+ * fits: g3_record_fits). */
 void g3_record_encode(uint8_t *r, uint64_t seed, const g3_record *rec);
 
 /* Rewrites the checksum of the record r (the last field), so that it
@@ -72,7 +83,8 @@ void g3_record_seal(uint8_t *r, uint64_t seed);
 
 /* Checks the record r found at the place of global slot slot, in a store of
  * slot_size slots: G3_REC_OK (with *out filled: a FULL record has a key of
- * 1..G3_KEY_MAX bytes and 1..slot_size data, an EMPTY one neither),
+ * 1..G3_KEY_MAX bytes and 1..slot_size data, and in version 2 a tenant
+ * and metadata that fit with zeros after them; an EMPTY one neither),
  * G3_REC_UNWRITTEN for all zero bytes, G3_REC_DAMAGED for anything else. */
 g3_rec_check g3_record_decode(const uint8_t *r, uint64_t seed, uint64_t slot, uint64_t slot_size,
                               g3_record *out);

@@ -38,7 +38,8 @@ static void scan_record(g3_store *st, scan_ctx *c, const uint8_t *rec, uint64_t 
     c->stats.full++;
     st->memo[slot] = (slot_memo){d.sum, g3_key_hash(d.key, d.key_len), d.len, MEMO_FULL};
     if (c->cb == NULL) return;
-    g3_slot_info info = {slot, d.key, d.key_len, d.gen, d.len};
+    g3_slot_info info = {slot, d.key, d.key_len, d.gen, d.len, d.tenant, d.meta,
+                         d.tenant_len, d.meta_len};
     c->cb(c->ud, &info);
 }
 

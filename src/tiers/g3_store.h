@@ -24,13 +24,23 @@
  * 4 KiB: 0.4% of 64 KiB slots, 0.01% of 2 MiB slots). g3_store_locate()
  * gives the offsets of a slot.
  *
- * A record: magic, state (FULL or EMPTY), key length, global slot number,
- * generation, data length, XXH3-64 of the data, the key (at most
- * G3_KEY_MAX bytes, zero padded) and last an XXH3-64 of the record itself,
- * seeded with a hash of the store uuid, so that records left by another
- * store (a reformatted file) never verify. An all-zero record is a slot
- * never written; anything else that does not verify is damaged. Both read
- * as empty.
+ * A record: magic, state (FULL or EMPTY), key length, record version,
+ * tenant length, global slot number, generation, data length, XXH3-64 of
+ * the data, the key (at most G3_KEY_MAX bytes, zero padded) and last an
+ * XXH3-64 of the record itself, seeded with a hash of the store uuid, so
+ * that records left by another store (a reformatted file) never verify.
+ * An all-zero record is a slot never written; anything else that does not
+ * verify is damaged. Both read as empty.
+ *
+ * Record versions (byte 6): 0 is version 1 (byte 7 zero too: the key and
+ * zeros). 2 is version 2, a FULL record that also carries what the block's
+ * owner said of it (g3_rec_extra): after the key its tenant's name (byte 7
+ * bytes), a byte of metadata length and that many bytes of metadata,
+ * opaque to the store; key, tenant, length byte and metadata share
+ * G3_REC_ROOM bytes, zeros follow. A version-1 record still reads (no
+ * tenant, no metadata); any other version byte reads as damaged, never as
+ * something else. (A build that knows only version 1 reads a version-2
+ * record as its key and data alone.)
  *
  * Generations are store-wide: every write and clear takes the next one, so
  * if two slots claim one key after a crash the higher generation is the
@@ -104,6 +114,7 @@
 #include "util/log.h"
 
 #define G3_KEY_MAX 200 /* longer keys are refused: not spillable */
+#define G3_REC_ROOM 208 /* a record's key, tenant, metadata length byte and metadata */
 #define G3_ALIGN 4096  /* O_DIRECT alignment used for everything */
 #define G3_SUPERBLOCK_SIZE 4096
 #define G3_RECORD_SIZE 256
@@ -187,6 +198,22 @@ uint64_t g3_store_slot_size(const g3_store *st);
 int g3_store_write(g3_store *st, uint64_t slot, const void *key, size_t key_len, const void *data,
                    size_t len, g3_done_fn cb, void *ud, uint64_t *generation);
 
+/* What a version-2 record carries besides the key (lengths of at most 255;
+ * with the key and one length byte, at most G3_REC_ROOM bytes). */
+typedef struct g3_rec_extra {
+    const void *tenant;
+    size_t tenant_len;
+    const void *meta;
+    size_t meta_len;
+} g3_rec_extra;
+
+/* g3_store_write whose record also carries x (NULL or nothing in it: a
+ * version-1 record). KVCR_EINVAL "G3 record has no room for ..." when x
+ * does not fit with the key. */
+int g3_store_write_ex(g3_store *st, uint64_t slot, const void *key, size_t key_len,
+                      const g3_rec_extra *x, const void *data, size_t len, g3_done_fn cb,
+                      void *ud, uint64_t *generation);
+
 /* Queues a read of slot into buf. len is the data length that was written
  * (g3_slot_info.data_len after a scan). The callback gets 0 when the record
  * holds key and len and the data matches its checksum, G3_CORRUPT when
@@ -215,6 +242,8 @@ typedef struct g3_slot_info {
     size_t key_len;
     uint64_t generation;
     uint64_t data_len;
+    const void *tenant, *meta; /* version 2 (valid during the callback); else NULL */
+    size_t tenant_len, meta_len;
 } g3_slot_info;
 
 typedef struct g3_scan_stats {

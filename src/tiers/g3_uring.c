@@ -54,7 +54,8 @@ struct g3_req {
     uint64_t slot, gen, fslot; /* fslot: index within its file */
     uint32_t file;
     uint8_t key_len;
-    uint8_t key[G3_KEY_MAX];
+    uint8_t tenant_len, meta_len; /* write: its record's version-2 part */
+    uint8_t key[G3_REC_ROOM];     /* the key, then (write) the tenant and the metadata */
     const uint8_t *src; /* write */
     uint8_t *dst;       /* read */
     size_t len;
@@ -382,7 +383,9 @@ static void seal_writes(g3_store *st)
     for (g3_req *r = list, *next; r; r = next) {
         next = r->next;
         r->sum = g3_data_checksum(r->src, r->len);
-        g3_record rec = {G3_REC_FULL, r->key_len, r->key, r->slot, r->gen, r->len, r->sum};
+        const uint8_t *tenant = r->key + r->key_len;
+        g3_record rec = {G3_REC_FULL, r->key_len, r->key, r->slot, r->gen, r->len, r->sum,
+                         r->tenant_len, r->meta_len, tenant, tenant + r->tenant_len};
         g3_record_encode(r->record, st->seed, &rec);
         block_join(st, r);
     }
@@ -541,16 +544,43 @@ void g3_store_unplug(g3_store *st)
     flush(st);
 }
 
+static int check_extra(size_t key_len, const g3_rec_extra *x)
+{
+    if (x == NULL) return 0;
+    if ((x->tenant_len && x->tenant == NULL) || (x->meta_len && x->meta == NULL))
+        return kvcr_fail(KVCR_EINVAL, "G3 record extra: a length without its bytes");
+    if (!g3_record_fits(key_len, x->tenant_len, x->meta_len))
+        return kvcr_fail(KVCR_EINVAL,
+                         "G3 record has no room for a %zu-byte tenant and %zu bytes of metadata "
+                         "beside a %zu-byte key (%d bytes in all)",
+                         x->tenant_len, x->meta_len, key_len, G3_REC_ROOM);
+    return 0;
+}
+
 int g3_store_write(g3_store *st, uint64_t slot, const void *key, size_t key_len, const void *data,
                    size_t len, g3_done_fn cb, void *ud, uint64_t *generation)
 {
+    return g3_store_write_ex(st, slot, key, key_len, NULL, data, len, cb, ud, generation);
+}
+
+int g3_store_write_ex(g3_store *st, uint64_t slot, const void *key, size_t key_len,
+                      const g3_rec_extra *x, const void *data, size_t len, g3_done_fn cb,
+                      void *ud, uint64_t *generation)
+{
     int rc = check_key(key, key_len);
+    if (rc == 0) rc = check_extra(key_len, x);
     if (rc == 0 && st) rc = check_data(st, data, len);
     g3_req *r = NULL;
     if (rc == 0) rc = new_request(st, OP_WRITE, slot, cb, ud, &r);
     if (rc != 0) return rc;
     memcpy(r->key, key, key_len);
     r->key_len = (uint8_t)key_len;
+    if (x != NULL) {
+        r->tenant_len = (uint8_t)x->tenant_len;
+        r->meta_len = (uint8_t)x->meta_len;
+        if (x->tenant_len) memcpy(r->key + key_len, x->tenant, x->tenant_len);
+        if (x->meta_len) memcpy(r->key + key_len + x->tenant_len, x->meta, x->meta_len);
+    }
     r->src = data;
     r->len = len;
     r->gen = st->next_gen++;

@@ -201,14 +201,20 @@ static bool child_wait(child *c, kvcr_op_handle op)
     return false;
 }
 
-/* Deposits k<i> from framework block i and waits for it (bounded). */
+/* Deposits k<i> from framework block i and waits for it (bounded); with
+ * KV events, with what a router needs of it (peer_router_block). */
 static bool child_deposit(child *c, uint32_t i)
 {
     char k[24];
     kvcr_mem_ref ref = {NULL, "", i};
     kvcr_block b = {key_of(peer_key(k, sizeof k, i)), &ref, 1};
+    peer_router_buf buf;
+    kvcr_router_block rb;
+    peer_router_block(i, &buf, &rb);
+    kvcr_deposit_options o = {.version = KVCR_DEPOSIT_OPTIONS_VERSION,
+                              .router = c->r.cfg.kv_events.endpoint ? &rb : NULL};
     kvcr_op_handle op;
-    if (kvcr_deposit(c->r.kv, &b, 1, 0, &op) != 0 || !child_wait(c, op)) return false;
+    if (kvcr_deposit_ex(c->r.kv, &b, 1, &o, &op) != 0 || !child_wait(c, op)) return false;
     c->counts.deposits_done++;
     return true;
 }

@@ -23,6 +23,17 @@ const char *peer_key(char *buf, size_t cap, uint32_t i)
     return buf;
 }
 
+void peer_router_block(uint32_t i, peer_router_buf *buf, kvcr_router_block *rb)
+{
+    for (uint32_t t = 0; t < PEER_BLOCK_TOKENS; t++) buf->tokens[t] = i * 1000 + t;
+    snprintf(buf->salt, sizeof buf->salt, "salt-%u", i % 10);
+    buf->extra[0] = buf->salt;
+    *rb = (kvcr_router_block){.has_parent = i > 0, .parent_hash = i > 0 ? i - 1 : 0,
+                              .token_ids = buf->tokens, .block_size_tokens = PEER_BLOCK_TOKENS,
+                              .lora_name = "lora-peer", .extra_keys = buf->extra,
+                              .n_extra_keys = 1};
+}
+
 void peer_hint_json(char *buf, size_t cap, const char *source, const uint64_t *hashes, size_t n)
 {
     size_t at = (size_t)snprintf(buf, cap,

@@ -126,6 +126,16 @@ uint16_t peer_free_port(void);
 
 /* "k<i>" into buf. */
 const char *peer_key(char *buf, size_t cap, uint32_t i);
+/* What a peer publishing KV events says of block "k<i>" at its deposit:
+ * PEER_BLOCK_TOKENS tokens i * 1000 + t, the parent k<i-1> (none for k0),
+ * LoRA "lora-peer", one extra key "salt-<i % 10>" (kept in buf). */
+#define PEER_BLOCK_TOKENS 16
+typedef struct peer_router_buf {
+    uint32_t tokens[PEER_BLOCK_TOKENS];
+    char salt[16];
+    const char *extra[1];
+} peer_router_buf;
+void peer_router_block(uint32_t i, peer_router_buf *buf, kvcr_router_block *rb);
 /* The kv_hint envelope naming source and the hashes. */
 void peer_hint_json(char *buf, size_t cap, const char *source, const uint64_t *hashes, size_t n);
 

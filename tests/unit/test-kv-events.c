@@ -503,6 +503,195 @@ static void test_described_blocks_carry_their_tokens(void **state)
     drop_dirs(&d);
 }
 
+/* ---- what survives a warm restart -------------------------------------------- */
+
+#define WB 4096 /* a G3 slot: page aligned */
+
+typedef struct g3_dir {
+    char dir[64], path[96];
+    const char *paths[1];
+} g3_dir;
+
+/* An instance of 2 KVCR DRAM slots spilling to one G3 file of 8, two
+ * tenants, publishing with a replay endpoint. */
+static void g3_events_init(rig *r, g3_dir *g, const dirs *d)
+{
+    static const kvcr_tenant tenants[] = {{"alice", 1, 4}, {"bob", 1, 4}};
+    rig_init(r, WB, 16, 2);
+    for (size_t i = 0; i < 16; i++) rig_pattern(r, i, (uint32_t)(500 + i));
+    r->cfg.enable_telemetry = true;
+    r->cfg.callbacks.key_hash = key_hash;
+    r->cfg.kv_events.endpoint = d->pub;
+    r->cfg.kv_events.replay_endpoint = d->rep;
+    r->cfg.kv_events.topic = TOPIC;
+    r->cfg.tenants = tenants;
+    r->cfg.n_tenants = 2;
+    g->paths[0] = g->path;
+    r->cfg.g3.paths = g->paths;
+    r->cfg.g3.n_paths = 1;
+    r->cfg.g3.capacity_bytes_per_file = 8 * WB;
+}
+
+/* Polls until no spill is being written (bounded: 5 s). */
+static void settle_spills(rig *r)
+{
+    for (int spin = 0; spin < 5000; spin++) {
+        rig_pump(r);
+        if (rig_stat(r, "g3_pending_stores", NULL) == 0) return;
+        usleep(1000);
+    }
+    fail_msg("G3 stores did not land within 5 s");
+}
+
+/* A BlockStored naming hash h with medium `medium` found in the replayed
+ * stream (bounded: 100 rounds of polling and replaying), copied into *out
+ * with its batch kept in *keep (kvev_batch_free it). */
+static bool find_stored(rig *r, const char *rep, uint64_t h, const char *medium,
+                        kvev_batch *keep, const kvev_event **out)
+{
+    static msg3 all[512];
+    for (int round = 0; round < 100; round++) {
+        rig_pump(r);
+        size_t n = replay(rep, 0, all, 512);
+        bool found = false;
+        for (size_t i = 0; i < n && !found; i++) {
+            kvev_batch b;
+            decode(&all[i], &b, 0, false);
+            for (size_t j = 0; j < b.n_events && !found; j++) {
+                const kvev_event *e = &b.events[j];
+                found = e->type == KVEV_STORED && has(e->hashes, e->n_hashes, h) &&
+                        strcmp(e->medium, medium) == 0;
+                if (found) *out = e;
+            }
+            if (found)
+                *keep = b;
+            else
+                kvev_batch_free(&b);
+        }
+        free_msgs(all, n);
+        if (found) return true;
+        usleep(20000);
+    }
+    return false;
+}
+
+static void deposit_described(rig *r, const char *key, size_t idx, const kvcr_router_block *rb,
+                              const char *hints)
+{
+    kvcr_mem_ref ref = {NULL, "", idx};
+    kvcr_block b = {key_of(key), &ref, 1};
+    kvcr_deposit_options o = {.version = KVCR_DEPOSIT_OPTIONS_VERSION, .router = rb,
+                              .hints = hints, .hints_len = hints ? strlen(hints) : 0};
+    kvcr_op_handle op;
+    assert_int_equal(kvcr_deposit_ex(r->kv, &b, 1, &o, &op), 0);
+    kvcr_entry_status st;
+    rig_wait(r, op, &st, NULL, NULL);
+    assert_int_equal(st, KVCR_ENTRY_SUCCESS);
+}
+
+/* Blocks spilled to G3 with their router metadata and tenant are found
+ * again by the next instance on the same files: their BlockStored (medium
+ * STORAGE) carries the parent, tokens, block size, LoRA name and extra
+ * keys given at deposit, value for value; their G3 slots count under their
+ * tenant again; metadata too long for a G3 record is counted and the block
+ * announced by its hash alone; a block without metadata stays hashes-only. */
+static void test_g3_warm_restart_announces_what_the_deposit_said(void **state)
+{
+    (void)state;
+    dirs d;
+    make_dirs(&d);
+    g3_dir g;
+    snprintf(g.dir, sizeof g.dir, "/var/tmp/kvcr-kvev-g3-XXXXXX");
+    assert_non_null(mkdtemp(g.dir));
+    snprintf(g.path, sizeof g.path, "%s/slots", g.dir);
+    rig r;
+    g3_events_init(&r, &g, &d);
+    rig_start(&r);
+
+    static uint32_t tok[3][16], big[64];
+    for (uint32_t i = 0; i < 16; i++)
+        for (uint32_t b = 0; b < 3; b++) tok[b][i] = 0xfffff000u + 100 * b + i; /* u32 range */
+    for (uint32_t i = 0; i < 64; i++) big[i] = i;
+    const char *salt[] = {"salt-a", "mm-hash-b"};
+    kvcr_router_block rb[4] = {
+        {.token_ids = tok[0], .block_size_tokens = 16, .lora_name = "lora-x"},
+        {.has_parent = true, .parent_hash = hash_str("w0"), .token_ids = tok[1],
+         .block_size_tokens = 16, .extra_keys = salt, .n_extra_keys = 2},
+        {.has_parent = true, .parent_hash = 0xffffffffffffffffull, .token_ids = tok[2],
+         .block_size_tokens = 16, .lora_name = ""},
+        {.token_ids = big, .block_size_tokens = 64}, /* 263 bytes: no room in a record */
+    };
+    const char *keys[4] = {"w0", "w1", "w2", "w-big"};
+    for (size_t i = 0; i < 4; i++) {
+        deposit_described(&r, keys[i], i, &rb[i], i < 3 ? "{\"tenant\":\"alice\"}" : NULL);
+        settle_spills(&r);
+    }
+    deposit_described(&r, "w-plain", 4, NULL, "{\"tenant\":\"bob\"}");
+    settle_spills(&r);
+    /* Two more push all five out of KVCR DRAM into G3. */
+    assert_int_equal(rig_deposit1(&r, "p0", 5, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    settle_spills(&r);
+    assert_int_equal(rig_deposit1(&r, "p1", 6, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
+    settle_spills(&r);
+    for (size_t i = 0; i < 4; i++) assert_int_equal(rig_query(&r, keys[i]), KVCR_QUERY_FETCHABLE);
+    assert_int_equal(rig_stat(&r, "tenant_alice_g3_slots", NULL), 3);
+    assert_int_equal(rig_stat(&r, "tenant_bob_g3_slots", NULL), 1);
+    assert_int_equal(rig_stat(&r, "kv_events_meta_unkept", NULL), 1); /* w-big */
+    rig_stop(&r); /* the process's memory is gone; the G3 file stays */
+
+    g3_events_init(&r, &g, &d);
+    rig_start(&r);
+    assert_int_equal(rig_stat(&r, "tenant_alice_g3_slots", NULL), 3);
+    assert_int_equal(rig_stat(&r, "tenant_bob_g3_slots", NULL), 1);
+    assert_int_equal(rig_stat(&r, "no_tenant_g3_slots", NULL), 1); /* w-big */
+    for (size_t i = 0; i < 4; i++) {
+        kvev_batch keep;
+        const kvev_event *e;
+        assert_true(find_stored(&r, d.rep, hash_str(keys[i]), "STORAGE", &keep, &e));
+        if (i < 3) { /* described: an event of its own */
+            assert_int_equal(e->n_hashes, 1);
+            assert_int_equal(e->has_parent, rb[i].has_parent);
+            if (rb[i].has_parent) assert_true(e->parent == rb[i].parent_hash);
+            assert_int_equal(e->block_size, 16);
+            assert_int_equal(e->n_tokens, 16);
+            assert_memory_equal(e->tokens, rb[i].token_ids, 16 * sizeof(uint32_t));
+        } else { /* too long for the record: its hash alone */
+            assert_false(e->has_parent);
+            assert_int_equal(e->n_tokens, 0);
+            assert_int_equal(e->block_size, 0);
+        }
+        if (rb[i].lora_name && i < 3)
+            assert_string_equal(e->lora_name, rb[i].lora_name);
+        else
+            assert_null(e->lora_name);
+        if (i == 1) {
+            assert_non_null(e->extra);
+            assert_int_equal(e->n_extra[0], 2);
+            assert_string_equal(e->extra[0][0], "salt-a");
+            assert_string_equal(e->extra[0][1], "mm-hash-b");
+        } else {
+            assert_null(e->extra);
+        }
+        kvev_batch_free(&keep);
+    }
+    kvev_batch keep;
+    const kvev_event *e;
+    assert_true(find_stored(&r, d.rep, hash_str("w-plain"), "STORAGE", &keep, &e));
+    assert_int_equal(e->n_tokens, 0);
+    kvev_batch_free(&keep);
+    /* The bytes came back too. */
+    const char *k[] = {"w1"};
+    size_t at[] = {15};
+    kvcr_entry_status st;
+    rig_wait(&r, rig_deliver(&r, k, at, 1), &st, NULL, NULL);
+    assert_int_equal(st, KVCR_ENTRY_SUCCESS);
+    assert_true(rig_has_pattern(&r, r.fw + 15 * WB, 501));
+    rig_stop(&r);
+    unlink(g.path);
+    rmdir(g.dir);
+    drop_dirs(&d);
+}
+
 /* ---- the options' rules ------------------------------------------------------ */
 
 static void expect_refused(rig *r, int code, const char *msg)
@@ -816,6 +1005,7 @@ int main(void)
         cmocka_unit_test(test_connected_endpoint_positional_form),
         cmocka_unit_test(test_subscriber_that_never_reads_blocks_nothing),
         cmocka_unit_test(test_described_blocks_carry_their_tokens),
+        cmocka_unit_test(test_g3_warm_restart_announces_what_the_deposit_said),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -122,6 +122,8 @@ static void record(uint64_t i, jrec *r, uint8_t *key)
     r->slot = put ? i * 3 + 1 : 0;
     r->has_hash = false; /* frames of journal_frame_bytes(len): see the hash test */
     r->router_hash = 0;
+    r->tenant = r->meta = NULL; /* likewise: see the metadata test */
+    r->tenant_len = r->meta_len = 0;
 }
 
 static bool record_matches(uint64_t i, const jrec *got)
@@ -636,8 +638,49 @@ static void sealed_bad_type(uint8_t *m)
 
 static void sealed_unknown_flag(uint8_t *m)
 {
-    ring_of(m)[VICTIM + 3] = 2;
+    ring_of(m)[VICTIM + 3] = 4;
     reseal(ring_of(m) + VICTIM, VICTIM_BYTES);
+}
+
+/* The victim (a 13-byte key, size 45) made a JFLAG_META frame by a
+ * shorter key: its last 13 - key_len key bytes become the lengths (u16
+ * metadata, u8 tenant) and the tenant and metadata. */
+static void as_meta_frame(uint8_t *m, uint16_t key_len, const uint8_t *tail, size_t n)
+{
+    uint8_t *f = ring_of(m) + VICTIM;
+    f[3] = JFLAG_META;
+    wr16(f + 4, key_len);
+    memcpy(f + 32 + key_len, tail, n);
+    reseal(f, VICTIM_BYTES);
+}
+
+static void sealed_meta_lengths_past_the_frame(uint8_t *m)
+{
+    as_meta_frame(m, 10, (const uint8_t[]){4, 0, 0}, 3); /* 4 bytes of metadata, none left */
+}
+
+static void sealed_meta_flag_with_nothing(uint8_t *m)
+{
+    as_meta_frame(m, 10, (const uint8_t[]){0, 0, 0}, 3);
+}
+
+static void sealed_meta_tenant_with_a_nul(uint8_t *m)
+{
+    as_meta_frame(m, 8, (const uint8_t[]){0, 0, 2, 'a', 0}, 5);
+}
+
+static void sealed_meta_flag_without_room(uint8_t *m)
+{
+    as_meta_frame(m, 11, (const uint8_t[]){0, 0}, 2); /* 2 bytes after the key, not 3 */
+}
+
+static void sealed_meta_on_a_remove(uint8_t *m)
+{
+    uint8_t *f = ring_of(m) + VICTIM;
+    f[2] = JREC_REMOVE;
+    wr16(f + 6, 0);
+    wr64(f + 8, 0);
+    as_meta_frame(m, 10, (const uint8_t[]){0, 0, 0}, 3);
 }
 
 /* The hash flag on a frame that has no room for the hash. */
@@ -786,12 +829,101 @@ static void test_put_frames_carry_the_router_hash(void **state)
     free(m);
 }
 
+/* A PUT carries its tenant and metadata byte for byte, with or without
+ * the router hash; a frame without them (as version 1 wrote every frame)
+ * reads with none; a REMOVE drops them; what is too long, or a tenant
+ * with a NUL, is refused at publish and changes nothing. */
+static void test_put_frames_carry_the_tenant_and_metadata(void **state)
+{
+    (void)state;
+    uint8_t *m = new_journal(BYTES);
+    journal prod, cons;
+    attach_both(m, &prod, &cons);
+    const uint8_t key[13] = "block-key-013";
+    static uint8_t meta[JOURNAL_META_MAX + 1], tenant[JOURNAL_TENANT_MAX + 1];
+    for (size_t i = 0; i < sizeof meta; i++) meta[i] = (uint8_t)(i * 7 + 1);
+    memset(tenant, 't', sizeof tenant);
+    jrec full = {JREC_PUT, key, sizeof key, 2, 77, true, 0xFEDCBA9876543210ull,
+                 (const uint8_t *)"alice", meta, 5, 300};
+    jrec only_meta = {JREC_PUT, key, sizeof key, 2, 78, false, 0, NULL, meta, 0,
+                      JOURNAL_META_MAX};
+    jrec only_tenant = {JREC_PUT, key, sizeof key, 2, 79, false, 0, tenant, NULL,
+                        JOURNAL_TENANT_MAX, 0};
+    jrec plain = {JREC_PUT, key, sizeof key, 2, 80, false, 0};
+    jrec rm = {JREC_REMOVE, key, sizeof key, 0, 0, false, 0, tenant, meta, 3, 3};
+    publish_ok(&prod, &full);
+    assert_int_equal(prod.cursor, 368); /* 32 + 13 + 8 + 3 + 5 + 300 = 361, rounded up */
+    publish_ok(&prod, &only_meta);
+    publish_ok(&prod, &only_tenant);
+    publish_ok(&prod, &plain);
+    uint64_t before = prod.cursor;
+    publish_ok(&prod, &rm);
+    assert_int_equal(prod.cursor - before, journal_frame_bytes(sizeof key));
+
+    /* refused, nothing published */
+    before = prod.cursor;
+    jrec bad = full;
+    bad.meta_len = JOURNAL_META_MAX + 1;
+    assert_int_equal(journal_publish(&prod, &bad), KVCR_EINVAL);
+    bad = full;
+    bad.tenant = tenant;
+    bad.tenant_len = JOURNAL_TENANT_MAX + 1;
+    assert_int_equal(journal_publish(&prod, &bad), KVCR_EINVAL);
+    bad.tenant = (const uint8_t *)"a\0b";
+    bad.tenant_len = 3;
+    assert_int_equal(journal_publish(&prod, &bad), KVCR_EINVAL);
+    bad = full;
+    bad.meta = NULL;
+    assert_int_equal(journal_publish(&prod, &bad), KVCR_EINVAL);
+    assert_int_equal(prod.cursor, before);
+
+    jrec r;
+    read_one(&cons, &r);
+    assert_true(r.has_hash && r.router_hash == 0xFEDCBA9876543210ull);
+    assert_int_equal(r.slot, 77);
+    assert_memory_equal(r.key, key, sizeof key);
+    assert_int_equal(r.tenant_len, 5);
+    assert_memory_equal(r.tenant, "alice", 5);
+    assert_int_equal(r.meta_len, 300);
+    assert_memory_equal(r.meta, meta, 300);
+    read_one(&cons, &r);
+    assert_int_equal(r.slot, 78);
+    assert_false(r.has_hash);
+    assert_null(r.tenant);
+    assert_int_equal(r.tenant_len, 0);
+    assert_int_equal(r.meta_len, JOURNAL_META_MAX);
+    assert_memory_equal(r.meta, meta, JOURNAL_META_MAX);
+    read_one(&cons, &r);
+    assert_int_equal(r.slot, 79);
+    assert_int_equal(r.tenant_len, JOURNAL_TENANT_MAX);
+    assert_memory_equal(r.tenant, tenant, JOURNAL_TENANT_MAX);
+    assert_null(r.meta);
+    assert_int_equal(r.meta_len, 0);
+    read_one(&cons, &r);
+    assert_int_equal(r.slot, 80);
+    assert_null(r.tenant);
+    assert_null(r.meta);
+    read_one(&cons, &r);
+    assert_int_equal(r.type, JREC_REMOVE);
+    assert_null(r.tenant);
+    assert_null(r.meta);
+    assert_int_equal(journal_read_next(&cons, &r), 0);
+    journal_detach(&prod);
+    journal_detach(&cons);
+    free(m);
+}
+
 static void test_bad_fields_are_caught_even_when_sealed(void **state)
 {
     (void)state;
     expect_caught(sealed_nonzero_padding, "non-zero padding");
     expect_caught(sealed_bad_type, "has type 3");
-    expect_caught(sealed_unknown_flag, "has flags 2");
+    expect_caught(sealed_unknown_flag, "has flags 4");
+    expect_caught(sealed_meta_lengths_past_the_frame, "has a bad tenant or metadata");
+    expect_caught(sealed_meta_flag_with_nothing, "has a bad tenant or metadata");
+    expect_caught(sealed_meta_tenant_with_a_nul, "has a bad tenant or metadata");
+    expect_caught(sealed_meta_flag_without_room, "key length 11 for size 45");
+    expect_caught(sealed_meta_on_a_remove, "has flags 2");
     expect_caught(sealed_hash_flag_without_a_hash, "key length 13 for size 45");
     expect_caught(sealed_key_length_mismatch, "key length 12 for size 45");
     expect_caught(sealed_remove_with_a_slot, "REMOVE frame at 40 names pool 0 slot 5");
@@ -1171,6 +1303,7 @@ int main(void)
         cmocka_unit_test(test_a_flipped_size_bit_is_caught),
         cmocka_unit_test(test_bad_fields_are_caught_even_when_sealed),
         cmocka_unit_test(test_put_frames_carry_the_router_hash),
+        cmocka_unit_test(test_put_frames_carry_the_tenant_and_metadata),
         cmocka_unit_test(test_impossible_published_cursors_are_caught),
         cmocka_unit_test(test_a_torn_frame_is_caught),
         cmocka_unit_test(test_a_producer_seeing_an_impossible_consumed_cursor_ends_recovery),
