@@ -10,11 +10,16 @@
  * (flag byte), so the fuzzer reaches the field checks behind it.
  * Whatever the bytes: no read outside them (ASan), and every record that
  * verifies is one the scan may report: for its slot, FULL with a key of
- * 1..G3_KEY_MAX bytes inside the record and 1..slot_size data, or EMPTY
- * with neither. */
+ * 1..G3_KEY_MAX bytes inside the record and 1..slot_size data (and in
+ * record version 2 a tenant and metadata inside the record, fitting
+ * beside the key), or EMPTY with neither. A record's metadata goes through
+ * the router metadata's strict decoder (api/router_meta.c), which the
+ * warm restart hands it to: whatever decodes encodes back to the very
+ * same bytes. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/router_meta.h"
 #include "tiers/g3_format.h"
 #include "util/bytes.h"
 
@@ -25,6 +30,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 enum { SLOTS = 64, SLOT_SIZE = 65536 };
 static const uint64_t SEED = 0x5eed;
+
+/* Stored router metadata decodes strictly: what decodes is exactly what
+ * its entry encodes to. */
+static void check_meta(const uint8_t *b, size_t len)
+{
+    bool damaged;
+    rmeta *e = rmeta_decode(7, b, len, &damaged);
+    if (e == NULL) {
+        CHECK(damaged);
+        return;
+    }
+    uint8_t again[G3_RECORD_SIZE];
+    CHECK(rmeta_encode(e, again, sizeof again) == len);
+    CHECK(memcmp(again, b, len) == 0);
+    CHECK(e->hash == 7 && e->media == 0 && !e->pending);
+    free(e);
+}
 
 static void check_record(const g3_layout *l, const uint8_t *r, uint64_t slot)
 {
@@ -39,6 +61,11 @@ static void check_record(const g3_layout *l, const uint8_t *r, uint64_t slot)
     CHECK(d.key_len >= 1 && d.key_len <= G3_KEY_MAX);
     CHECK(d.key >= r && d.key + d.key_len <= r + G3_RECORD_SIZE);
     CHECK(d.len >= 1 && d.len <= SLOT_SIZE);
+    CHECK(g3_record_fits(d.key_len, d.tenant_len, d.meta_len));
+    CHECK((d.tenant_len == 0) == (d.tenant == NULL) && (d.meta_len == 0) == (d.meta == NULL));
+    if (d.tenant) CHECK(d.tenant >= d.key + d.key_len && d.tenant + d.tenant_len <= r + G3_RECORD_SIZE - 8);
+    if (d.meta) CHECK(d.meta >= d.key + d.key_len && d.meta + d.meta_len <= r + G3_RECORD_SIZE - 8);
+    if (d.meta) check_meta(d.meta, d.meta_len);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -13,7 +13,8 @@
  *
  * Whatever the bytes, replay must not change the mapping, read_next must
  * return <= 0 within the number of frames that fit in the ring, and every
- * record handed over must be well formed; ASan checks that nothing is
+ * record handed over must be well formed (its router hash, tenant and
+ * metadata where its frame said, taking exactly the frame's bytes); ASan checks that nothing is
  * read outside the mapping. With flag bit 1 a producer then attaches and
  * publishes a frame: 0 or KVCR_ECLOSED, nothing else. */
 #include <endian.h>
@@ -45,16 +46,31 @@ static void set_word(size_t off, uint64_t v)
     __atomic_store_n((uint64_t *)(void *)(mem + off), htole64(v), __ATOMIC_RELEASE);
 }
 
-/* Touches every key byte, so that ASan sees a key pointing outside. */
+/* Touches every key, tenant and metadata byte, so that ASan sees one
+ * pointing outside. */
 static void check_record(const jrec *r)
 {
     if (r->key_len < 1 || r->key_len > KVCR_KEY_MAX) abort();
     if (r->type != JREC_PUT && r->type != JREC_REMOVE) abort();
     if (r->pool > 0xffff) abort();
-    if (r->type == JREC_REMOVE && (r->pool != 0 || r->slot != 0)) abort();
+    if (r->type == JREC_REMOVE && (r->pool != 0 || r->slot != 0 || r->has_hash)) abort();
+    if (r->type == JREC_REMOVE && (r->tenant_len || r->meta_len)) abort();
+    if (r->tenant_len > JOURNAL_TENANT_MAX || r->meta_len > JOURNAL_META_MAX) abort();
+    if ((r->tenant_len == 0) != (r->tenant == NULL) || (r->meta_len == 0) != (r->meta == NULL))
+        abort();
+    if (r->tenant_len && memchr(r->tenant, 0, r->tenant_len)) abort();
     volatile uint8_t sum = 0;
     for (size_t i = 0; i < r->key_len; i++) sum += r->key[i];
+    for (size_t i = 0; i < r->meta_len; i++) sum += r->meta[i];
     (void)sum;
+}
+
+/* The ring bytes a frame of this record takes (journal.h's layout). */
+static uint64_t frame_bytes(const jrec *r)
+{
+    uint64_t n = JOURNAL_FRAME_HEAD + r->key_len + (r->has_hash ? 8 : 0);
+    if (r->tenant_len + r->meta_len > 0) n += 3 + r->tenant_len + r->meta_len;
+    return (n + 7) & ~(uint64_t)7;
 }
 
 static int on_replay(void *ud, const jrec *r)
@@ -112,7 +128,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc <= 0) break;
         check_record(&r);
         uint64_t step = j.cursor - at;
-        if (step != journal_frame_bytes(r.key_len)) abort();
+        if (step != frame_bytes(&r)) abort();
         if (++frames > CAP / 40) abort(); /* more frames than fit in the ring */
     }
     if (rc != 0 && rc != KVCR_EPROTO && rc != KVCR_ECLOSED) abort();
