@@ -25,6 +25,12 @@ typedef struct kvcr_boot {
     const char *role;              /* for the start log line ("claimant", "guard") */
     const uint8_t (*retired)[KVCR_INC_LEN]; /* incarnations that served this endpoint */
     size_t n_retired;                       /* before and are gone (at most KVCR_RETIRED_MAX) */
+    /* The KV-event stream this instance continues: its first number, and
+     * who keeps its next one (called on the publisher's thread; NULL:
+     * nobody). */
+    uint64_t kv_first_seq;
+    void (*kv_numbered)(void *ud, uint64_t next_seq);
+    void *kv_numbered_ud;
 } kvcr_boot;
 
 /* kvcr_create with a boot record. */

@@ -54,7 +54,7 @@ static void meta_found(void *ud, const uint8_t *key, size_t key_len, const uint8
                          "router metadata (it is announced by its hash alone)");
 }
 
-int api_events_start(kvcr_t *kv, uint64_t first_seq)
+int api_events_start(kvcr_t *kv, const api_events_stream *st)
 {
     const kvcr_kv_events_options *k = &kv->conf.kv_events;
     if (k->endpoint[0] == '\0') return 0;
@@ -70,7 +70,9 @@ int api_events_start(kvcr_t *kv, uint64_t first_seq)
         .batch_interval_ms = k->batch_interval_ms,
         .max_queued_batches = k->max_queued_batches,
         .positional = k->legacy_positional,
-        .first_seq = first_seq,
+        .first_seq = st ? st->first_seq : 0,
+        .numbered = st ? st->numbered : NULL,
+        .numbered_ud = st ? st->ud : NULL,
     };
     int rc = kvpub_open(&o, &kv->log, &e->pub);
     if (rc != 0) {
@@ -83,9 +85,10 @@ int api_events_start(kvcr_t *kv, uint64_t first_seq)
     kv->kv_events = e;
     kv->inventory_on = true;
     kv->meta_hook = (block_meta_hook){meta_get, meta_found, kv};
-    kvcr_log(&kv->log, KVCR_LOG_INFO, "kv events: %s %s, topic '%s'%s%s",
+    kvcr_log(&kv->log, KVCR_LOG_INFO, "kv events: %s %s, topic '%s'%s%s, from sequence %llu",
              kvpub_binds(k->endpoint) ? "bound" : "connected to", k->endpoint, k->topic,
-             o.replay_endpoint ? ", replay at " : "", o.replay_endpoint ? o.replay_endpoint : "");
+             o.replay_endpoint ? ", replay at " : "", o.replay_endpoint ? o.replay_endpoint : "",
+             (unsigned long long)o.first_seq);
     return 0;
 }
 

@@ -14,12 +14,23 @@
 
 #include "core/instance.h"
 
+/* Where an instance's stream starts and who keeps its next number
+ * (kvpub_opts.numbered, on the publisher's thread): in guard mode the
+ * group's journal header, so that whoever publishes for the group next
+ * continues the numbering. */
+typedef struct api_events_stream {
+    uint64_t first_seq;
+    void (*numbered)(void *ud, uint64_t next_seq);
+    void *ud;
+} api_events_stream;
+
 /* Starts the publisher when the configuration has an endpoint (before
- * any inventory is queued), its numbering from first_seq; it first
- * publishes AllBlocksCleared (what a router knew of an earlier life of
- * this endpoint is gone; the blocks found again are announced after it).
- * 0, or the publisher's error (the message names the endpoint). */
-int api_events_start(kvcr_t *kv, uint64_t first_seq);
+ * any inventory is queued), its numbering as st says (NULL: from 0,
+ * kept by nobody); it first publishes AllBlocksCleared (what a router
+ * knew of an earlier life of this endpoint is gone; the blocks found
+ * again are announced after it). 0, or the publisher's error (the
+ * message names the endpoint). */
+int api_events_start(kvcr_t *kv, const api_events_stream *st);
 
 /* Publishes one inventory event: the keys' router hashes (callbacks.key_hash;
  * a key without one is left out), BlockStored or BlockRemoved with the

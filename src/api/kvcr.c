@@ -133,6 +133,14 @@ static int journal_sink(void *ud, bool put, const uint8_t *key, size_t key_len, 
     return journal_publish(kv->journal, &r);
 }
 
+/* The publisher's thread: the group's KV-event stream goes on from here
+ * whoever publishes for it next. The journal's mapping outlives the
+ * publisher (kvcr_close stops it before the group is given back). */
+static void journal_kv_seq_sink(void *ud, uint64_t next_seq)
+{
+    journal_set_kv_seq(((journal *)ud)->base, next_seq);
+}
+
 _Static_assert(KVCR_INC_LEN == JOURNAL_INC_LEN, "one incarnation size");
 _Static_assert(KVCR_RETIRED_MAX == JOURNAL_RETIRED_MAX, "one retired list size");
 
@@ -205,7 +213,10 @@ int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
     }
     /* Before anything can queue inventory (the G3 scan, recovered blocks). */
     kv->inventory_on = kv->conf.cb.inventory != NULL;
-    if ((rc = api_events_start(kv, 0)) != 0) {
+    api_events_stream stream = {0};
+    if (boot) stream = (api_events_stream){boot->kv_first_seq, boot->kv_numbered,
+                                           boot->kv_numbered_ud};
+    if ((rc = api_events_start(kv, &stream)) != 0) {
         release_parts(kv);
         return rc; /* the publisher named the endpoint */
     }
@@ -298,6 +309,9 @@ static int create_claimed(const kvcr_config *cfg, kvcr_t **out)
     boot.blocks = svc_hold_recovered(h, &boot.n_blocks);
     boot.retired = svc_hold_retired(h, &boot.n_retired);
     boot.control_listener = svc_hold_take_listener(h);
+    boot.kv_first_seq = svc_hold_kv_seq(h); /* the stream the last publisher left */
+    boot.kv_numbered = journal_kv_seq_sink;
+    boot.kv_numbered_ud = boot.journal;
     rc = kvcr__create(&c, &boot, out);
     if (rc != 0) {
         char why[512];

@@ -171,6 +171,7 @@ static void send_batch(kvpub *p, batch *b)
         return;
     }
     uint64_t seq = p->next_seq++;
+    if (p->o.numbered) p->o.numbered(p->o.numbered_ud, seq + 1);
     uint8_t seq_be[8];
     kvev_put_be64(seq_be, seq);
     /* The socket takes a message whole or not at all: it checks its queues

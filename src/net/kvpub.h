@@ -42,6 +42,12 @@ typedef struct kvpub_opts {
     uint32_t buffer_batches, max_batch_events, batch_interval_ms, max_queued_batches;
     bool positional;
     uint64_t first_seq;          /* where the numbering starts */
+    /* Called on the publisher's thread when a batch has taken its number,
+     * before it is sent, with the number the next batch gets: where a
+     * successor continues the stream if this process dies now (it never
+     * reuses a number sent). NULL: nobody continues it. */
+    void (*numbered)(void *ud, uint64_t next_seq);
+    void *numbered_ud;
 } kvpub_opts;
 
 typedef struct kvpub_counts {

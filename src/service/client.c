@@ -35,6 +35,7 @@ struct svc_hold {
     bool journal_ok;
     journal_inc retired[JOURNAL_RETIRED_MAX]; /* gone from this endpoint (the service says) */
     size_t n_retired;
+    uint64_t kv_seq;          /* the group's KV-event stream at the grant */
     kvcr_logger log;
 };
 
@@ -87,6 +88,10 @@ static void fill_claim(const kvcr_config *cfg, svc_msg *m)
         snprintf(m->kv_replay, sizeof m->kv_replay, "%s", k->replay_endpoint ? k->replay_endpoint : "");
         snprintf(m->kv_topic, sizeof m->kv_topic, "%s", k->topic ? k->topic : "");
         m->kv_dp_rank = k->dp_rank;
+        /* The Guard publishes with the same names and form. */
+        snprintf(m->kv_medium_dram, sizeof m->kv_medium_dram, "%s", k->medium_dram);
+        snprintf(m->kv_medium_g3, sizeof m->kv_medium_g3, "%s", k->medium_g3);
+        m->kv_positional = k->legacy_positional;
     }
 }
 
@@ -204,6 +209,7 @@ static int take_grant(svc_hold *h, const svc_msg *g)
     if (rc != 0) return rc;
     h->journal_ok = true;
     h->n_retired = journal_retired(h->base, h->retired);
+    h->kv_seq = journal_kv_seq(h->base);
     return 0;
 }
 
@@ -317,6 +323,11 @@ int svc_hold_take_listener(svc_hold *h)
 uint16_t svc_hold_control_port(const svc_hold *h)
 {
     return h->control_port;
+}
+
+uint64_t svc_hold_kv_seq(const svc_hold *h)
+{
+    return h->kv_seq;
 }
 
 /* ---- release -------------------------------------------------------------------------- */

@@ -37,6 +37,9 @@ const uint8_t (*svc_hold_retired(const svc_hold *h, size_t *n))[KVCR_INC_LEN];
 struct journal *svc_hold_journal(svc_hold *h);
 int svc_hold_take_listener(svc_hold *h);
 uint16_t svc_hold_control_port(const svc_hold *h);
+/* The group's KV-event stream as the grant found it: the number the next
+ * batch takes (where the Guard's, or the last owner's, stream ended). */
+uint64_t svc_hold_kv_seq(const svc_hold *h);
 
 /* Unmaps the pool, tells the service (activated: the instance ran, so the
  * journal is current; false: it never started), waits at most 10 s for the

@@ -36,7 +36,8 @@
     X(GEN, "generation") X(MAPPING, "mapping_bytes") X(JOURNAL, "journal_bytes")           \
     X(RECOVERED, "recovered") X(ACTIVATED, "activated") X(MESSAGE, "message") X(TEXT, "text") \
     X(KV_EP, "kv_endpoint") X(KV_REPLAY, "kv_replay") X(KV_TOPIC, "kv_topic")              \
-    X(KV_RANK, "kv_dp_rank")
+    X(KV_RANK, "kv_dp_rank") X(KV_DRAM, "kv_medium_dram") X(KV_G3, "kv_medium_g3")          \
+    X(KV_POSITIONAL, "kv_positional")
 MPMAP_FIELD_TABLE(FIELDS);
 
 #define B(f) (1u << F_##f)
@@ -49,7 +50,8 @@ static const struct shape {
     uint32_t fields;
 } shapes[] = {
     [SVC_CLAIM] = {"claim", B(GUARD) | B(DIGEST) | B(AGENT) | B(POOLS) | B(HOST) | B(PORT) |
-                                B(KV_EP) | B(KV_REPLAY) | B(KV_TOPIC) | B(KV_RANK)},
+                                B(KV_EP) | B(KV_REPLAY) | B(KV_TOPIC) | B(KV_RANK) |
+                                B(KV_DRAM) | B(KV_G3) | B(KV_POSITIONAL)},
     [SVC_GRANTED] = {"granted", B(GUARD) | B(GEN) | B(MAPPING) | B(JOURNAL) | B(POOLS) |
                                     B(PORT) | B(RECOVERED)},
     [SVC_RELEASE] = {"release", B(ACTIVATED)},
@@ -145,8 +147,13 @@ static int check_msg(int err, const svc_msg *m)
         if (m->control_port > 65535 || (m->control_host[0] == '\0' && m->control_port != 0))
             return kvcr_fail(err, "claim: control_port %u not 0..65535 (0 without a host)",
                              m->control_port);
-        if (m->kv_endpoint[0] == '\0' && (m->kv_replay[0] || m->kv_topic[0] || m->kv_dp_rank))
-            return kvcr_fail(err, "claim: KV-event replay, topic or rank without an endpoint");
+        if (m->kv_endpoint[0] == '\0' && (m->kv_replay[0] || m->kv_topic[0] || m->kv_dp_rank ||
+                                          m->kv_medium_dram[0] || m->kv_medium_g3[0] ||
+                                          m->kv_positional))
+            return kvcr_fail(err, "claim: KV-event replay, topic, rank, media or form without "
+                             "an endpoint");
+        if (m->kv_endpoint[0] != '\0' && (m->kv_medium_dram[0] == '\0' || m->kv_medium_g3[0] == '\0'))
+            return kvcr_fail(err, "claim: a KV-event endpoint needs both medium names");
         return check_pools(err, m);
     case SVC_GRANTED:
         if (m->control_port > 65535)
@@ -205,9 +212,13 @@ static int decode_head(const msgpack_object **f, uint32_t present, svc_msg *m)
 {
     uint64_t v;
     if (!(present & B(V))) return kvcr_fail(KVCR_EPROTO, "missing field: v");
-    if (!mpmap_u64(f[F_V], &v) || v != SVC_PROTOCOL_VERSION)
+    if (!mpmap_u64(f[F_V], &v))
         return kvcr_fail(KVCR_EPROTO, "unsupported protocol version (v must be %u)",
                          SVC_PROTOCOL_VERSION);
+    if (v != SVC_PROTOCOL_VERSION) /* the engine's and the service's libkvcr differ */
+        return kvcr_fail(KVCR_EPROTO, "unsupported protocol version %llu (v must be %u: the "
+                         "engine and the KVCR service must run the same KVCR release)",
+                         (unsigned long long)v, SVC_PROTOCOL_VERSION);
     if (!(present & B(TYPE))) return kvcr_fail(KVCR_EPROTO, "missing field: type");
     const msgpack_object *t = f[F_TYPE];
     if (t->type != MSGPACK_OBJECT_STR) return kvcr_fail(KVCR_EPROTO, "type: not a str");
@@ -293,6 +304,12 @@ static int decode_body(const msgpack_object **f, uint32_t present, svc_msg *m)
                          "bytes without NUL", SVC_KV_MAX);
     if (present & B(KV_RANK) && !get_u32(f[F_KV_RANK], &m->kv_dp_rank))
         return kvcr_fail(KVCR_EPROTO, "kv_dp_rank: not an unsigned 32-bit integer");
+    if ((present & B(KV_DRAM) && !get_str(f[F_KV_DRAM], m->kv_medium_dram, SVC_KV_MAX)) ||
+        (present & B(KV_G3) && !get_str(f[F_KV_G3], m->kv_medium_g3, SVC_KV_MAX)))
+        return kvcr_fail(KVCR_EPROTO, "kv_medium_dram, kv_medium_g3: not a str of 0..%d bytes "
+                         "without NUL", SVC_KV_MAX);
+    if (present & B(KV_POSITIONAL) && !mpmap_bool(f[F_KV_POSITIONAL], &m->kv_positional))
+        return kvcr_fail(KVCR_EPROTO, "kv_positional: not a bool");
     if (present & B(GEN) && !mpmap_u64(f[F_GEN], &m->generation))
         return kvcr_fail(KVCR_EPROTO, "generation: not an unsigned integer");
     if (present & B(MAPPING) && !mpmap_u64(f[F_MAPPING], &m->mapping_bytes))
@@ -377,7 +394,9 @@ static int check_encodable(const svc_msg *m)
                                !terminated(m->control_host, sizeof m->control_host) ||
                                !terminated(m->kv_endpoint, sizeof m->kv_endpoint) ||
                                !terminated(m->kv_replay, sizeof m->kv_replay) ||
-                               !terminated(m->kv_topic, sizeof m->kv_topic)))
+                               !terminated(m->kv_topic, sizeof m->kv_topic) ||
+                               !terminated(m->kv_medium_dram, sizeof m->kv_medium_dram) ||
+                               !terminated(m->kv_medium_g3, sizeof m->kv_medium_g3)))
         return kvcr_fail(KVCR_EINVAL, "claim: digest, agent, control_host or a KV-event string "
                          "not NUL-terminated");
     return check_msg(KVCR_EINVAL, m);
@@ -413,6 +432,9 @@ static int pack_value(msgpack_packer *pk, const void *msg, int f)
     case F_KV_REPLAY: return mpmap_pack_cstr(pk, m->kv_replay);
     case F_KV_TOPIC: return mpmap_pack_cstr(pk, m->kv_topic);
     case F_KV_RANK: return msgpack_pack_uint32(pk, m->kv_dp_rank);
+    case F_KV_DRAM: return mpmap_pack_cstr(pk, m->kv_medium_dram);
+    case F_KV_G3: return mpmap_pack_cstr(pk, m->kv_medium_g3);
+    case F_KV_POSITIONAL: return mpmap_pack_bool(pk, m->kv_positional);
     case F_GEN: return msgpack_pack_uint64(pk, m->generation);
     case F_MAPPING: return msgpack_pack_uint64(pk, m->mapping_bytes);
     case F_JOURNAL: return msgpack_pack_uint64(pk, m->journal_bytes);

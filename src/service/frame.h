@@ -15,7 +15,9 @@
  *
  *   claim      claimant -> service    guard_index, digest, pools (name and
  *                                     block_size each), control_host,
- *                                     control_port, agent
+ *                                     control_port, agent, the KV events
+ *                                     (endpoint, replay, topic, rank,
+ *                                     media, positional)
  *              (+ the claimant's pidfd when it could open one)
  *   granted    service -> claimant    guard_index, generation,
  *                                     mapping_bytes, journal_bytes, pools
@@ -38,9 +40,10 @@
 
 #include "kvcr/kvcr.h"
 
-/* 2: claims carry the claimant's KV events (an engine and a service of
- * different versions refuse each other with this number, not a field). */
-#define SVC_PROTOCOL_VERSION 2u
+/* 2: claims carry the claimant's KV events; 3: and their medium names and
+ * form (an engine and a service of different versions refuse each other
+ * with this number, not a field). */
+#define SVC_PROTOCOL_VERSION 3u
 #define SVC_FRAME_MAX (1u << 20)
 #define SVC_MAX_FDS 2
 #define SVC_DIGEST_MAX 256
@@ -81,6 +84,10 @@ typedef struct svc_msg {
      * none (then replay and topic ""); strings 0 .. SVC_KV_MAX bytes */
     char kv_endpoint[SVC_KV_MAX + 1], kv_replay[SVC_KV_MAX + 1], kv_topic[SVC_KV_MAX + 1];
     uint32_t kv_dp_rank;
+    /* claim: the media of its events, 1 .. SVC_KV_MAX bytes each (with an
+     * endpoint; "" without), and the older positional form */
+    char kv_medium_dram[SVC_KV_MAX + 1], kv_medium_g3[SVC_KV_MAX + 1];
+    bool kv_positional;
     uint64_t generation;                     /* granted */
     uint64_t mapping_bytes, journal_bytes;   /* granted: journal < mapping */
     uint64_t recovered;                      /* granted */

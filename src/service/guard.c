@@ -51,6 +51,8 @@ struct guard {
      * same endpoint, topic and rank; "" endpoint: none. */
     char kv_endpoint[SVC_KV_MAX + 1], kv_replay[SVC_KV_MAX + 1], kv_topic[SVC_KV_MAX + 1];
     uint32_t kv_dp_rank;
+    char kv_medium_dram[SVC_KV_MAX + 1], kv_medium_g3[SVC_KV_MAX + 1];
+    bool kv_positional;
     journal jc;        /* consumer of the owner's journal */
     bool reading;      /* jc attached and believed */
     mirror mir;
@@ -196,7 +198,9 @@ static void drain_journal(guard *g)
  * these). A mirror that does not fit goes cold. */
 static void compact(guard *g)
 {
+    uint64_t kv_seq = journal_kv_seq(g->base); /* the group's stream goes on */
     journal_format(g->base, g->t->journal_bytes, g->generation);
+    journal_set_kv_seq(g->base, kv_seq);
     recovered_block *list = NULL;
     size_t n = 0;
     journal jp;
@@ -217,6 +221,7 @@ static void compact(guard *g)
         kvcr_log(g->t->log, KVCR_LOG_WARN, "guard %u: %zu block(s) do not fit the journal (%s): "
                  "the new owner starts cold", g->index, n, kvcr_last_error());
         journal_format(g->base, g->t->journal_bytes, g->generation);
+        journal_set_kv_seq(g->base, kv_seq);
         mirror_clear(&g->mir);
         n = 0;
     }
@@ -390,6 +395,9 @@ int guard_claim(guard *g, const svc_msg *c, int pidfd, svc_msg *grant, int *fds,
     snprintf(g->kv_replay, sizeof g->kv_replay, "%s", c->kv_replay);
     snprintf(g->kv_topic, sizeof g->kv_topic, "%s", c->kv_topic);
     g->kv_dp_rank = c->kv_dp_rank;
+    snprintf(g->kv_medium_dram, sizeof g->kv_medium_dram, "%s", c->kv_medium_dram);
+    snprintf(g->kv_medium_g3, sizeof g->kv_medium_g3, "%s", c->kv_medium_g3);
+    g->kv_positional = c->kv_positional;
     g->claims++;
     *n_fds = g->listener >= 0 ? 2 : 1;
     fill_grant(g, grant);
@@ -469,11 +477,20 @@ static int backup_key_hash(void *ud, const kvcr_key *key, uint64_t *hash)
     return mirror_router_hash(&g->mir, key->data, key->len, hash) ? 0 : 1;
 }
 
+/* The backup's publisher thread: the group's stream goes on from here when
+ * the owner comes back. The mapping outlives the backup. */
+static void backup_kv_seq(void *ud, uint64_t next_seq)
+{
+    const guard *g = ud;
+    journal_set_kv_seq(g->base, next_seq);
+}
+
 /* The backup speaks for the owner to routers: its KV events on the owner's
- * endpoint, topic and rank. Its stream starts with AllBlocksCleared (what
- * the owner announced and the Guard does not serve is gone), then the
- * blocks it serves. */
-static void backup_events(const guard *g, kvcr_config *c)
+ * endpoint, topic and rank, with its media and form, numbered on from the
+ * owner's last batch. Its stream starts with AllBlocksCleared (what the
+ * owner announced and the Guard does not serve is gone), then the blocks it
+ * serves. */
+static void backup_events(guard *g, kvcr_config *c, kvcr_boot *boot)
 {
     if (g->kv_endpoint[0] == '\0') return;
     c->callbacks.key_hash = backup_key_hash;
@@ -481,6 +498,12 @@ static void backup_events(const guard *g, kvcr_config *c)
     c->kv_events.replay_endpoint = g->kv_replay[0] ? g->kv_replay : NULL;
     c->kv_events.topic = g->kv_topic;
     c->kv_events.dp_rank = g->kv_dp_rank;
+    c->kv_events.medium_dram = g->kv_medium_dram;
+    c->kv_events.medium_g3 = g->kv_medium_g3;
+    c->kv_events.legacy_positional = g->kv_positional;
+    boot->kv_first_seq = journal_kv_seq(g->base); /* the dead owner stored it before each send */
+    boot->kv_numbered = backup_kv_seq;
+    boot->kv_numbered_ud = g;
 }
 
 /* The backup instance: the group's pools at the Guard's own mapping, the
@@ -510,10 +533,10 @@ static int create_backup(guard *g, const recovered_block *list, size_t n, bool e
     c.remote.control_port = g->port;
     c.callbacks.log = guard_log_sink;
     c.callbacks.ud = g;
-    if (events) backup_events(g, &c);
     kvcr_boot boot = {.blocks = list, .n_blocks = n, .role = "guard",
                       .retired = (const uint8_t (*)[KVCR_INC_LEN])g->retired,
                       .n_retired = g->n_retired};
+    if (events) backup_events(g, &c, &boot);
     boot.control_listener = fcntl(g->listener, F_DUPFD_CLOEXEC, 0);
     if (boot.control_listener < 0) return kvcr_fail(KVCR_ESYS, "dup: %s", strerror(errno));
     return kvcr__create(&c, &boot, &g->backup);

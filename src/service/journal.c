@@ -48,6 +48,8 @@
 #define H_OWNER 256
 #define H_N_RETIRED 320
 #define H_RETIRED 384
+#define H_KV_SEQ 512
+#define KV_SEQ_MAX (1ull << 63)
 
 /* Frame head offsets. */
 #define F_SIZE 0
@@ -165,6 +167,17 @@ size_t journal_retired(const void *base, journal_inc *out)
     if (n > JOURNAL_RETIRED_MAX) n = JOURNAL_RETIRED_MAX;
     for (size_t i = 0; i < n; i++) load_inc(base, H_RETIRED + i * JOURNAL_INC_LEN, out[i]);
     return (size_t)n;
+}
+
+void journal_set_kv_seq(void *base, uint64_t next)
+{
+    store_word(base, H_KV_SEQ, next);
+}
+
+uint64_t journal_kv_seq(const void *base)
+{
+    uint64_t next = load_word(base, H_KV_SEQ);
+    return next > KV_SEQ_MAX ? 0 : next;
 }
 
 /* Is this a journal of this size and generation? The shared words are not

@@ -26,6 +26,8 @@
  *                  256   owner incarnation, 16 bytes (zero: none) atomic words
  *                  320   u64 number of retired incarnations      atomic
  *                  384   retired incarnations, 8 x 16 bytes      atomic words
+ *                  512   u64 the group's KV-event stream: the    atomic
+ *                        sequence number its next batch takes
  *                  The incarnations are how peers know a process: the
  *                  producer writes its own at start; when the owner is
  *                  gone the service lists it as retired (dead, or closed
@@ -33,6 +35,13 @@
  *                  on its endpoint next can tell a peer that a transfer
  *                  from it is over. They are plain bytes: any value is
  *                  harmless, a count above 8 reads as 8.
+ *                  The KV-event word is how the stream of a group's
+ *                  events continues from one publisher to the next (the
+ *                  engine, the Guard's backup, the restarted engine):
+ *                  each stores the number of its next batch before it
+ *                  sends a batch, so a SIGKILL leaves the word past every
+ *                  number sent. A plain number: a value above 2^63 (that
+ *                  no stream reaches) reads as 0.
  *   [4096, journal_bytes)  the ring, capacity C = journal_bytes - 4096.
  * Cursors count bytes ever published / consumed (never wrapped); a frame
  * starts at ring offset cursor mod C and may wrap. Valid cursors are
@@ -171,6 +180,12 @@ bool journal_owner(const void *base, journal_inc out);
 void journal_set_retired(void *base, const journal_inc *incs, size_t n);
 /* Claimant: up to JOURNAL_RETIRED_MAX retired incarnations into out. */
 size_t journal_retired(const void *base, journal_inc *out);
+
+/* The group's KV-event stream (see the layout): the next batch's number,
+ * stored by its publisher (any thread; atomic), read by the next one.
+ * journal_format zeroes it: the service carries it across a format. */
+void journal_set_kv_seq(void *base, uint64_t next);
+uint64_t journal_kv_seq(const void *base);
 
 /* Bytes a frame with this key takes in the ring (head, key, padding). */
 uint64_t journal_frame_bytes(size_t key_len);

@@ -34,7 +34,11 @@ static bool same_msg(const svc_msg *a, const svc_msg *b)
         strcmp(a->control_host, b->control_host) != 0 || a->control_port != b->control_port ||
         a->generation != b->generation || a->mapping_bytes != b->mapping_bytes ||
         a->journal_bytes != b->journal_bytes || a->recovered != b->recovered ||
-        a->activated != b->activated || (a->text == NULL) != (b->text == NULL) ||
+        a->activated != b->activated || strcmp(a->kv_endpoint, b->kv_endpoint) != 0 ||
+        strcmp(a->kv_replay, b->kv_replay) != 0 || strcmp(a->kv_topic, b->kv_topic) != 0 ||
+        a->kv_dp_rank != b->kv_dp_rank || strcmp(a->kv_medium_dram, b->kv_medium_dram) != 0 ||
+        strcmp(a->kv_medium_g3, b->kv_medium_g3) != 0 || a->kv_positional != b->kv_positional ||
+        (a->text == NULL) != (b->text == NULL) ||
         (a->text && strcmp(a->text, b->text) != 0))
         return false;
     for (uint32_t i = 0; i < a->n_pools; i++)

@@ -12,8 +12,9 @@
  * in guard mode; a corrupt journal frame -> nothing recovered,
  * never wrong bytes; the service itself restarted and SIGKILLed; the
  * failover repeated 20 times with zero blocks lost; the Guard speaking for
- * a SIGKILLed engine to routers (its KV events on the engine's topic, rank
- * and endpoints), and the restarted engine taking its stream back. */
+ * a SIGKILLed engine to routers (its KV events on the engine's topic, rank,
+ * endpoints, medium names and form), and the restarted engine taking its
+ * stream back: one stream numbered on across both handovers. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -28,6 +29,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "kvreplay.h"
 #include "net/kvev.h"
@@ -704,67 +706,153 @@ static void test_failover_twenty_times_loses_nothing(void **state)
 
 #define KV_TOPIC "kv@engine-0@failover"
 #define KV_RANK 3
+#define KV_DRAM "CPU_PINNED" /* the engine's medium names, not the defaults */
+#define KV_G3 "DISK"
 
-/* What one publisher's replay holds from 0: its batches decoded (every
- * one checked: numbered from 0 without a gap, rank, medium), the hashes
- * stored after its last AllBlocksCleared (bit i: hash i, of 64). 0 when
- * nobody answered within the wait. */
-typedef struct kv_state {
-    size_t batches;
-    bool cleared_first;
-    uint64_t stored; /* since the last AllBlocksCleared */
-} kv_state;
+/* A router's view of one topic across the processes that publish on it:
+ * every batch, live or filled from the replay of whoever publishes now,
+ * must carry the number after the last one (a number going back is a
+ * restart or a duplicate, and fails the test). Each batch is decoded and
+ * checked (rank, form, medium names); stored: the hashes stored after the
+ * last AllBlocksCleared (bit i: hash i, of 64). */
+typedef struct kv_stream {
+    void *ctx, *sub;
+    const char *replay;
+    uint64_t next;   /* the number the next batch must carry */
+    uint64_t live_seq; /* a gap's end while it is filled */
+    size_t clears;   /* AllBlocksCleared events seen */
+    uint64_t stored;
+} kv_stream;
 
-/* One replayed batch into st (numbered from 0 without a gap, rank, medium). */
-static void kv_apply(void *ud, uint64_t seq, const void *payload, size_t len)
+/* A BlockStored says of its block, value for value, what the engine's
+ * deposit said (peer_router_block): the engine's own, the Guard's from the
+ * journal, the restarted engine's from the journal the Guard compacted. */
+static void kv_check_described(const kvev_event *ev)
 {
-    kv_state *st = ud;
-    assert_int_equal(seq, st->batches);
+    assert_int_equal(ev->n_hashes, 1);
+    uint64_t h = ev->hashes[0];
+    peer_router_buf buf;
+    kvcr_router_block rb;
+    peer_router_block((uint32_t)h, &buf, &rb);
+    assert_int_equal(ev->has_parent, rb.has_parent);
+    if (rb.has_parent) assert_true(ev->parent == rb.parent_hash);
+    assert_int_equal(ev->block_size, PEER_BLOCK_TOKENS);
+    assert_int_equal(ev->n_tokens, PEER_BLOCK_TOKENS);
+    assert_memory_equal(ev->tokens, buf.tokens, sizeof buf.tokens);
+    assert_string_equal(ev->lora_name, "lora-peer");
+    assert_non_null(ev->extra);
+    assert_int_equal(ev->n_extra[0], 1);
+    assert_string_equal(ev->extra[0][0], buf.salt);
+}
+
+/* One batch, in order. */
+static void kv_stream_apply(kv_stream *k, uint64_t seq, const void *payload, size_t len)
+{
+    if (seq != k->next)
+        fail_msg("batch %llu where %llu was due: the stream %s", (unsigned long long)seq,
+                 (unsigned long long)k->next, seq < k->next ? "went back" : "skipped");
     kvev_batch b;
     const char *why = kvev_decode_batch(payload, len, &b);
-    if (why) fail_msg("replayed batch %llu: %s", (unsigned long long)seq, why);
+    if (why) fail_msg("batch %llu: %s", (unsigned long long)seq, why);
     assert_int_equal(b.dp_rank, KV_RANK);
+    assert_true(b.positional); /* the engine's form, the Guard's as well */
     for (size_t e = 0; e < b.n_events; e++) {
         const kvev_event *ev = &b.events[e];
         if (ev->type == KVEV_CLEARED) {
-            st->stored = 0;
-            if (seq == 0 && e == 0) st->cleared_first = true;
+            k->stored = 0;
+            k->clears++;
             continue;
         }
-        assert_string_equal(ev->medium, "CPU");
+        assert_string_equal(ev->medium, KV_DRAM);
+        if (ev->type == KVEV_STORED) kv_check_described(ev);
         for (size_t h = 0; h < ev->n_hashes; h++) {
             assert_true(ev->hashes[h] < 64);
             if (ev->type == KVEV_STORED)
-                st->stored |= 1ull << ev->hashes[h];
+                k->stored |= 1ull << ev->hashes[h];
             else
-                st->stored &= ~(1ull << ev->hashes[h]);
+                k->stored &= ~(1ull << ev->hashes[h]);
         }
     }
     kvev_batch_free(&b);
-    st->batches++;
+    k->next++;
 }
 
-static bool kv_replay(const char *endpoint, kv_state *st)
+/* A replayed batch: those before the gap's end are the gap, in order. */
+static void kv_stream_fill(void *ud, uint64_t seq, const void *payload, size_t len)
 {
-    memset(st, 0, sizeof *st);
-    return kv_replay_each(endpoint, 0, 1000, kv_apply, st);
+    kv_stream *k = ud;
+    if (seq < k->live_seq) kv_stream_apply(k, seq, payload, len);
 }
 
-/* Asks the replay until it shows blocks k0..k<n-1> stored after a clear
- * (bounded: 100 rounds, each waiting at most 1 s for an answer). */
-static void kv_wait_stored(const char *endpoint, uint32_t n, const char *who)
+static void kv_stream_open(kv_stream *k, const char *pub, const char *replay)
 {
-    kv_state st = {0};
-    uint64_t want = (1ull << n) - 1;
-    for (int i = 0; i < 100; i++) {
-        if (kv_replay(endpoint, &st) && st.cleared_first && (st.stored & want) == want) return;
-        usleep(50000);
+    memset(k, 0, sizeof *k);
+    k->replay = replay;
+    k->ctx = zmq_ctx_new();
+    k->sub = zmq_socket(k->ctx, ZMQ_SUB);
+    int zero = 0, ivl = 20;
+    zmq_setsockopt(k->sub, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(k->sub, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+    assert_int_equal(zmq_setsockopt(k->sub, ZMQ_SUBSCRIBE, KV_TOPIC, strlen(KV_TOPIC)), 0);
+    assert_int_equal(zmq_connect(k->sub, pub), 0); /* the publisher binds; it may come later */
+}
+
+static void kv_stream_close(kv_stream *k)
+{
+    zmq_close(k->sub);
+    zmq_ctx_term(k->ctx);
+}
+
+/* One live message (three frames: the topic, an 8-byte number, the
+ * payload), a gap before it filled from the replay. False when none came
+ * within 100 ms. */
+static bool kv_stream_take(kv_stream *k)
+{
+    zmq_pollitem_t it = {.socket = k->sub, .events = ZMQ_POLLIN};
+    if (zmq_poll(&it, 1, 100) != 1) return false;
+    zmq_msg_t f[3];
+    int n = 0;
+    for (bool more = true; more && n < 3; n++) {
+        zmq_msg_init(&f[n]);
+        assert_true(zmq_msg_recv(&f[n], k->sub, 0) >= 0);
+        more = zmq_msg_more(&f[n]);
     }
-    fail_msg("%s: the replay at %s shows %zu batches, stored 0x%llx, cleared first %d", who,
-             endpoint, st.batches, (unsigned long long)st.stored, st.cleared_first);
+    assert_int_equal(n, 3);
+    assert_false(zmq_msg_more(&f[2]));
+    assert_int_equal(zmq_msg_size(&f[0]), strlen(KV_TOPIC));
+    assert_memory_equal(zmq_msg_data(&f[0]), KV_TOPIC, strlen(KV_TOPIC));
+    assert_int_equal(zmq_msg_size(&f[1]), 8);
+    const uint8_t *be = zmq_msg_data(&f[1]);
+    uint64_t seq = 0;
+    for (int i = 0; i < 8; i++) seq = seq << 8 | be[i];
+    if (seq > k->next) { /* joined late or fell behind: the replay has the rest */
+        k->live_seq = seq;
+        if (!kv_replay_each(k->replay, k->next, 1000, kv_stream_fill, k) || k->next != seq)
+            fail_msg("batches %llu..%llu are missing and the replay at %s lacks them",
+                     (unsigned long long)k->next, (unsigned long long)seq - 1, k->replay);
+    }
+    kv_stream_apply(k, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
+    for (int i = 0; i < 3; i++) zmq_msg_close(&f[i]);
+    return true;
 }
 
-static void test_guard_publishes_for_a_killed_engine(void **state)
+/* Takes messages until `clears` AllBlocksCleared have come and blocks
+ * k0..k15 are stored after the last (bounded: 300 waits of 100 ms with
+ * nothing new). */
+static void kv_stream_wait(kv_stream *k, size_t clears, const char *who)
+{
+    for (int idle = 0; idle < 300;) {
+        if (k->clears >= clears && (k->stored & 0xffff) == 0xffff) return;
+        idle = kv_stream_take(k) ? 0 : idle + 1;
+    }
+    fail_msg("%s: %zu AllBlocksCleared, stored 0x%llx, next %llu", who, k->clears,
+             (unsigned long long)k->stored, (unsigned long long)k->next);
+}
+
+/* The engine's stream, the Guard's after a SIGKILL and the restarted
+ * engine's are one stream to a router: numbered on without a restart or a
+ * duplicate, with the engine's medium names and form throughout. */
+static void test_guard_and_restart_continue_the_engines_kv_stream(void **state)
 {
     (void)state;
     char dir[] = "/tmp/kvcr-test-kvev-XXXXXX";
@@ -772,7 +860,10 @@ static void test_guard_publishes_for_a_killed_engine(void **state)
     char replay[128], pub[128], events[400];
     snprintf(replay, sizeof replay, "ipc://%s/replay", dir);
     snprintf(pub, sizeof pub, "ipc://%s/pub", dir);
-    snprintf(events, sizeof events, "%s %s %s %d", pub, replay, KV_TOPIC, KV_RANK);
+    snprintf(events, sizeof events, "%s %s %s %d %s %s 1", pub, replay, KV_TOPIC, KV_RANK,
+             KV_DRAM, KV_G3);
+    kv_stream k;
+    kv_stream_open(&k, pub, replay);
     svc s;
     svc_start(&s);
     peer_opts o;
@@ -785,19 +876,26 @@ static void test_guard_publishes_for_a_killed_engine(void **state)
     o.kv_events = events;
     peer a;
     peer_spawn(&a, &o);
-    kv_wait_stored(replay, 16, "the engine");
+    kv_stream_wait(&k, 1, "the engine"); /* from 0: AllBlocksCleared, its 16 blocks */
+    uint64_t engine_end = k.next;
 
     peer_kill(&a); /* SIGKILL: the engine's stream ends without a word */
     assert_int_equal(wait_serving(&s, 0), 1);
-    /* The Guard on the same endpoints: a stream of its own, from 0, that
-     * clears what the engine said and announces what it serves. */
-    kv_wait_stored(replay, 16, "the Guard");
+    /* The Guard on the same endpoints, numbered on from the engine's last
+     * batch: AllBlocksCleared, then what it serves. */
+    kv_stream_wait(&k, 2, "the Guard");
+    assert_true(k.next > engine_end);
+    uint64_t guard_end = k.next;
 
     o.deposit_n = 0;
-    peer_spawn(&a, &o); /* the restarted engine takes the group and its stream back */
+    peer_spawn(&a, &o); /* the restarted engine takes the group and the stream back */
     peer_wait(&a, sixteen_announced);
-    kv_wait_stored(replay, 16, "the restarted engine");
+    /* The Guard's close (AllBlocksCleared), the engine's start (another),
+     * then the blocks it recovered. */
+    kv_stream_wait(&k, 4, "the restarted engine");
+    assert_true(k.next > guard_end + 1);
     peer_stop(&a);
+    kv_stream_close(&k);
     svc_stop(&s);
     svc_cleanup(&s);
     char path[160];
@@ -823,7 +921,7 @@ int main(void)
         cmocka_unit_test(test_service_restart_and_sigkill_keep_a_live_engine_working),
         cmocka_unit_test(test_malformed_frames_are_refused_and_the_service_goes_on),
         cmocka_unit_test(test_failover_twenty_times_loses_nothing),
-        cmocka_unit_test(test_guard_publishes_for_a_killed_engine),
+        cmocka_unit_test(test_guard_and_restart_continue_the_engines_kv_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

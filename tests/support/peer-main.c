@@ -389,14 +389,21 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
         c.r.cfg.callbacks.cancel_pin_request = on_cancel_pin;
     }
     c.r.cfg.callbacks.resilience = on_resilience;
-    static char kv_ep[256], kv_replay[256], kv_topic[256];
-    unsigned kv_rank = 0;
+    static char kv_ep[256], kv_replay[256], kv_topic[256], kv_dram[256], kv_g3[256];
+    unsigned kv_rank = 0, kv_positional = 0;
     const char *kv = getenv("KVCR_TEST_PEER_KV_EVENTS");
-    if (kv && sscanf(kv, "%255s %255s %255s %u", kv_ep, kv_replay, kv_topic, &kv_rank) == 4) {
+    int kv_n = kv ? sscanf(kv, "%255s %255s %255s %u %255s %255s %u", kv_ep, kv_replay, kv_topic,
+                           &kv_rank, kv_dram, kv_g3, &kv_positional) : 0;
+    if (kv_n >= 4) {
         c.r.cfg.kv_events.endpoint = kv_ep;
         c.r.cfg.kv_events.replay_endpoint = kv_replay;
         c.r.cfg.kv_events.topic = kv_topic;
         c.r.cfg.kv_events.dp_rank = kv_rank;
+    }
+    if (kv_n == 7) { /* the medium names and the form as well */
+        c.r.cfg.kv_events.medium_dram = kv_dram;
+        c.r.cfg.kv_events.medium_g3 = kv_g3;
+        c.r.cfg.kv_events.legacy_positional = kv_positional != 0;
     }
     /* child is the rig's first member, so either pointer works as ud.
      * No cmocka assertion may fail in the child (it would carry on with the

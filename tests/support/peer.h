@@ -39,7 +39,8 @@ typedef struct peer_opts {
     /* The IPv4 address its control endpoint binds and advertises (NULL:
      * 127.0.0.1), e.g. a netns rig host's (tools/netrig.h). */
     const char *host;
-    /* KV events: "<endpoint> <replay endpoint> <topic> <dp rank>" (NULL: none). */
+    /* KV events: "<endpoint> <replay endpoint> <topic> <dp rank>", optionally
+     * followed by "<medium_dram> <medium_g3> <positional 0|1>" (NULL: none). */
     const char *kv_events;
 } peer_opts;
 

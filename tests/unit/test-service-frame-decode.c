@@ -97,6 +97,13 @@ static void same_fields(const svc_msg *a, const svc_msg *b)
     assert_true(a->journal_bytes == b->journal_bytes);
     assert_true(a->recovered == b->recovered);
     assert_int_equal(a->activated, b->activated);
+    assert_string_equal(a->kv_endpoint, b->kv_endpoint);
+    assert_string_equal(a->kv_replay, b->kv_replay);
+    assert_string_equal(a->kv_topic, b->kv_topic);
+    assert_int_equal(a->kv_dp_rank, b->kv_dp_rank);
+    assert_string_equal(a->kv_medium_dram, b->kv_medium_dram);
+    assert_string_equal(a->kv_medium_g3, b->kv_medium_g3);
+    assert_int_equal(a->kv_positional, b->kv_positional);
     if (a->type == SVC_ERROR || a->type == SVC_METRICS) assert_string_equal(a->text, b->text);
     else assert_null(b->text);
 }
@@ -146,6 +153,13 @@ static void test_every_type_round_trips(void **state)
     roundtrip(&m);
     m = claim(), m.control_port = 65535, m.n_pools = 1, strcpy(m.digest, "x");
     strcpy(m.agent, "a"), strcpy(m.control_host, "h");
+    roundtrip(&m);
+    /* KV events: every string at its longest, the positional form. */
+    m = claim();
+    memset(m.kv_endpoint, 'e', SVC_KV_MAX), memset(m.kv_replay, 'r', SVC_KV_MAX);
+    memset(m.kv_topic, 't', SVC_KV_MAX), m.kv_dp_rank = UINT32_MAX;
+    memset(m.kv_medium_dram, 'c', SVC_KV_MAX), memset(m.kv_medium_g3, 's', SVC_KV_MAX);
+    m.kv_positional = true;
     roundtrip(&m);
 
     m = granted();
@@ -212,8 +226,8 @@ static void test_the_encoder_writes_exactly_the_type_fields(void **state)
     assert_int_equal(d.guard_index, 0);
     assert_string_equal(d.digest, "");
     free(buf);
-    /* A stats message is {"v": 2, "type": "stats"}, v first. */
-    static const uint8_t stats[] = {0x82, 0xa1, 'v', 0x02, 0xa4, 't', 'y', 'p', 'e',
+    /* A stats message is {"v": 3, "type": "stats"}, v first. */
+    static const uint8_t stats[] = {0x82, 0xa1, 'v', 0x03, 0xa4, 't', 'y', 'p', 'e',
                                     0xa5, 's', 't', 'a', 't', 's'};
     m = simple(SVC_STATS);
     assert_int_equal(svc_encode(&m, &buf, &len), 0);
@@ -388,6 +402,7 @@ static void test_envelope_rules(void **state)
     svc_msg m = claim();
     REFUSED_EDIT(m, SET, "v", U(SVC_PROTOCOL_VERSION + 1), "version");
     REFUSED_EDIT(m, SET, "v", U(1), "version"); /* before claims carried KV events */
+    REFUSED_EDIT(m, SET, "v", U(2), "version 2 (v must be 3"); /* before their media */
     REFUSED_EDIT(m, SET, "v", U(0), "version");
     REFUSED_EDIT(m, SET, "v", STR("2"), "version");
     REFUSED_EDIT(m, DEL, "v", NIL(), "missing field: v");
@@ -478,6 +493,14 @@ static void test_types_and_ranges(void **state)
     REFUSED_EDIT(m, SET, "control_port", U(65536), "control_port");
     REFUSED_EDIT(m, SET, "control_port", U(1ull << 40), "control_port");
     REFUSED_EDIT(m, SET, "control_port", NEG(-1), "control_port");
+    /* The KV events' media (strs of 0..SVC_KV_MAX bytes, both with an
+     * endpoint, none without) and form (a bool). */
+    REFUSED_EDIT(m, SET, "kv_medium_dram", U(1), "kv_medium_dram");
+    REFUSED_EDIT(m, SET, "kv_medium_g3", STRN(long_str, SVC_KV_MAX + 1), "kv_medium_g3");
+    REFUSED_EDIT(m, SET, "kv_medium_g3", STR("CPU"), "without an endpoint");
+    REFUSED_EDIT(m, SET, "kv_positional", U(1), "kv_positional: not a bool");
+    REFUSED_EDIT(m, SET, "kv_positional", BOOL(true), "without an endpoint");
+    REFUSED_EDIT(m, DEL, "kv_medium_dram", NIL(), "missing field: kv_medium_dram");
     m = granted();
     REFUSED_EDIT(m, SET, "control_port", U(65536), "control_port");
     REFUSED_EDIT(m, SET, "generation", NEG(-5), "generation");
@@ -668,6 +691,18 @@ static void test_encoder_refuses_what_the_decoder_refuses(void **state)
     UNENCODABLE(m, "offset or size");
     m = claim(), m.control_host[0] = '\0', m.control_port = 80;
     UNENCODABLE(m, "control_port");
+    /* KV events: media and form only with an endpoint, and both media
+     * with one. */
+    m = claim(), m.kv_positional = true;
+    UNENCODABLE(m, "without an endpoint");
+    m = claim(), strcpy(m.kv_medium_g3, "STORAGE");
+    UNENCODABLE(m, "without an endpoint");
+    m = claim(), strcpy(m.kv_endpoint, "tcp://*:5600"), strcpy(m.kv_medium_dram, "CPU");
+    UNENCODABLE(m, "both medium names");
+    strcpy(m.kv_medium_g3, "DISK");
+    roundtrip(&m);
+    m.kv_medium_g3[0] = '\0', memset(m.kv_medium_dram, 'c', sizeof m.kv_medium_dram);
+    UNENCODABLE(m, "NUL-terminated");
     m = granted(), m.pools[1].offset += 1;
     UNENCODABLE(m, "offset");
     m = granted(), m.mapping_bytes += 4096;
