@@ -21,6 +21,15 @@
  *                             as UCX active messages (absent: written with puts, flushed)
  *   dead_inc      bin         write_probe_ack (optional); WIRE_INCARNATION_LEN bytes
  *   busy          bool        write_refused (optional); only true: refused at a limit
+ *   inline        bool        start_write (optional); only true: write the bytes in
+ *                             write_done, never with UCX
+ *   inline_runs   [[addr: uint, len: uint]]  write_done (optional, only with success,
+ *                             never with am_bytes, always with inline_data): where the
+ *                             inline bytes go; 1..WIRE_MAX_INLINE runs, len >= 1,
+ *                             addr + len within u64
+ *   inline_data   bin         write_done, exactly with inline_runs: the runs' bytes one
+ *                             after another, as many as their lengths sum to (at most
+ *                             WIRE_MAX_INLINE)
  *
  *   md      {"worker": bin 1..WIRE_MAX_BLOB, "regions": [region] 0..WIRE_MAX_REGIONS}
  *   region  {"label": str, "fw": bool, "addr": uint, "size": uint, "stride": uint,
@@ -55,7 +64,8 @@
     X(V, "v") X(TYPE, "type") X(AGENT, "agent") X(INC, "inc") X(FROM, "from") X(TO, "to")    \
     X(MD, "md") X(OP, "op") X(REMAINING, "remaining_ms") X(KEYS, "keys") X(DST, "dst")       \
     X(EXPECTED, "expected_inc") X(SUCCESS, "success") X(TERMINAL, "terminal")                \
-    X(COMPLETED, "completed") X(DEAD, "dead_inc") X(BUSY, "busy") X(AM_BYTES, "am_bytes")
+    X(COMPLETED, "completed") X(DEAD, "dead_inc") X(BUSY, "busy") X(AM_BYTES, "am_bytes")   \
+    X(INLINE, "inline") X(RUNS, "inline_runs") X(DATA, "inline_data")
 
 MPMAP_FIELD_TABLE(FIELDS);
 static const char *const missing_why[N_FIELDS] = {
@@ -85,9 +95,11 @@ static const struct shape {
     [WIRE_METADATA] = {"metadata", B(MD), B(MD)},
     [WIRE_METADATA_ACK] = {"metadata_ack", 0, B(OP)},
     [WIRE_START_WRITE] = {"start_write", B(OP) | B(REMAINING) | B(KEYS) | B(DST),
-                          B(OP) | B(REMAINING) | B(KEYS) | B(DST) | B(EXPECTED) | B(MD)},
+                          B(OP) | B(REMAINING) | B(KEYS) | B(DST) | B(EXPECTED) | B(MD) |
+                              B(INLINE)},
     [WIRE_WRITE_DONE] = {"write_done", B(OP) | B(SUCCESS) | B(TERMINAL),
-                         B(OP) | B(SUCCESS) | B(TERMINAL) | B(COMPLETED) | B(AM_BYTES)},
+                         B(OP) | B(SUCCESS) | B(TERMINAL) | B(COMPLETED) | B(AM_BYTES) |
+                             B(RUNS) | B(DATA)},
     [WIRE_WRITE_REFUSED] = {"write_refused", B(OP), B(OP) | B(BUSY)},
     [WIRE_WRITE_PROBE] = {"write_probe", B(OP), B(OP) | B(EXPECTED) | B(MD)},
     [WIRE_WRITE_PROBE_ACK] = {"write_probe_ack", B(OP) | B(TERMINAL),
@@ -114,7 +126,8 @@ static const char *const region_names[N_REGION] = {"label", "fw",    "addr", "si
  * message's flags are set from what it had, so this is its key set. */
 static uint32_t carried(const wire_msg *m)
 {
-    uint32_t f = ~(B(MD) | B(OP) | B(EXPECTED) | B(DEAD) | B(COMPLETED) | B(BUSY) | B(AM_BYTES));
+    uint32_t f = ~(B(MD) | B(OP) | B(EXPECTED) | B(DEAD) | B(COMPLETED) | B(BUSY) | B(AM_BYTES) |
+                   B(INLINE) | B(RUNS) | B(DATA));
     if (m->has_metadata) f |= B(MD);
     if (m->has_op) f |= B(OP);
     if (m->has_expected_inc) f |= B(EXPECTED);
@@ -122,6 +135,8 @@ static uint32_t carried(const wire_msg *m)
     if (m->success) f |= B(COMPLETED);
     if (m->busy) f |= B(BUSY);
     if (m->has_am_bytes) f |= B(AM_BYTES);
+    if (m->inline_write) f |= B(INLINE);
+    if (m->has_inline) f |= B(RUNS) | B(DATA);
     return COMMON | (f & shapes[m->type].allow);
 }
 
@@ -189,6 +204,17 @@ static const char *completed_rule(uint64_t *seen, uint64_t idx)
     if (idx >= WIRE_MAX_KEYS) return "write_done: completed index out of range";
     if (seen[idx / 64] >> (idx % 64) & 1) return "write_done: duplicate completed index";
     seen[idx / 64] |= 1ull << (idx % 64);
+    return NULL;
+}
+
+/* Adds one inline run to *sum (the bytes the runs announce). */
+static const char *run_rule(const wire_run *run, uint64_t *sum)
+{
+    uint64_t end;
+    if (run->len == 0) return "write_done: an inline run of 0 bytes";
+    if (__builtin_add_overflow(run->addr, run->len, &end)) return "write_done: inline run overflows u64";
+    if (run->len > WIRE_MAX_INLINE - *sum) return "write_done: inline runs over 1 MiB";
+    *sum += run->len;
     return NULL;
 }
 
@@ -375,6 +401,35 @@ static const char *decode_completed(arena *a, const msgpack_object *o, wire_msg 
     return NULL;
 }
 
+/* inline_runs and inline_data, checked against each other: the data is
+ * exactly the bytes the runs announce. */
+static const char *decode_inline(arena *a, const msgpack_object *runs, const msgpack_object *data,
+                                 wire_msg *m)
+{
+    if (runs->type != MSGPACK_OBJECT_ARRAY) return "write_done: inline_runs not an array";
+    if (runs->via.array.size == 0) return "write_done: no inline runs";
+    if (runs->via.array.size > WIRE_MAX_INLINE) return "write_done: too many inline runs";
+    wire_bytes raw;
+    if (!get_raw(data, MSGPACK_OBJECT_BIN, &raw)) return "write_done: inline_data not a bin";
+    m->n_runs = runs->via.array.size;
+    m->runs = take(a, m->n_runs * sizeof *m->runs, _Alignof(wire_run));
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < m->n_runs; i++) {
+        const msgpack_object *o = &runs->via.array.ptr[i];
+        wire_run run;
+        const char *why;
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 ||
+            !mpmap_u64(&o->via.array.ptr[0], &run.addr) || !mpmap_u64(&o->via.array.ptr[1], &run.len))
+            return "write_done: inline run not an [addr, len] array of unsigned integers";
+        if ((why = run_rule(&run, &sum))) return why;
+        if (m->runs) m->runs[i] = run;
+    }
+    if (raw.len != sum) return "write_done: inline_data is not the bytes its runs announce";
+    m->inline_data = copy(a, (const char *)raw.data, raw.len);
+    m->has_inline = true;
+    return NULL;
+}
+
 static const char *decode_incs(arena *a, const msgpack_object **f, wire_msg *m)
 {
     if (!get_bin(a, f[F_INC], WIRE_INCARNATION_LEN, WIRE_INCARNATION_LEN, &m->incarnation))
@@ -416,6 +471,15 @@ static const char *decode_body(arena *a, const msgpack_object **f, uint32_t pres
         if (!mpmap_u64(f[F_AM_BYTES], &m->am_bytes)) return "write_done: am_bytes not unsigned";
         m->has_am_bytes = true;
     }
+    if ((present & B(RUNS)) != 0 || (present & B(DATA)) != 0) {
+        if (!(present & B(RUNS)) || !(present & B(DATA)))
+            return "write_done: inline_runs and inline_data go together";
+        if (!m->success) return "write_done: inline bytes only with success";
+        if (m->has_am_bytes) return "write_done: inline bytes and am_bytes are exclusive";
+        if ((why = decode_inline(a, f[F_RUNS], f[F_DATA], m))) return why;
+    }
+    if (present & B(INLINE) && !(mpmap_bool(f[F_INLINE], &m->inline_write) && m->inline_write))
+        return "start_write: inline must be true when present";
     /* Absent means not busy: false is not a second spelling of it. */
     if (present & B(BUSY) && !(mpmap_bool(f[F_BUSY], &m->busy) && m->busy))
         return "write_refused: busy must be true when present";
@@ -527,6 +591,17 @@ static bool completed_ok(const wire_msg *m)
     return true;
 }
 
+static bool inline_ok(const wire_msg *m)
+{
+    if (!m->success || m->has_am_bytes || m->n_runs == 0 || m->n_runs > WIRE_MAX_INLINE ||
+        m->runs == NULL || !bin_ok(m->inline_data, 1, WIRE_MAX_INLINE))
+        return false;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < m->n_runs; i++)
+        if (run_rule(&m->runs[i], &sum) != NULL) return false;
+    return sum == m->inline_data.len;
+}
+
 /* Whether the decoder would accept m's carried fields. */
 static bool msg_ok(const wire_msg *m)
 {
@@ -545,6 +620,7 @@ static bool msg_ok(const wire_msg *m)
     if (m->type == WIRE_WRITE_DONE && !m->success && m->n_completed > 0) return false;
     if (f & B(COMPLETED) && !completed_ok(m)) return false;
     if (f & B(AM_BYTES) && !m->success) return false;
+    if (f & B(RUNS) && !inline_ok(m)) return false;
     return true;
 }
 
@@ -613,6 +689,16 @@ static int pack_completed(msgpack_packer *pk, const wire_msg *m)
     return 0;
 }
 
+static int pack_runs(msgpack_packer *pk, const wire_msg *m)
+{
+    if (msgpack_pack_array(pk, m->n_runs)) return -1;
+    for (uint32_t i = 0; i < m->n_runs; i++)
+        if (msgpack_pack_array(pk, 2) || msgpack_pack_uint64(pk, m->runs[i].addr) ||
+            msgpack_pack_uint64(pk, m->runs[i].len))
+            return -1;
+    return 0;
+}
+
 static int pack_value(msgpack_packer *pk, const void *msg, int f)
 {
     const wire_msg *m = msg;
@@ -635,6 +721,9 @@ static int pack_value(msgpack_packer *pk, const void *msg, int f)
     case F_DEAD: return pack_bin(pk, m->dead_inc);
     case F_BUSY: return mpmap_pack_bool(pk, m->busy);
     case F_AM_BYTES: return msgpack_pack_uint64(pk, m->am_bytes);
+    case F_INLINE: return mpmap_pack_bool(pk, m->inline_write);
+    case F_RUNS: return pack_runs(pk, m);
+    case F_DATA: return pack_bin(pk, m->inline_data);
     }
     return -1;
 }
@@ -690,6 +779,12 @@ static bool completed_eq(const wire_msg *a, const wire_msg *b)
             memcmp(a->completed, b->completed, a->n_completed * sizeof *a->completed) == 0);
 }
 
+static bool runs_eq(const wire_msg *a, const wire_msg *b)
+{
+    return a->n_runs == b->n_runs && memcmp(a->runs, b->runs, a->n_runs * sizeof *a->runs) == 0 &&
+           bytes_eq(a->inline_data, b->inline_data);
+}
+
 bool wire_msg_equal(const wire_msg *a, const wire_msg *b)
 {
     if (a->type != b->type || wire_type_name(a->type) == NULL) return false;
@@ -706,5 +801,6 @@ bool wire_msg_equal(const wire_msg *a, const wire_msg *b)
            (!(f & B(TERMINAL)) || a->terminal == b->terminal) &&
            (!(f & B(COMPLETED)) || completed_eq(a, b)) &&
            (!(f & B(DEAD)) || bytes_eq(a->dead_inc, b->dead_inc)) &&
-           (!(f & B(AM_BYTES)) || a->am_bytes == b->am_bytes);
+           (!(f & B(AM_BYTES)) || a->am_bytes == b->am_bytes) &&
+           (!(f & B(RUNS)) || runs_eq(a, b));
 }

@@ -8,13 +8,16 @@
  *                                      regions (rkeys), so the source can write
  *   metadata_ack     source -> target  [op]
  *   start_write      target -> source  op, remaining_ms, [expected_inc], keys,
- *                                      dst refs per key, [metadata]
+ *                                      dst refs per key, [metadata], [inline]
+ *                                      (inline: the bytes go in write_done, never
+ *                                      with UCX; asked for small writes)
  *   write_done       source -> target  op, success, terminal, completed indices,
  *                                      [am_bytes] (after the UCX flush completed; or,
  *                                      when the data went as active messages, once
  *                                      they were sent: am_bytes says how many bytes
  *                                      the target must have taken before it believes
- *                                      the write complete)
+ *                                      the write complete); or [inline runs and
+ *                                      their bytes] when start_write asked so
  *   write_refused    source -> target  op, [busy] (no route back, or busy: at one of
  *                                      the source's limits; nothing was written)
  *   write_probe      target -> source  op, [expected_inc]
@@ -44,6 +47,7 @@
 #define WIRE_MAX_NAME 256            /* agent names, labels, endpoints */
 #define WIRE_MAX_BLOB 65536          /* worker address, one packed rkey */
 #define WIRE_INCARNATION_LEN 16      /* raw bytes of an incarnation id */
+#define WIRE_MAX_INLINE (1u << 20)   /* bytes carried inline by one write_done */
 
 enum wire_type {
     WIRE_METADATA = 1,
@@ -87,6 +91,12 @@ typedef struct wire_ref {
     uint64_t index;
 } wire_ref;
 
+/* One run of an inline write: len bytes at addr in the target's memory. */
+typedef struct wire_run {
+    uint64_t addr;
+    uint64_t len;              /* >= 1; addr + len does not overflow */
+} wire_run;
+
 typedef struct wire_msg {
     uint8_t type;              /* enum wire_type */
     wire_bytes agent;          /* sender agent name, 1..WIRE_MAX_NAME */
@@ -111,6 +121,9 @@ typedef struct wire_msg {
      * source (optional: unknown) */
     bool has_expected_inc;
     wire_bytes expected_inc;   /* WIRE_INCARNATION_LEN bytes */
+    /* start_write: write the bytes inline in write_done, never with UCX
+     * (optional; only true is carried) */
+    bool inline_write;
 
     /* write_done, write_probe_ack */
     bool success;              /* write_done */
@@ -119,6 +132,10 @@ typedef struct wire_msg {
     uint32_t *completed;       /* only when success (empty otherwise) */
     bool has_am_bytes;         /* write_done with success: the data went as UCX */
     uint64_t am_bytes;         /* active messages, this many bytes (net/ucx.h) */
+    bool has_inline;           /* write_done with success, not with am_bytes: */
+    uint32_t n_runs;           /* 1..WIRE_MAX_INLINE runs, whose lengths sum to */
+    wire_run *runs;            /* inline_data.len (1..WIRE_MAX_INLINE bytes), the */
+    wire_bytes inline_data;    /* bytes of the runs one after another */
 
     /* write_refused: refused at one of the source's limits (optional; only
      * true is carried) */

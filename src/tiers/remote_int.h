@@ -2,6 +2,7 @@
  *   remote_progress.c  the progress thread: UCX, the ZeroMQ channel, routes,
  *                      message sending and dispatch, timers; the tier_ops
  *   remote_peer.c      peers: what we know of a control endpoint
+ *   remote_reclaim.c   the bound on routes (config.max_peers), the sweep
  *   remote_target.c    pulls: start_write, write_done, probes, deadlines
  *   remote_source.c    source writes: acceptance, claims, the UCX write
  *   remote_pin.c       framework pins: requests, residencies, releases
@@ -22,6 +23,8 @@
 
 typedef struct pull pull;
 
+#define PULL_BUCKETS 1024 /* remote.pull_index */
+
 /* ---- peers: what we know of a control endpoint ----------------------------- */
 
 typedef struct rpeer {
@@ -34,6 +37,7 @@ typedef struct rpeer {
     uint8_t messages_inc[WIRE_INCARNATION_LEN];
     bool eager;        /* a hint asked us to publish our metadata to it */
     uint32_t eager_tries;
+    uint64_t last_ns;  /* last looked up: the least recently used is reclaimed first */
 } rpeer;
 
 /* ---- routes: how to write into a target (progress only) -------------------- */
@@ -54,6 +58,8 @@ typedef struct route {
     uint32_t users;                 /* source writes on it not ended yet (the per-peer limit) */
     bool replaced;                  /* the target restarted or changed: nothing more is
                                      * written through it (kept until its users end) */
+    uint64_t last_ns;               /* last resolved or released (reclaimed after
+                                     * config.peer_idle_ms without users) */
     ucx_peer *peer;
     uint8_t *worker_addr;
     size_t worker_len;
@@ -97,6 +103,7 @@ struct tier_batch {
 struct pull {
     tier_batch batch;   /* while the core adds keys: this pull's batch */
     pull *next, *prev;  /* remote.pulls */
+    pull *hnext;        /* remote.pull_index: its bucket's chain */
     pull *todo_next;    /* remote.todo (main's work) */
     uint8_t main_flags; /* enum pull_main, pending for main */
     bool in_todo;
@@ -107,6 +114,8 @@ struct pull {
     bool success;
     bool probe_due;      /* the last probe could not be sent: again at the next turn */
     bool discarded;
+    bool sent_md;        /* its start_write carried our metadata */
+    bool md_resent;      /* refused without it, sent again with it (once) */
     uint8_t fail_reason; /* kvcr_reason when it failed */
     char source[CTL_MAX_ENDPOINT + 1];
     char *request_id;
@@ -129,6 +138,8 @@ struct pull {
     bool am_seen;
     bool done_pending;  /* write_done came before all its bytes */
     uint64_t am_in, am_expect;
+    bool inline_asked;  /* its start_write asked for the bytes inline in write_done:
+                         * nothing but this process writes its destinations */
 };
 
 /* ---- source writes --------------------------------------------------------- */
@@ -177,6 +188,7 @@ typedef struct swrite {
     int64_t op;
     uint8_t state;                /* enum sw_state */
     bool forced_fail, cancel_pending, abandoned, pins_dropped, success;
+    bool inline_write;            /* the bytes go inline in write_done, never with UCX */
     const char *busy;             /* refused at this limit before anything was written */
     uint64_t start_ns, deadline_ns, cancel_deadline_ns;
     uint32_t n_keys;
@@ -285,9 +297,17 @@ struct remote {
     uint8_t inc[WIRE_INCARNATION_LEN];
 
     rpeer *peers;
-    uint32_t n_peers, cap_peers;
+    uint32_t n_peers, cap_peers;  /* n_peers <= config.max_peers */
+    uint32_t n_routes;            /* in routes (not replaced ones) <= config.max_peers */
+    uint64_t routes_reclaimed;    /* idle or failed routes closed (a gauge) */
+    uint64_t peers_reclaimed;     /* records of unused sources dropped (a gauge) */
+    uint64_t peer_sweep_ns;       /* progress only: the next sweep */
+    kvcr_log_limit peer_log;      /* refusals at max_peers, logged once a second */
 
     pull *pulls;                  /* every live pull */
+    pull *pull_index[PULL_BUCKETS]; /* ... by handle (target_take_bytes, replies) */
+    uint32_t inline_max;          /* pulls of at most this many bytes ask for them inline
+                                   * (0: never); set before the thread starts */
     pull *todo, *todo_tail;       /* pulls with work for main */
     uint64_t n_pulls;
     tier_batch query;             /* the batch of a query (no pull) */
@@ -335,8 +355,14 @@ void remote_drop(remote *r, ctl_drop cause, const char *fmt, ...)
 int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule);
 enum { MD_NEVER = 0, MD_RETRY, MD_FORCE };
 int route_resolve(remote *r, const wire_msg *m, route **out);
+/* The route's UCX endpoint and rkeys, made on first need (a write that goes
+ * with UCX, or metadata alone): an inline write needs none. 0, or the
+ * error (the route stays, without an endpoint, to try again). */
+int route_connect(remote *r, route *rt);
 /* A source write ended on the progress thread: its use of the route too. */
 void route_release(remote *r, route *rt);
+/* Closes its endpoint (none may be running on it) and frees it. */
+void route_free(route *rt);
 /* Any thread holding the lock: queues a callback for the polling thread. */
 void rcb_push(remote *r, rcb *cb);
 void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
@@ -344,10 +370,29 @@ void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint6
     __attribute__((format(printf, 7, 8)));
 
 /* remote_peer.c (locked) */
+/* The record of endpoint (touched: now its most recent use), or with
+ * create a new one; NULL when there is none, or the table is at
+ * config.max_peers with every record in use (a refusal, counted). */
 rpeer *peer_get(remote *r, const char *endpoint, bool create);
 /* A failed send, a timeout or a refusal: the peer may have lost our
  * metadata (a restart), so the next message publishes it again. */
 void peer_invalidate(remote *r, const char *endpoint);
+/* A refusal at config.max_peers of what (name: len bytes): counted,
+ * logged at most once a second. */
+void peer_refused(remote *r, const char *what, int len, const char *name);
+/* Records unused for config.peer_idle_ms that no pull or hint needs are
+ * dropped. */
+void peer_records_sweep(remote *r, uint64_t now);
+
+/* remote_reclaim.c (locked, progress thread) */
+/* Before a route to a new target is made: 0 when there
+ * is room for it (a reclaimable route closed if need be), else
+ * KVCR_ELIMIT, counted and logged at most once a second. */
+int route_admit(remote *r, const wire_bytes *agent);
+/* At most once a second: routes without users idle for
+ * config.peer_idle_ms or failed, and records unused that long, are
+ * reclaimed. */
+void peers_sweep(remote *r, uint64_t now, uint64_t *next_ns);
 
 /* remote_target.c (locked, progress thread unless noted) */
 void target_adopt(remote *r, uint64_t now);

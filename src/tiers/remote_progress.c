@@ -40,15 +40,16 @@ int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
     kvcr_t *kv = r->kv;
     const kvcr_conf *conf = host_conf(kv);
     /* Only metadata needs the peer's record: a reply (which may go to a
-     * stranger's endpoint) adds none. */
+     * stranger's endpoint) adds none. Without a record (the table full of
+     * peers in use) the metadata rides along every time. */
     rpeer *p = peer_get(r, endpoint, md_rule != MD_NEVER);
     uint64_t now = kvcr_now_ns();
     m->agent = str_bytes(conf->agent_name);
     m->incarnation = (wire_bytes){r->inc, WIRE_INCARNATION_LEN};
     if (m->from.len == 0) m->from = str_bytes(r->endpoint);
     m->to = str_bytes(endpoint);
-    bool attach = p != NULL && !p->acked &&
-                  (md_rule == MD_FORCE || (md_rule == MD_RETRY && now >= p->retry_ns));
+    bool attach = md_rule != MD_NEVER &&
+                  (p == NULL || (!p->acked && (md_rule == MD_FORCE || now >= p->retry_ns)));
     m->has_metadata = attach;
     if (attach) m->md = r->md;
     void *buf = NULL;
@@ -69,23 +70,44 @@ int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
         peer_invalidate(r, endpoint);
         return rc;
     }
-    if (attach) p->retry_ns = now + (uint64_t)conf->remote.metadata_retry_interval_ms * MS;
+    if (attach && p != NULL)
+        p->retry_ns = now + (uint64_t)conf->remote.metadata_retry_interval_ms * MS;
     return 0;
 }
 
 /* ---- routes (progress only) ----------------------------------------------- */
 
-static void route_free(route *rt)
+/* The route's endpoint and the rkeys unpacked on it, if any. */
+static void route_disconnect(route *rt)
 {
     for (uint32_t i = 0; i < rt->n_regions; i++) {
         if (rt->regions[i].rkey) ucx_rkey_destroy(rt->regions[i].rkey);
-        free(rt->regions[i].rkey_bytes);
+        rt->regions[i].rkey = NULL;
     }
+    if (rt->peer) ucx_peer_close(rt->peer);
+    rt->peer = NULL;
+}
+
+void route_free(route *rt)
+{
+    route_disconnect(rt);
+    for (uint32_t i = 0; i < rt->n_regions; i++) free(rt->regions[i].rkey_bytes);
     free(rt->regions);
     free(rt->geom);
-    if (rt->peer) ucx_peer_close(rt->peer);
     free(rt->worker_addr);
     free(rt);
+}
+
+int route_connect(remote *r, route *rt)
+{
+    if (rt->peer != NULL) return 0;
+    int rc = ucx_peer_connect(r->ucx, rt->worker_addr, rt->worker_len, &rt->peer);
+    for (uint32_t i = 0; rc == 0 && i < rt->n_regions; i++) {
+        rregion *g = &rt->regions[i];
+        rc = ucx_rkey_unpack(rt->peer, g->rkey_bytes, g->rkey_len, &g->rkey);
+    }
+    if (rc != 0) route_disconnect(rt);
+    return rc;
 }
 
 /* The CURVE key a message speaks for: the one in its reply endpoint, which
@@ -129,7 +151,9 @@ static bool route_same(const route *rt, const wire_metadata *md)
     return true;
 }
 
-static int route_load(remote *r, const wire_msg *m, route **out)
+/* A route from m's metadata: its regions and rkeys as bytes; the UCX
+ * endpoint is made later, on first need (route_connect). */
+static int route_load(const wire_msg *m, route **out)
 {
     const wire_bytes *agent = &m->agent;
     const wire_metadata *md = &m->md;
@@ -146,8 +170,8 @@ static int route_load(remote *r, const wire_msg *m, route **out)
     }
     memcpy(rt->worker_addr, md->worker_addr.data, md->worker_addr.len);
     rt->worker_len = md->worker_addr.len;
-    int rc = ucx_peer_connect(r->ucx, rt->worker_addr, rt->worker_len, &rt->peer);
-    for (uint32_t i = 0; rc == 0 && i < md->n_regions; i++) {
+    int rc = 0;
+    for (uint32_t i = 0; i < md->n_regions; i++) {
         const wire_region *w = &md->regions[i];
         rregion *g = &rt->regions[i];
         rt->n_regions = i + 1;
@@ -166,7 +190,6 @@ static int route_load(remote *r, const wire_msg *m, route **out)
         }
         memcpy(g->rkey_bytes, w->rkey.data, w->rkey.len);
         g->rkey_len = w->rkey.len;
-        rc = ucx_rkey_unpack(rt->peer, g->rkey_bytes, g->rkey_len, &g->rkey);
     }
     if (rc != 0) {
         route_free(rt);
@@ -184,17 +207,20 @@ int route_resolve(remote *r, const wire_msg *m, route **out)
 {
     route *rt = route_find(r, &m->agent, sender_key(m));
     /* A route whose endpoint failed is made again from the next metadata. */
-    bool usable = rt != NULL && !ucx_peer_failed(rt->peer);
+    bool usable = rt != NULL && (rt->peer == NULL || !ucx_peer_failed(rt->peer));
     if (!m->has_metadata || (usable && route_same(rt, &m->md))) {
         *out = rt;
+        if (rt != NULL) rt->last_ns = kvcr_now_ns();
         return rt ? 0 : kvcr_fail(KVCR_ENOENT, "no metadata from this target yet");
     }
+    if (rt == NULL && route_admit(r, &m->agent) != 0) return KVCR_ELIMIT;
     if (rt != NULL) {
-        if (ucx_peer_busy(rt->peer) > 0)
+        if (rt->peer != NULL && ucx_peer_busy(rt->peer) > 0)
             return kvcr_fail(KVCR_EBUSY, "target replaced while writes to it are running");
         route **link = &r->routes;
         while (*link != rt) link = &(*link)->next;
         *link = rt->next;
+        r->n_routes--;
         rt->replaced = true;
         if (rt->users > 0) {
             rt->next = r->replaced_routes;
@@ -206,16 +232,19 @@ int route_resolve(remote *r, const wire_msg *m, route **out)
                  (int)m->agent.len, (const char *)m->agent.data,
                  usable ? "changed its metadata" : "sent metadata after its endpoint failed");
     }
-    int rc = route_load(r, m, &rt);
+    int rc = route_load(m, &rt);
     if (rc != 0) return rc;
+    rt->last_ns = kvcr_now_ns();
     rt->next = r->routes;
     r->routes = rt;
+    r->n_routes++;
     *out = rt;
     return 0;
 }
 
 void route_release(remote *r, route *rt)
 {
+    rt->last_ns = kvcr_now_ns(); /* idle from now on, if it was the last user */
     if (--rt->users > 0 || !rt->replaced) return;
     route **link = &r->replaced_routes;
     while (*link != rt) link = &(*link)->next;
@@ -231,6 +260,7 @@ static void free_routes(route **list)
         route_free(rt);
     }
 }
+
 
 /* ---- callbacks for the polling thread ------------------------------------- */
 
@@ -434,6 +464,7 @@ static bool turn_locked(remote *r, uint64_t *next_ns)
                  ctl_recv(r->ctl, MSG_BATCH, on_message, r);
     target_adopt(r, now);
     publish_eager(r, now, next_ns);
+    peers_sweep(r, now, next_ns);
     if (r->stop) {
         target_stop(r, now);
         source_stop(r);
@@ -558,6 +589,27 @@ static int register_memory(remote *r)
 
 static void remote_destroy(tier *t);
 
+/* Pulls of at most this many bytes ask for them inline in write_done
+ * (docs/ARCHITECTURE.md, the peer tier); KVCR_INLINE_WRITE_MAX overrides
+ * it, 0 turning inline writes off. */
+#define INLINE_WRITE_MAX_DEFAULT (64u << 10)
+
+static uint32_t inline_write_max(const kvcr_logger *log)
+{
+    const char *v = getenv("KVCR_INLINE_WRITE_MAX");
+    if (v == NULL || *v == 0) return INLINE_WRITE_MAX_DEFAULT;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end != 0 || errno != 0 || n > WIRE_MAX_INLINE || v[0] == '-') {
+        kvcr_log(log, KVCR_LOG_WARN,
+                 "KVCR_INLINE_WRITE_MAX=%s is not a byte count of 0..%u: %u", v, WIRE_MAX_INLINE,
+                 INLINE_WRITE_MAX_DEFAULT);
+        return INLINE_WRITE_MAX_DEFAULT;
+    }
+    return (uint32_t)n;
+}
+
 /* The control channel, bound on control_listener when one was handed over
  * (ctl_open owns it from then on, failing or not). */
 static int open_control(remote *r, int control_listener)
@@ -588,6 +640,7 @@ int remote_start(kvcr_t *kv, int control_listener, remote **out)
     r->next_source_no = 1;
     r->next_pin_req = 1;
     host_incarnation(kv, r->inc);
+    r->inline_max = inline_write_max(host_logger(kv));
     int rc = 0;
     if ((r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
         rc = kvcr_fail(KVCR_ESYS, "eventfd failed: %s", strerror(errno));
@@ -610,8 +663,9 @@ int remote_start(kvcr_t *kv, int control_listener, remote **out)
     char inc[2 * WIRE_INCARNATION_LEN + 1];
     for (int i = 0; i < WIRE_INCARNATION_LEN; i++) sprintf(inc + 2 * i, "%02x", r->inc[i]);
     kvcr_log(host_logger(kv), KVCR_LOG_INFO,
-             "remote tier up: control endpoint %s, incarnation %s, %u region(s) registered",
-             r->endpoint, inc, r->md.n_regions);
+             "remote tier up: control endpoint %s, incarnation %s, %u region(s) registered, "
+             "pulls of up to %u bytes inline",
+             r->endpoint, inc, r->md.n_regions, r->inline_max);
     *out = r;
     return 0;
 }
@@ -714,7 +768,8 @@ int remote_check_source(const remote *r, const char *source)
 
 /* ---- the core's side (tier_ops) ------------------------------------------- */
 
-/* Locked: connected peers, framework pins and the keys they back, the
+/* Locked: connected peers, the peer table (records of sources, routes to
+ * targets, and how many of each were reclaimed), framework pins and the keys they back, the
  * limits (source writes being served now and at most so far, source writes
  * held — also ended ones not yet settled by a poll —, fences of write ids,
  * pin requests pending) and what CURVE refused: connections (ZAP) and
@@ -731,6 +786,10 @@ static void remote_gauges(tier *t, gauge_sink *s)
     gauge_sink_add(s, "", "framework_pins", pins);
     gauge_sink_add(s, "", "pinned_keys", pinned_keys);
     gauge_sink_add(s, "", "connected_remotes", peers);
+    gauge_sink_add(s, "", "peer_records", (double)r->n_peers);
+    gauge_sink_add(s, "", "peer_routes", (double)r->n_routes);
+    gauge_sink_add(s, "", "peer_records_reclaimed", (double)r->peers_reclaimed);
+    gauge_sink_add(s, "", "peer_routes_reclaimed", (double)r->routes_reclaimed);
     gauge_sink_add(s, "", "source_writes_in_flight", (double)r->n_serving);
     gauge_sink_add(s, "", "source_writes_in_flight_max", (double)r->max_serving_seen);
     gauge_sink_add(s, "", "source_writes_held", (double)r->n_swrites);

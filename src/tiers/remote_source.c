@@ -150,9 +150,46 @@ static const char *write_limit(const remote *r, const route *rt)
     return r->n_swrites >= l->max_source_writes ? "source_writes" : NULL;
 }
 
-static void send_done(remote *r, swrite *sw, bool success, bool terminal)
+/* The runs and bytes of an inline write, read from its sources now (the
+ * claims and pins it holds keep them): runs contiguous on both sides are
+ * merged. False: over WIRE_MAX_INLINE, or out of memory. */
+static bool inline_bytes(const swrite *sw, wire_msg *m)
+{
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < sw->n_segs; i++) total += sw->segs[i].len;
+    if (total == 0 || total > WIRE_MAX_INLINE) return false;
+    wire_run *runs = calloc(sw->n_segs, sizeof *runs);
+    uint8_t *data = malloc(total);
+    if (runs == NULL || data == NULL) {
+        free(runs);
+        free(data);
+        return false;
+    }
+    uint32_t n = 0;
+    size_t off = 0;
+    for (uint32_t i = 0; i < sw->n_segs; i++) {
+        const ucx_seg *g = &sw->segs[i];
+        memcpy(data + off, g->src, g->len);
+        off += g->len;
+        if (n > 0 && runs[n - 1].addr + runs[n - 1].len == g->remote_addr)
+            runs[n - 1].len += g->len;
+        else
+            runs[n++] = (wire_run){g->remote_addr, g->len};
+    }
+    m->has_inline = true;
+    m->n_runs = n;
+    m->runs = runs;
+    m->inline_data = (wire_bytes){data, total};
+    return true;
+}
+
+/* The write_done of sw; returns whether it said success (an inline write
+ * whose bytes cannot be gathered says failure). */
+static bool send_done(remote *r, swrite *sw, bool success, bool terminal)
 {
     uint32_t *completed = NULL, n = 0;
+    wire_msg in = {0};
+    if (success && sw->inline_write && sw->n_segs > 0 && !inline_bytes(sw, &in)) success = false;
     if (success) {
         completed = calloc(sw->n_keys ? sw->n_keys : 1, sizeof *completed);
         if (completed == NULL) success = false;
@@ -166,9 +203,18 @@ static void send_done(remote *r, swrite *sw, bool success, bool terminal)
         m.has_am_bytes = true;
         for (uint32_t i = 0; i < sw->n_segs; i++) m.am_bytes += sw->segs[i].len;
     }
+    if (success && in.has_inline) {
+        m.has_inline = true;
+        m.n_runs = in.n_runs;
+        m.runs = in.runs;
+        m.inline_data = in.inline_data;
+    }
     m.from = (wire_bytes){(const uint8_t *)sw->reflected, strlen(sw->reflected)};
     send_msg(r, sw->reply_to, &m, MD_NEVER);
     free(completed);
+    free(in.runs);
+    free((void *)in.inline_data.data);
+    return success;
 }
 
 /* ---- source writes: life cycle -------------------------------------------- */
@@ -300,6 +346,7 @@ static swrite *sw_new(remote *r, const wire_msg *m, route *rt, const char **why)
     sw->owner = r;
     sw->route = rt;
     sw->op = m->op;
+    sw->inline_write = m->inline_write;
     copy_str(sw->agent, sizeof sw->agent, &m->agent);
     copy_str(sw->reply_to, sizeof sw->reply_to, &m->from);
     copy_str(sw->reflected, sizeof sw->reflected, &m->to);
@@ -419,10 +466,21 @@ static void on_start_write(remote *r, const wire_msg *m)
 {
     kvcr_t *kv = r->kv;
     route *rt = NULL;
-    if (route_resolve(r, m, &rt) != 0) {
-        refuse(r, m, kvcr_last_error());
+    int rc = route_resolve(r, m, &rt);
+    if (rc != 0 || (!m->inline_write && route_connect(r, rt) != 0)) {
+        if (rc == KVCR_ELIMIT) { /* a new target past max_peers (counted): SOURCE_BUSY */
+            wire_msg busy = {.type = WIRE_WRITE_REFUSED, .has_op = true, .op = m->op, .busy = true};
+            reply(r, m, &busy, true);
+        } else {
+            refuse(r, m, kvcr_last_error());
+        }
         return;
     }
+    /* An inline write makes no UCX endpoint first: a target we hold neither
+     * an endpoint nor a control connection to is a stranger (see above). */
+    char from[CTL_MAX_ENDPOINT + 1];
+    copy_str(from, sizeof from, &m->from);
+    if (m->inline_write && rt->peer == NULL && !stranger_budget(r, from, m)) return;
     const char *why = NULL;
     swrite *sw = sw_new(r, m, rt, &why);
     if (sw == NULL) {
@@ -482,7 +540,8 @@ static void on_start_write(remote *r, const wire_msg *m)
 static void on_metadata(remote *r, const wire_msg *m)
 {
     route *rt;
-    if (route_resolve(r, m, &rt) != 0) {
+    /* The endpoint is made now, ahead of the writes that will need it. */
+    if (route_resolve(r, m, &rt) != 0 || route_connect(r, rt) != 0) {
         remote_drop(r, CTL_DROP_UNUSABLE, "metadata from %.*s not usable: %s", (int)m->agent.len,
                     (const char *)m->agent.data, kvcr_last_error());
         return;
@@ -529,6 +588,29 @@ void source_on_message(remote *r, const wire_msg *m)
 
 /* ---- posting and UCX completion (progress thread) ------------------------- */
 
+/* Locked, progress thread: the write's outcome in the metrics. */
+static void account(remote *r, swrite *sw)
+{
+    host_observe(r->kv, "source_write", sw->success ? "success" : "failed",
+                 kvcr_ns_to_s(kvcr_now_ns() - sw->start_ns));
+    if (sw->success) host_count(r->kv, "source_write", sw->n_blocks, sw->bytes);
+}
+
+/* Locked, progress thread: an inline write is over at once: its bytes go
+ * in its write_done, nothing goes with UCX (so it is never "submitted": a
+ * probe finds it terminal). The route's endpoint is made afterwards, for
+ * the writes that will need it, without delaying this one. */
+static void post_inline(remote *r, swrite *sw)
+{
+    route *rt = sw->route;
+    sw->success = send_done(r, sw, true, true);
+    account(r, sw);
+    sw_end(r, sw);
+    if (route_connect(r, rt) != 0) /* the route stays: not replaced, checked by the caller */
+        kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "no UCX endpoint to %s yet: %s", rt->agent,
+                 kvcr_last_error());
+}
+
 swrite *source_take_posts(remote *r)
 {
     swrite *ready = NULL, *tail = NULL;
@@ -538,7 +620,8 @@ swrite *source_take_posts(remote *r)
         sw->on_post = false;
         bool fenced = sw->status && sw->status->cancel_requested;
         bool late = kvcr_now_ns() >= sw->deadline_ns;
-        bool unreachable = sw->route->replaced || ucx_peer_failed(sw->route->peer);
+        bool unreachable = sw->route->replaced ||
+                           (!sw->inline_write && ucx_peer_failed(sw->route->peer));
         if (sw->busy != NULL) { /* nothing was posted: refused like a new write */
             wire_bytes us = {(const uint8_t *)sw->reflected, strlen(sw->reflected)};
             refuse_busy(r, sw->busy, sw->op, sw->agent, sw->reply_to, us);
@@ -549,6 +632,8 @@ swrite *source_take_posts(remote *r)
         } else if (sw->n_segs == 0) {
             send_done(r, sw, true, true); /* nothing to write: every key is a miss */
             sw_end(r, sw);
+        } else if (sw->inline_write) {
+            post_inline(r, sw);
         } else {
             sw->state = SW_POSTED;
             sw->status->submitted = true;
@@ -590,9 +675,7 @@ void source_ucx_settle(remote *r)
             rcb_resilience(r, KVCR_TRANSFER_QUIESCED, true, sw->number, NULL, 0,
                            "source write %llu to %s is quiet now",
                            (unsigned long long)sw->number, sw->agent);
-        host_observe(kv, "source_write", sw->success ? "success" : "failed",
-                     kvcr_ns_to_s(kvcr_now_ns() - sw->start_ns));
-        if (sw->success) host_count(kv, "source_write", sw->n_blocks, sw->bytes);
+        account(r, sw);
         sw_end(r, sw);
     }
 }

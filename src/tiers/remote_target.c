@@ -137,6 +137,35 @@ kvcr_reason target_read(remote *r, tier_batch *b, const tier_read *rd)
     return KVCR_REASON_NONE;
 }
 
+/* ---- pulls by handle (locked) ---------------------------------------------- */
+
+static uint32_t pull_bucket(int64_t handle)
+{
+    return (uint32_t)(((uint64_t)handle * 0x9e3779b97f4a7c15ull) >> 32) % PULL_BUCKETS;
+}
+
+static void index_add(remote *r, pull *p)
+{
+    pull **b = &r->pull_index[pull_bucket(p->handle)];
+    p->hnext = *b;
+    *b = p;
+}
+
+static void index_remove(remote *r, pull *p)
+{
+    pull **link = &r->pull_index[pull_bucket(p->handle)];
+    while (*link != p) link = &(*link)->hnext;
+    *link = p->hnext;
+}
+
+/* The live pull of an op handle (handles are unique among live pulls). */
+static pull *pull_by_handle(remote *r, int64_t handle)
+{
+    pull *p = r->pull_index[pull_bucket(handle)];
+    while (p != NULL && p->handle != handle) p = p->hnext;
+    return p;
+}
+
 /* Hands the pull to the progress thread (frees it when it has no keys). */
 void target_end(remote *r, tier_batch *b)
 {
@@ -151,6 +180,7 @@ void target_end(remote *r, tier_batch *b)
     p->next = r->pulls;
     if (r->pulls) r->pulls->prev = p;
     r->pulls = p;
+    index_add(r, p);
     r->n_pulls++;
     remote_wake(r);
 }
@@ -200,54 +230,93 @@ static bool ranges_room(mem_piece **g, uint32_t *cap, uint32_t need)
     return true;
 }
 
-static bool build_ranges(remote *r, pull *p)
+/* Appends the pieces of refs [lo, hi) of p to *g. False: out of memory
+ * or a ref that does not resolve (*g is then freed). */
+static bool add_ref_pieces(remote *r, const pull *p, uint32_t lo, uint32_t hi, mem_piece **g,
+                           uint32_t *n, uint32_t *cap)
 {
     mem_piece one[PIECES_MAX];
-    uint32_t n = 0, cap = 0;
-    mem_piece *g = NULL;
-    for (uint32_t i = 0; i < p->n_refs; i++) {
+    for (uint32_t i = lo; i < hi; i++) {
         const wire_ref *ref = &p->refs[i];
         const char *why = NULL;
         uint32_t k = pieces_resolve(r->own_geom, r->md.n_regions, ref->framework,
                                     (const char *)ref->label.data, ref->index, one, &why);
-        if (k == 0 || !ranges_room(&g, &cap, n + k)) {
-            free(g);
+        if (k == 0 || !ranges_room(g, cap, *n + k)) {
+            free(*g);
+            *g = NULL;
             return false;
         }
-        memcpy(&g[n], one, k * sizeof *one);
-        n += k;
+        memcpy(&(*g)[*n], one, k * sizeof *one);
+        *n += k;
     }
-    if (g == NULL) return false;
-    p->ranges = g;
-    qsort(p->ranges, n, sizeof *p->ranges, by_addr);
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        mem_piece *last = m ? &p->ranges[m - 1] : NULL;
-        if (last && p->ranges[i].addr <= last->addr + last->len) {
-            uint64_t end = p->ranges[i].addr + p->ranges[i].len;
-            if (end > last->addr + last->len) last->len = end - last->addr;
-        } else {
-            p->ranges[m++] = p->ranges[i];
-        }
-    }
-    p->n_ranges = m;
     return true;
 }
 
-/* Whether [addr, addr + len) lies inside one of the pull's ranges. */
-static bool in_ranges(const pull *p, uint64_t addr, uint64_t len)
+/* Sorts g[0..n) and merges touching or overlapping pieces; the count left. */
+static uint32_t merge_ranges(mem_piece *g, uint32_t n)
 {
-    uint32_t lo = 0, hi = p->n_ranges;
+    qsort(g, n, sizeof *g, by_addr);
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        mem_piece *last = m ? &g[m - 1] : NULL;
+        if (last && g[i].addr <= last->addr + last->len) {
+            uint64_t end = g[i].addr + g[i].len;
+            if (end > last->addr + last->len) last->len = end - last->addr;
+        } else {
+            g[m++] = g[i];
+        }
+    }
+    return m;
+}
+
+static bool build_ranges(remote *r, pull *p)
+{
+    uint32_t n = 0, cap = 0;
+    mem_piece *g = NULL;
+    if (!add_ref_pieces(r, p, 0, p->n_refs, &g, &n, &cap) || g == NULL) return false;
+    p->ranges = g;
+    p->n_ranges = merge_ranges(g, n);
+    return true;
+}
+
+/* Whether [addr, addr + len) lies inside one of the sorted, merged ranges
+ * g[0..n). */
+static bool in_ranges(const mem_piece *g, uint32_t n, uint64_t addr, uint64_t len)
+{
+    uint32_t lo = 0, hi = n;
     while (lo < hi) { /* the last range that starts at or before addr */
         uint32_t mid = lo + (hi - lo) / 2;
-        if (p->ranges[mid].addr <= addr)
+        if (g[mid].addr <= addr)
             lo = mid + 1;
         else
             hi = mid;
     }
     if (lo == 0) return false;
-    const mem_piece *g = &p->ranges[lo - 1];
-    return addr - g->addr <= g->len && len <= g->len - (addr - g->addr);
+    const mem_piece *at = &g[lo - 1];
+    return addr - at->addr <= at->len && len <= at->len - (addr - at->addr);
+}
+
+/* Whether the pull asks for its bytes inline in write_done: inline writes
+ * are on (r->inline_max), its destinations hold at most that many bytes,
+ * and the write_done fits the control messages we receive (its other
+ * fields: the envelope, an index per key, a run of at most 19 bytes per
+ * piece pair, 2 * PIECES_MAX at most per destination). */
+static bool ask_inline(remote *r, const pull *p)
+{
+    if (r->inline_max == 0) return false;
+    mem_piece one[PIECES_MAX];
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < p->n_refs; i++) {
+        const wire_ref *ref = &p->refs[i];
+        const char *why = NULL;
+        uint32_t k = pieces_resolve(r->own_geom, r->md.n_regions, ref->framework,
+                                    (const char *)ref->label.data, ref->index, one, &why);
+        if (k == 0) return false;
+        for (uint32_t j = 0; j < k; j++) total += one[j].len;
+        if (total > r->inline_max) return false;
+    }
+    uint64_t other = 4096 + 5ull * p->n_keys + 19ull * 2 * PIECES_MAX * p->n_refs;
+    return total + other <= host_conf(r->kv)->limits.max_control_message_bytes;
 }
 
 static void send_start_write(remote *r, pull *p, uint64_t now)
@@ -270,12 +339,15 @@ static void send_start_write(remote *r, pull *p, uint64_t now)
     }
     if (rc == 0) {
         ref_off[p->n_keys] = p->n_refs;
+        p->inline_asked = ask_inline(r, p);
         wire_msg m = {.type = WIRE_START_WRITE, .has_op = true, .op = p->handle,
                       .remaining_ms = (double)(p->deadline_ns - now) / 1e6,
                       .n_keys = p->n_keys, .keys = keys, .ref_off = ref_off, .refs = p->refs,
                       .has_expected_inc = p->has_inc,
-                      .expected_inc = {p->inc, WIRE_INCARNATION_LEN}};
+                      .expected_inc = {p->inc, WIRE_INCARNATION_LEN},
+                      .inline_write = p->inline_asked};
         rc = send_msg(r, p->source, &m, MD_FORCE);
+        p->sent_md = m.has_metadata;
     }
     free(keys);
     free(ref_off);
@@ -296,11 +368,10 @@ void target_adopt(remote *r, uint64_t now)
 
 static pull *find_pull(remote *r, const wire_msg *m)
 {
-    if (!m->has_op) return NULL;
-    for (pull *p = r->pulls; p; p = p->next)
-        if (p->handle == m->op && p->state != PULL_FINISHED && p->state != PULL_START &&
-            strlen(p->source) == m->from.len && memcmp(p->source, m->from.data, m->from.len) == 0)
-            return p;
+    pull *p = m->has_op ? pull_by_handle(r, m->op) : NULL;
+    if (p != NULL && p->state != PULL_FINISHED && p->state != PULL_START &&
+        strlen(p->source) == m->from.len && memcmp(p->source, m->from.data, m->from.len) == 0)
+        return p;
     return NULL;
 }
 
@@ -394,11 +465,86 @@ static void on_messages_done(remote *r, pull *p, const wire_msg *m)
     check_taken(r, p);
 }
 
+static int by_run_addr(const void *a, const void *b)
+{
+    const wire_run *x = a, *y = b;
+    return (x->addr > y->addr) - (x->addr < y->addr);
+}
+
+/* Whether m's inline runs cover exactly the destinations of the keys it
+ * says completed (the only memory the pull may write): each run inside
+ * them (the sink's range check), no two runs overlapping, and as many
+ * bytes as they hold. Progress thread, locked. */
+static bool inline_matches(remote *r, const pull *p, const wire_msg *m)
+{
+    uint32_t n = 0, cap = 0;
+    mem_piece *g = NULL;
+    for (uint32_t i = 0; i < m->n_completed; i++) {
+        uint32_t c = m->completed[i];
+        if (c >= p->n_keys) {
+            free(g);
+            return false;
+        }
+        const pull_key *k = &p->keys[c];
+        if (!add_ref_pieces(r, p, k->ref_off, k->ref_off + k->n_refs, &g, &n, &cap)) return false;
+    }
+    wire_run *runs = malloc(m->n_runs * sizeof *runs);
+    bool ok = g != NULL && runs != NULL;
+    if (ok) {
+        n = merge_ranges(g, n);
+        uint64_t want = 0;
+        for (uint32_t i = 0; i < n; i++) want += g[i].len;
+        memcpy(runs, m->runs, m->n_runs * sizeof *runs);
+        qsort(runs, m->n_runs, sizeof *runs, by_run_addr);
+        ok = want == m->inline_data.len; /* the runs' lengths sum to it (the decoder's rule) */
+        for (uint32_t i = 0; ok && i < m->n_runs; i++)
+            ok = in_ranges(g, n, runs[i].addr, runs[i].len) &&
+                 (i == 0 || runs[i].addr >= runs[i - 1].addr + runs[i - 1].len);
+    }
+    free(g);
+    free(runs);
+    return ok;
+}
+
+/* The answer to a pull that asked for its bytes inline, or one carrying
+ * inline bytes: they are copied, straight from the message into place,
+ * only into a pull still waiting for its write that asked for them, and
+ * only when they match its completed keys' destinations exactly. Anything
+ * else (a success without its bytes, bytes the pull did not ask for, runs
+ * that do not match) is refused whole: counted, nothing written, and the
+ * pull fails, since the source said it writes nothing more. */
+static void on_inline_done(remote *r, pull *p, const wire_msg *m)
+{
+    bool live = p->state == PULL_WAIT_DONE && !p->uncertain;
+    bool ok = live && p->inline_asked && m->has_inline && m->terminal &&
+              (!p->fetch || kvcr_now_ns() < p->deadline_ns); /* as on_terminal */
+    if (ok && !inline_matches(r, p, m)) {
+        kvcr_log(host_logger(r->kv), KVCR_LOG_WARN,
+                 "write_done %lld from %s: inline bytes that do not match the destinations "
+                 "refused; nothing written",
+                 (long long)p->handle, p->source);
+        ok = false;
+    }
+    if (live && !ok) r->dropped_messages++; /* not what this pull asked for, or a mismatch */
+    if (ok) {
+        size_t off = 0;
+        for (uint32_t i = 0; i < m->n_runs; i++) {
+            memcpy((void *)(uintptr_t)m->runs[i].addr, m->inline_data.data + off, m->runs[i].len);
+            off += m->runs[i].len;
+        }
+    }
+    on_terminal(r, p, ok, m->completed, m->n_completed);
+}
+
 static void on_write_done(remote *r, pull *p, const wire_msg *m)
 {
     /* A pull that learned its source's incarnation takes news only from it. */
     if (p->has_inc && !inc_is(p->inc, &m->incarnation)) {
         r->dropped_messages++;
+        return;
+    }
+    if (m->has_inline || (p->inline_asked && m->success && m->terminal && m->n_completed > 0)) {
+        on_inline_done(r, p, m);
         return;
     }
     if (m->has_am_bytes) saw_messages(r, p);
@@ -427,6 +573,13 @@ static void on_refused(remote *r, pull *p, bool busy)
         return;
     }
     peer_invalidate(r, p->source);
+    if (!p->sent_md && !p->md_resent && p->state == PULL_WAIT_DONE && !p->uncertain) {
+        /* The source may have reclaimed its route to us (remote_peer.c), or
+         * restarted: once more, with our metadata (nothing was accepted). */
+        p->md_resent = true;
+        p->state = PULL_START;
+        return;
+    }
     rpeer *peer = peer_get(r, p->source, false);
     /* A delayed refusal never evicts an incarnation learned later. */
     if (peer && peer->has_inc && p->has_inc && memcmp(peer->inc, p->inc, sizeof p->inc) == 0)
@@ -453,7 +606,7 @@ static void on_metadata_ack(remote *r, const wire_msg *m)
 {
     char ep[CTL_MAX_ENDPOINT + 1];
     snprintf(ep, sizeof ep, "%.*s", (int)m->from.len, (const char *)m->from.data);
-    rpeer *peer = peer_get(r, ep, true);
+    rpeer *peer = peer_get(r, ep, false); /* only a peer we sent metadata to */
     if (peer == NULL) return;
     peer->has_inc = true;
     memcpy(peer->inc, m->incarnation.data, sizeof peer->inc);
@@ -506,10 +659,11 @@ bool target_take_bytes(void *arg, uint64_t tag, uint64_t addr, const void *data,
     remote *r = arg;
     bool relock = !r->progress_locked;
     if (relock) host_lock(r->kv);
-    pull *p = r->pulls;
-    while (p != NULL && p->handle != (int64_t)tag) p = p->next;
-    bool take = p != NULL && p->state == PULL_WAIT_DONE &&
-                (p->ranges != NULL || build_ranges(r, p)) && in_ranges(p, addr, len);
+    pull *p = pull_by_handle(r, (int64_t)tag);
+    /* An inline pull's bytes come only in its write_done. */
+    bool take = p != NULL && p->state == PULL_WAIT_DONE && !p->inline_asked &&
+                (p->ranges != NULL || build_ranges(r, p)) &&
+                in_ranges(p->ranges, p->n_ranges, addr, len);
     if (p != NULL) saw_messages(r, p); /* see target_timers */
     if (relock) host_unlock(r->kv);
     if (!take) return false;
@@ -541,9 +695,10 @@ void target_timers(remote *r, uint64_t now, uint64_t *next_ns)
         /* A source that writes by messages writes nothing but what our
          * sink copies, and the sink copies only into pulls still waiting
          * for their write: one past its deadline is quiet already, with no
-         * answer needed from a source that may be gone. The probe still
-         * fences the write at the source. */
-        if (now >= p->deadline_ns && writes_by_messages(r, p) &&
+         * answer needed from a source that may be gone. The same holds for
+         * a pull that asked for its bytes inline: only we write them. The
+         * probe still fences the write at the source. */
+        if (now >= p->deadline_ns && (writes_by_messages(r, p) || p->inline_asked) &&
             (p->state == PULL_WAIT_DONE || p->state == PULL_WAIT_TERMINAL ||
              p->state == PULL_QUARANTINED)) {
             if (p->state == PULL_WAIT_DONE) send_probe(r, p);
@@ -692,6 +847,7 @@ static void settle_finished(remote *r, pull *p)
     else
         r->pulls = p->next;
     if (p->next) p->next->prev = p->prev;
+    index_remove(r, p);
     r->n_pulls--;
     pull_free(p);
 }
@@ -723,6 +879,7 @@ void target_main(remote *r)
  * never settled, the core frees what it keeps for them. */
 void target_destroy(remote *r)
 {
+    memset(r->pull_index, 0, sizeof r->pull_index);
     while (r->pulls) {
         pull *p = r->pulls;
         r->pulls = p->next;

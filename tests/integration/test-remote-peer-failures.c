@@ -86,10 +86,36 @@ static void rig_remote(rig *r, uint32_t op_ms, uint32_t abandon_ms)
     rig_start(r);
 }
 
+/* The target's bound on pulls that ask for their bytes inline in
+ * write_done (KVCR_INLINE_WRITE_MAX, read when an instance starts), set
+ * for one scenario and put back after it. */
+static char saved_inline[32];
+static bool had_inline;
+
+static void inline_max_set(const char *v)
+{
+    const char *old = getenv("KVCR_INLINE_WRITE_MAX");
+    had_inline = old != NULL;
+    snprintf(saved_inline, sizeof saved_inline, "%s", old ? old : "");
+    setenv("KVCR_INLINE_WRITE_MAX", v, 1);
+}
+
+static void inline_max_restore(void)
+{
+    if (had_inline)
+        setenv("KVCR_INLINE_WRITE_MAX", saved_inline, 1);
+    else
+        unsetenv("KVCR_INLINE_WRITE_MAX");
+}
+
+/* Writes with UCX (inline writes off): the source may still write until it
+ * is proven quiet, so the destinations are reported uncertain at the
+ * abandon deadline. */
 static void test_source_killed_mid_transfer_fails_by_abandon_deadline(void **state)
 {
     (void)state;
     if (skip_kill_during_setup()) skip();
+    inline_max_set("0");
     peer_opts o;
     peer_opts_init(&o);
     o.slots = 0;
@@ -119,6 +145,39 @@ static void test_source_killed_mid_transfer_fails_by_abandon_deadline(void **sta
     assert_int_equal(kvcr_query(r.kv, &key, 1, "req", &q), 0);
     assert_int_equal(q.status, KVCR_QUERY_MISS);
     rig_stop(&r);
+    inline_max_restore();
+}
+
+/* The same with the bytes asked for inline: nothing but the target writes
+ * its destinations, so the deliver fails at its operation deadline and
+ * nothing is uncertain, though the source never answers. */
+static void test_source_killed_mid_inline_pull_fails_at_its_deadline_never_uncertain(void **state)
+{
+    (void)state;
+    if (skip_kill_during_setup()) skip();
+    inline_max_set("65536");
+    peer_opts o;
+    peer_opts_init(&o);
+    o.slots = 0;
+    o.fw_n = 8;
+    o.hold_pins = true;
+    peer src;
+    peer_spawn(&src, &o);
+    rig r;
+    rig_remote(&r, 1500, 60000); /* an abandon deadline the test would never reach */
+    peer_hint_range(&r, "req", src.endpoint, 0, 8);
+    kvcr_op_handle op = peer_deliver_range(&r, 0, 4, 0, "req");
+    peer_wait(&src, pin_requested);
+    peer_kill(&src);
+
+    rig_wait_all_failed(&r, op, 4, KVCR_REASON_TIMEOUT);
+    pthread_mutex_lock(&g_events.lock);
+    assert_int_equal(g_events.uncertain, 0);
+    assert_int_equal(g_events.quiesced, 0);
+    pthread_mutex_unlock(&g_events.lock);
+    assert_true(all_zero(r.fw, 4 * BS));
+    rig_stop(&r); /* at once: nothing is left waiting for the dead source */
+    inline_max_restore();
 }
 
 static void test_restarted_source_at_same_address_is_fenced(void **state)
@@ -295,6 +354,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_source_killed_mid_transfer_fails_by_abandon_deadline,
                                reset_events),
+        cmocka_unit_test_setup(
+            test_source_killed_mid_inline_pull_fails_at_its_deadline_never_uncertain,
+            reset_events),
         cmocka_unit_test_setup(test_restarted_source_at_same_address_is_fenced, reset_events),
         cmocka_unit_test_setup(test_garbage_from_a_peer_is_dropped_and_counted, reset_events),
         cmocka_unit_test_setup(test_target_back_under_same_name_gets_a_fresh_route, reset_events),

@@ -166,6 +166,13 @@ static void same_fields(const wire_msg *m, const wire_msg *d)
     assert_int_equal(d->busy, m->type == WIRE_WRITE_REFUSED && m->busy);
     assert_int_equal(d->n_completed, wd && m->success ? m->n_completed : 0);
     for (uint32_t i = 0; i < d->n_completed; i++) assert_int_equal(d->completed[i], m->completed[i]);
+    assert_int_equal(d->inline_write, sw && m->inline_write);
+    assert_int_equal(d->has_inline, wd && m->has_inline);
+    assert_int_equal(d->n_runs, d->has_inline ? m->n_runs : 0);
+    for (uint32_t i = 0; i < d->n_runs; i++)
+        assert_true(d->runs[i].addr == m->runs[i].addr && d->runs[i].len == m->runs[i].len);
+    if (d->has_inline) same_bytes(m->inline_data, d->inline_data);
+    else none(d->inline_data);
 }
 
 /* Encodes m, decodes it from a copy that is then scribbled over and freed
@@ -1154,6 +1161,108 @@ static void test_encoder_refuses_what_the_decoder_refuses(void **state)
     free(mref);
 }
 
+/* Inline writes: start_write's inline flag (only true, only there), and
+ * write_done's runs and bytes: together, only with success, never with
+ * am_bytes, the bytes exactly what the runs announce, every run >= 1 byte
+ * and inside u64, at most WIRE_MAX_INLINE bytes in all. */
+static wire_run inl_runs[2] = {{0x7f0000001000ull, 3}, {UINT64_MAX - 2, 2}};
+
+static wire_msg inline_done(void)
+{
+    wire_msg m = write_done(true, 2);
+    m.has_inline = true;
+    m.n_runs = 2;
+    m.runs = inl_runs;
+    m.inline_data = WB("abc\0e");
+    return m;
+}
+
+static void test_inline_writes(void **state)
+{
+    (void)state;
+    wire_msg sw = full_start_write(), done = inline_done();
+    sw.inline_write = true;
+    roundtrip(&sw);
+    roundtrip(&done);
+    wire_msg plain = write_done(true, 2), e = done;
+    assert_false(wire_msg_equal(&done, &plain));
+    wire_run other[2] = {inl_runs[0], {UINT64_MAX - 2, 1}};
+    e.runs = other, e.inline_data = WB("abc\0");
+    assert_false(wire_msg_equal(&done, &e));
+    e = done, e.inline_data = WB("abc\0f");
+    assert_false(wire_msg_equal(&done, &e));
+    wire_msg nsw = full_start_write();
+    assert_false(wire_msg_equal(&sw, &nsw));
+    wire_msg refused = base(WIRE_WRITE_REFUSED); /* a type without them: encodes as bare */
+    refused.has_op = true, refused.inline_write = refused.has_inline = true;
+    refused.n_runs = 2, refused.runs = inl_runs, refused.inline_data = done.inline_data;
+    roundtrip(&refused);
+
+    tree *t;
+    t = tree_of(&sw), *get(root(t), "inline") = bool_obj(false);
+    REFUSED(t, "start_write: inline must be true when present");
+    t = tree_of(&sw), *get(root(t), "inline") = u64_obj(1);
+    REFUSED(t, "start_write: inline must be true when present");
+    t = tree_of(&done), *add(t, root(t), STR("inline")) = bool_obj(true);
+    REFUSED(t, "field not allowed for this type: inline");
+    t = tree_of(&sw), *add(t, root(t), STR("inline_data")) = bin_obj("x", 1);
+    REFUSED(t, "field not allowed for this type: inline_data");
+    t = tree_of(&done), del(root(t), "inline_data");
+    REFUSED(t, "write_done: inline_runs and inline_data go together");
+    t = tree_of(&done), del(root(t), "inline_runs");
+    REFUSED(t, "write_done: inline_runs and inline_data go together");
+    t = tree_of(&done), *get(root(t), "success") = bool_obj(false), del(root(t), "completed");
+    REFUSED(t, "write_done: inline bytes only with success");
+    t = tree_of(&done), *add(t, root(t), STR("am_bytes")) = u64_obj(5);
+    REFUSED(t, "write_done: inline bytes and am_bytes are exclusive");
+    t = tree_of(&done), *get(root(t), "inline_data") = bin_obj("abcd", 4); /* one short */
+    REFUSED(t, "write_done: inline_data is not the bytes its runs announce");
+    t = tree_of(&done), *get(root(t), "inline_data") = bin_obj("abcdef", 6); /* one over */
+    REFUSED(t, "write_done: inline_data is not the bytes its runs announce");
+    t = tree_of(&done), *get(root(t), "inline_data") = STR("abc\0e");
+    REFUSED(t, "write_done: inline_data not a bin");
+    t = tree_of(&done), *get(root(t), "inline_runs") = arr_obj(t, 0);
+    REFUSED(t, "write_done: no inline runs");
+    t = tree_of(&done), *get(root(t), "inline_runs") = u64_obj(5);
+    REFUSED(t, "write_done: inline_runs not an array");
+    static const char *const bad_run = "write_done: inline run not an [addr, len] array of unsigned integers";
+    t = tree_of(&done), get(root(t), "inline_runs")->via.array.ptr[0].via.array.size = 1;
+    REFUSED(t, bad_run);
+    t = tree_of(&done), get(root(t), "inline_runs")->via.array.ptr[1].via.array.ptr[0] = neg_obj(-1);
+    REFUSED(t, bad_run);
+    t = tree_of(&done), get(root(t), "inline_runs")->via.array.ptr[0] = u64_obj(3);
+    REFUSED(t, bad_run);
+    /* A run of 0 bytes; a run past the end of the address space. */
+    t = tree_of(&done), get(root(t), "inline_runs")->via.array.ptr[0].via.array.ptr[1] = u64_obj(0);
+    REFUSED(t, "write_done: an inline run of 0 bytes");
+    t = tree_of(&done), get(root(t), "inline_runs")->via.array.ptr[1].via.array.ptr[1] = u64_obj(3);
+    REFUSED(t, "write_done: inline run overflows u64");
+    /* The bound on the bytes: WIRE_MAX_INLINE in all, however split. */
+    static uint8_t big[WIRE_MAX_INLINE + 1];
+    wire_run one = {0x1000, WIRE_MAX_INLINE};
+    wire_msg most = write_done(true, 1);
+    most.has_inline = true, most.n_runs = 1, most.runs = &one;
+    most.inline_data = (wire_bytes){big, WIRE_MAX_INLINE};
+    roundtrip(&most);
+    t = tree_of(&most), get(root(t), "inline_runs")->via.array.ptr[0].via.array.ptr[1] =
+                           u64_obj(WIRE_MAX_INLINE + 1);
+    *get(root(t), "inline_data") = bin_obj(big, WIRE_MAX_INLINE + 1);
+    REFUSED(t, "write_done: inline runs over 1 MiB");
+
+    /* The encoder makes none of these. */
+    e = done, e.inline_data = WB("abcd");
+    UNENCODABLE(e);
+    e = done, e.n_runs = 0;
+    UNENCODABLE(e);
+    e = done, e.has_am_bytes = true;
+    UNENCODABLE(e);
+    e = done, e.success = false, e.n_completed = 0;
+    UNENCODABLE(e);
+    one.len = WIRE_MAX_INLINE + 1;
+    most.inline_data = (wire_bytes){big, WIRE_MAX_INLINE + 1};
+    UNENCODABLE(most);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1163,6 +1272,7 @@ int main(void)
         cmocka_unit_test(test_envelope_rules),
         cmocka_unit_test(test_fields_each_type_requires_and_allows),
         cmocka_unit_test(test_write_refused_busy),
+        cmocka_unit_test(test_inline_writes),
         cmocka_unit_test(test_integer_and_number_rules),
         cmocka_unit_test(test_start_write_bounds),
         cmocka_unit_test(test_key_count_bound),

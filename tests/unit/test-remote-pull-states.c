@@ -153,11 +153,14 @@ typedef struct sent {
     uint32_t n_keys, n_refs;
     bool framework;   /* of the first ref */
     uint64_t index1;  /* of the second ref */
+    bool inline_write;
     uint64_t at_ns;
 } sent;
 
 static struct {
     sent msgs[64];
+    bool acked; /* the source acknowledged our metadata: sends omit it */
+    size_t n_refusals; /* host_refusal("peers") */
     size_t n;
     int fail; /* the rc of the next sends */
     size_t n_wakes;
@@ -170,9 +173,10 @@ int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
     (void)r;
     assert_true(net.n < 64);
     sent *s = &net.msgs[net.n++];
+    m->has_metadata = md_rule != MD_NEVER && !net.acked;
     *s = (sent){.type = m->type, .op = m->op, .md_rule = md_rule,
                 .has_expected_inc = m->has_expected_inc, .remaining_ms = m->remaining_ms,
-                .n_keys = m->n_keys, .at_ns = clock_ns};
+                .n_keys = m->n_keys, .inline_write = m->inline_write, .at_ns = clock_ns};
     snprintf(s->to, sizeof s->to, "%s", endpoint);
     if (m->has_expected_inc) memcpy(s->expected_inc, m->expected_inc.data, WIRE_INCARNATION_LEN);
     if (m->type == WIRE_START_WRITE) {
@@ -181,6 +185,13 @@ int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
         s->index1 = m->refs[1].index;
     }
     return net.fail;
+}
+
+void host_refusal(kvcr_t *kv, const char *limit)
+{
+    (void)kv;
+    assert_string_equal(limit, "peers");
+    net.n_refusals++;
 }
 
 void remote_wake(remote *r)
@@ -223,6 +234,9 @@ static int setup(void **state)
     host.conf.operation_timeout_ms = OP_TIMEOUT_MS;
     host.conf.abandon_timeout_ms = ABANDON_MS;
     host.conf.cb.key_hash = key_hash;
+    host.conf.limits.max_control_message_bytes = 16u << 20;
+    host.conf.max_peers = 1024;
+    host.conf.peer_idle_ms = 1000;
     kvcr_logger_init(&host.log, "test", quiet, NULL);
     host.hashes[0] = host_key_hash((const uint8_t *)"k0", 2);
     host.hashes[1] = host_key_hash((const uint8_t *)"k1", 2);
@@ -396,6 +410,65 @@ static void test_refusals_fail_the_pull_and_its_hint(void **state)
     assert_settled(3, 1, false, KVCR_REASON_TRANSFER_ERROR);
     assert_true(host.hint.failed);
     assert_null(r->pulls);
+}
+
+/* A source that has no route to us (it reclaimed it, remote_reclaim.c)
+ * refuses a start_write that came without our metadata: it is sent once
+ * more, with it; a second refusal fails the pull. */
+static void test_a_refusal_of_a_start_write_without_metadata_sends_it_again_with_it(void **state)
+{
+    remote *r = *state;
+    net.acked = true;
+    pull *p = start_pull(r, false);
+    assert_false(p->sent_md);
+    wire_msg refused = from(SOURCE, WIRE_WRITE_REFUSED, 7, INC_A);
+    target_on_message(r, &refused);
+    assert_int_equal(p->state, PULL_START);
+    net.acked = false; /* the refusal made the peer's record forget the ack */
+    assert_false(peer_get(r, SOURCE, false)->acked);
+    target_adopt(r, clock_ns);
+    assert_int_equal(net.n, 2);
+    assert_int_equal(net.msgs[1].type, WIRE_START_WRITE);
+    assert_int_equal(net.msgs[1].op, 7);
+    assert_true(p->sent_md);
+    assert_int_equal(p->state, PULL_WAIT_DONE);
+    target_on_message(r, &refused);
+    assert_int_equal(p->state, PULL_FINISHED);
+    target_main(r);
+    assert_settled(0, 0, false, KVCR_REASON_TRANSFER_ERROR);
+    assert_settled(1, 1, false, KVCR_REASON_TRANSFER_ERROR);
+    assert_int_equal(net.n, 2);
+}
+
+/* The records of sources stay within max_peers: the least recently used
+ * one no pull or hint needs makes room; with none, no record is made
+ * (counted); the sweep drops records unused for peer_idle_ms. */
+static void test_peer_records_are_bounded_and_reclaimed(void **state)
+{
+    remote *r = *state;
+    host.conf.max_peers = 2;
+    pull *p = start_pull(r, false); /* a record for SOURCE, with a pull */
+    assert_non_null(p);
+    clock_ns += 1000;
+    assert_non_null(peer_get(r, "tcp://127.0.0.1:2", true));
+    clock_ns += 1000;
+    rpeer *y = peer_get(r, "tcp://127.0.0.1:3", true); /* ...:2 goes, SOURCE has a pull */
+    assert_non_null(y);
+    y->eager = true;
+    assert_int_equal(r->n_peers, 2);
+    assert_int_equal(r->peers_reclaimed, 1);
+    assert_null(peer_get(r, "tcp://127.0.0.1:2", false));
+    assert_non_null(peer_get(r, SOURCE, false));
+    assert_null(peer_get(r, "tcp://127.0.0.1:4", true)); /* both in use */
+    assert_int_equal(net.n_refusals, 1);
+    assert_int_equal(r->n_peers, 2);
+    peer_records_sweep(r, clock_ns + 2000000000ull); /* idle, but in use: kept */
+    assert_int_equal(r->n_peers, 2);
+    peer_get(r, "tcp://127.0.0.1:3", false)->eager = false;
+    peer_records_sweep(r, clock_ns + 2000000000ull);
+    assert_int_equal(r->n_peers, 1);
+    assert_int_equal(r->peers_reclaimed, 2);
+    assert_non_null(peer_get(r, SOURCE, false));
 }
 
 static void test_deadline_probes_and_a_terminal_answer_frees_a_fetch(void **state)
@@ -577,6 +650,192 @@ static void test_news_from_a_quiet_source_makes_its_backed_off_probe_come_at_onc
     assert_int_equal(net.n, probes + 1);
 }
 
+/* ---- inline writes ---------------------------------------------------------- */
+
+/* The framework region "fw" the deliver's destinations (elements 10 and 11)
+ * lie in, published as our own: where inline bytes may land. */
+#define ELEM 4096
+static uint8_t fw_mem[16 * ELEM];
+static const uint8_t zeros[sizeof fw_mem];
+
+static void publish_fw(remote *r, uint32_t inline_max)
+{
+    static region_geom geom;
+    geom = (region_geom){"fw", true, (uint64_t)(uintptr_t)fw_mem, ELEM, ELEM, 16};
+    r->own_geom = &geom;
+    r->md.n_regions = 1;
+    r->inline_max = inline_max;
+    memset(fw_mem, 0, sizeof fw_mem);
+}
+
+static uint64_t elem(uint32_t i)
+{
+    return (uint64_t)(uintptr_t)&fw_mem[i * ELEM];
+}
+
+/* Distinct bytes for destination elements 10 and 11, one after another. */
+static uint8_t payload[2 * ELEM];
+
+static wire_msg inline_msg(const uint8_t *inc, uint32_t *completed, uint32_t n, wire_run *runs,
+                           uint32_t n_runs)
+{
+    for (size_t i = 0; i < sizeof payload; i++) payload[i] = (uint8_t)(i * 7 + 1);
+    wire_msg m = done_msg(inc, completed, n);
+    uint64_t len = 0;
+    for (uint32_t i = 0; i < n_runs; i++) len += runs[i].len;
+    m.has_inline = true;
+    m.n_runs = n_runs;
+    m.runs = runs;
+    m.inline_data = (wire_bytes){payload, len};
+    return m;
+}
+
+static void test_a_small_pull_takes_its_inline_bytes_into_its_destinations(void **state)
+{
+    remote *r = *state;
+    publish_fw(r, 2 * ELEM);
+    pull *p = start_pull(r, false);
+    assert_true(p->inline_asked);
+    assert_true(net.msgs[0].inline_write);
+    learn_incarnation(r, p, INC_A);
+    /* Element 11's bytes first: runs may come in any order. */
+    wire_run runs[] = {{elem(11), ELEM}, {elem(10), ELEM}};
+    uint32_t completed[] = {1, 0};
+    wire_msg done = inline_msg(INC_A, completed, 2, runs, 2);
+    target_on_message(r, &done);
+    assert_int_equal(p->state, PULL_FINISHED);
+    assert_true(p->success);
+    assert_memory_equal(&fw_mem[11 * ELEM], payload, ELEM);
+    assert_memory_equal(&fw_mem[10 * ELEM], payload + ELEM, ELEM);
+    assert_memory_equal(fw_mem, zeros, 10 * ELEM);         /* nothing else written */
+    assert_memory_equal(&fw_mem[12 * ELEM], zeros, 4 * ELEM);
+    assert_int_equal(r->dropped_messages, 0);
+    target_main(r);
+    assert_settled(0, 0, true, KVCR_REASON_NONE);
+    assert_settled(1, 1, true, KVCR_REASON_NONE);
+    assert_null(r->pulls);
+}
+
+/* Runs that are not exactly the completed keys' destinations are refused
+ * whole: counted, nothing written, the pull failed (the source said it is
+ * done). */
+static void test_inline_bytes_that_do_not_match_their_destinations_write_nothing(void **state)
+{
+    remote *r = *state;
+    wire_run outside[] = {{elem(10), ELEM}, {elem(12), ELEM}};        /* element 12 is not ours */
+    wire_run overlap[] = {{elem(10), ELEM}, {elem(10) + 1, ELEM - 1}, {elem(11), 1}};
+    wire_run straddle[] = {{elem(10) + 1, 2 * ELEM - 1}, {elem(10), 1}}; /* fine: both keys */
+    wire_run one_key[] = {{elem(10), ELEM}, {elem(11), ELEM}};        /* key 1 not completed */
+    struct {
+        wire_run *runs;
+        uint32_t n_runs, n_completed;
+        bool ok;
+    } cases[] = {{outside, 2, 2, false}, {overlap, 3, 2, false}, {one_key, 2, 1, false},
+                 {straddle, 2, 2, true}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        publish_fw(r, 2 * ELEM);
+        net.n = net.n_wakes = host.n_settles = 0;
+        host.hint.failed = false; /* a failed pull fails its hint */
+        r->dropped_messages = 0;
+        pull *p = start_pull(r, false);
+        uint32_t completed[] = {0, 1};
+        wire_msg done = inline_msg(INC_A, completed, cases[c].n_completed, cases[c].runs,
+                                   cases[c].n_runs);
+        target_on_message(r, &done);
+        assert_int_equal(p->state, PULL_FINISHED);
+        assert_int_equal(p->success, cases[c].ok);
+        assert_int_equal(r->dropped_messages, cases[c].ok ? 0 : 1);
+        if (cases[c].ok) { /* the runs' bytes one after another: 10+1.., then 10 */
+            assert_memory_equal(&fw_mem[10 * ELEM + 1], payload, 2 * ELEM - 1);
+            assert_int_equal(fw_mem[10 * ELEM], payload[2 * ELEM - 1]);
+        } else
+            assert_memory_equal(fw_mem, zeros, sizeof fw_mem);
+        target_main(r);
+        assert_settled(0, 0, cases[c].ok, KVCR_REASON_TRANSFER_ERROR);
+        assert_null(r->pulls);
+    }
+}
+
+/* Inline bytes from another endpoint, another incarnation, for another op,
+ * for a pull that did not ask for them, or after the deadline: nothing is
+ * written. */
+static void test_stale_or_foreign_inline_bytes_write_nothing(void **state)
+{
+    remote *r = *state;
+    publish_fw(r, 2 * ELEM);
+    pull *p = start_pull(r, false);
+    learn_incarnation(r, p, INC_A);
+    wire_run runs[] = {{elem(10), 2 * ELEM}};
+    uint32_t completed[] = {0, 1};
+    wire_msg done = inline_msg(INC_B, completed, 2, runs, 1); /* another incarnation */
+    target_on_message(r, &done);
+    done = inline_msg(INC_A, completed, 2, runs, 1);
+    done.from = (wire_bytes){(const uint8_t *)OTHER, strlen(OTHER)};
+    target_on_message(r, &done);
+    done = inline_msg(INC_A, completed, 2, runs, 1);
+    done.op = 8;
+    target_on_message(r, &done);
+    assert_int_equal(r->dropped_messages, 3);
+    assert_int_equal(p->state, PULL_WAIT_DONE);
+    assert_memory_equal(fw_mem, zeros, sizeof fw_mem);
+    /* The source's write-by-messages path cannot write an inline pull either. */
+    assert_false(target_take_bytes(r, 7, elem(10), payload, ELEM));
+    assert_memory_equal(fw_mem, zeros, sizeof fw_mem);
+
+    /* At its deadline the pull is quiet at once (only we write it): no
+     * answer awaited, never uncertain; the late bytes are not taken. */
+    clock_ns = p->deadline_ns;
+    uint64_t next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(p->state, PULL_FINISHED);
+    assert_int_equal(net.msgs[net.n - 1].type, WIRE_WRITE_PROBE); /* the source is fenced */
+    target_main(r);
+    assert_settled(0, 0, false, KVCR_REASON_TIMEOUT);
+    assert_settled(1, 1, false, KVCR_REASON_TIMEOUT);
+    assert_int_equal(net.n_events, 0);
+    assert_null(r->pulls);
+    done = inline_msg(INC_A, completed, 2, runs, 1);
+    target_on_message(r, &done);
+    assert_memory_equal(fw_mem, zeros, sizeof fw_mem);
+
+    /* Turned off (or a pull too large): the start_write does not ask, and
+     * bytes sent inline anyway are refused. */
+    publish_fw(r, 2 * ELEM - 1);
+    net.n = net.n_wakes = host.n_settles = 0;
+    host.hint.failed = false;
+    r->dropped_messages = 0;
+    r->n_peers = 0; /* a source not heard of yet, as start_pull wants */
+    clock_ns = T0;
+    p = start_pull(r, false);
+    assert_false(p->inline_asked);
+    assert_false(net.msgs[0].inline_write);
+    done = inline_msg(INC_A, completed, 2, runs, 1);
+    target_on_message(r, &done);
+    assert_int_equal(p->state, PULL_FINISHED);
+    assert_false(p->success);
+    assert_int_equal(r->dropped_messages, 1);
+    assert_memory_equal(fw_mem, zeros, sizeof fw_mem);
+    target_main(r);
+    assert_settled(0, 0, false, KVCR_REASON_TRANSFER_ERROR);
+}
+
+/* A success without its inline bytes, for a pull that asked for them, is
+ * refused too: the source may not have written any other way. */
+static void test_an_inline_pull_refuses_a_success_without_its_bytes(void **state)
+{
+    remote *r = *state;
+    publish_fw(r, 2 * ELEM);
+    pull *p = start_pull(r, false);
+    uint32_t completed[] = {0};
+    wire_msg done = done_msg(INC_A, completed, 1);
+    target_on_message(r, &done);
+    assert_int_equal(p->state, PULL_FINISHED);
+    assert_false(p->success);
+    assert_int_equal(r->dropped_messages, 1);
+    target_main(r);
+    assert_settled(0, 0, false, KVCR_REASON_TRANSFER_ERROR);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -597,6 +856,19 @@ int main(void)
             teardown),
         cmocka_unit_test_setup_teardown(test_a_probe_that_cannot_be_sent_is_sent_at_the_next_turn,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_small_pull_takes_its_inline_bytes_into_its_destinations, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_inline_bytes_that_do_not_match_their_destinations_write_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_or_foreign_inline_bytes_write_nothing, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_an_inline_pull_refuses_a_success_without_its_bytes,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_refusal_of_a_start_write_without_metadata_sends_it_again_with_it, setup,
+            teardown),
+        cmocka_unit_test_setup_teardown(test_peer_records_are_bounded_and_reclaimed, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
