@@ -424,8 +424,12 @@ int kvcr_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags,
  * Every field is optional. Without token ids a block is announced with
  * its hashes only (llm-d then only updates where known blocks live;
  * Dynamo, which computes its hashes from the tokens, drops it). Kept in
- * memory only: a warm restart (G3 files) and the Guard announce blocks by
- * their hashes alone. Ignored without kv_events. */
+ * the block's G3 record and recovery-journal PUT as well, so that a warm
+ * restart (G3 files) and the Guard announce it again, as far as it fits
+ * (a G3 record: 208 bytes of key, tenant and metadata together, e.g. 16
+ * tokens and a parent in 79 of them; a journal PUT: 4 KiB): beyond, in
+ * memory only (gauge kv_events_meta_unkept), and after a restart the block
+ * is announced by its hashes alone. Ignored without kv_events. */
 #define KVCR_ROUTER_MAX_TOKENS 65536 /* tokens of one block */
 #define KVCR_ROUTER_MAX_EXTRA 64     /* extra keys of one block */
 
