@@ -313,8 +313,8 @@ typedef struct kvcr_tenant {
 
 /* The layout of kvcr_config (and of its parts) this header declares;
  * kvcr_config_init stores it in kvcr_config.version. Version 2 appended
- * kv_events, then tenants. */
-#define KVCR_CONFIG_VERSION 2
+ * kv_events, then tenants; version 3 the peer table's limits. */
+#define KVCR_CONFIG_VERSION 3
 
 typedef struct kvcr_config {
     uint32_t version;                       /* first, in every version: kvcr_config_init sets it */
@@ -350,6 +350,22 @@ typedef struct kvcr_config {
     kvcr_kv_events_options kv_events;       /* default off */
     const kvcr_tenant *tenants;             /* default none (copied at create) */
     size_t n_tenants;
+
+    /* version 3 */
+    /* Limits of the peer tier's table of peers (kvcr_limits' rules: enforced,
+     * counted as kvcr_limit_refusals{limit="peers"}); here, not in
+     * kvcr_limits, because a part never grows in place. At most max_peers
+     * targets have a route (a UCX endpoint and their published regions) on
+     * this instance as a source, and at most max_peers sources a record as
+     * a target. A target's metadata beyond it is not acknowledged, its
+     * start_write refused with write_refused(busy) (its entries fail
+     * SOURCE_BUSY); a route is reclaimed (its endpoint closed) once its
+     * endpoint failed, or no write used it for peer_idle_ms, never while
+     * a write is on it. Records of sources without a pull are reclaimed
+     * least recently used first when the table is full, and after
+     * peer_idle_ms. */
+    uint32_t max_peers;                     /* default 1024; 1..65536 */
+    uint32_t peer_idle_ms;                  /* default 300000; 100..86400000 */
 } kvcr_config;
 
 /* Fills *cfg, in the layout of config version `version`, with that

@@ -131,11 +131,12 @@ PyMODINIT_FUNC PyInit__native(void)
     PyObject *staging = PyLong_FromUnsignedLongLong(defaults.g3.max_staging_bytes);
     const kvcr_limits *dl = &defaults.limits; /* kvcr.config.KVCRLimits' defaults */
     PyObject *limits = Py_BuildValue(
-        "{sIsIsIsIsIsIsI}", "max_source_writes_per_peer", dl->max_source_writes_per_peer,
+        "{sIsIsIsIsIsIsIsIsI}", "max_source_writes_per_peer", dl->max_source_writes_per_peer,
         "max_source_writes", dl->max_source_writes, "max_pin_requests", dl->max_pin_requests,
         "max_control_message_bytes", dl->max_control_message_bytes, "max_hint_bytes",
         dl->max_hint_bytes, "max_hinted_requests", dl->max_hinted_requests,
-        "max_unpolled_operations", dl->max_unpolled_operations);
+        "max_unpolled_operations", dl->max_unpolled_operations, "max_peers", defaults.max_peers,
+        "peer_idle_ms", defaults.peer_idle_ms);
     const kvcr_kv_events_options *ke = &defaults.kv_events; /* kvcr.config.KVEventsOptions' */
     PyObject *kv_events = Py_BuildValue(
         "{sIsIsIsI}", "buffer_batches", ke->buffer_batches, "max_batch_events",

@@ -246,13 +246,15 @@ int nat_config_build(const nat_config_args *a, nat_config *c)
         parse_tenants(a->tenants, &c->tenants, &cfg->n_tenants, c->keep) != 0)
         return -1;
     cfg->tenants = cfg->n_tenants ? c->tenants : NULL;
-    /* limits: the seven kvcr_limits fields in their C order (libkvcr checks the ranges) */
+    /* limits: the seven kvcr_limits fields in their C order, then the peer
+     * table's two (libkvcr checks the ranges) */
     if (a->limits != Py_None) {
         kvcr_limits *l = &cfg->limits;
-        if (!PyArg_ParseTuple(a->limits, "IIIIIII", &l->max_source_writes_per_peer,
+        if (!PyArg_ParseTuple(a->limits, "IIIIIIIII", &l->max_source_writes_per_peer,
                               &l->max_source_writes, &l->max_pin_requests,
                               &l->max_control_message_bytes, &l->max_hint_bytes,
-                              &l->max_hinted_requests, &l->max_unpolled_operations))
+                              &l->max_hinted_requests, &l->max_unpolled_operations,
+                              &cfg->max_peers, &cfg->peer_idle_ms))
             return -1;
     }
     return 0;

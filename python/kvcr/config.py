@@ -74,7 +74,12 @@ class KVCRLimits:
     a longer hint or one more kept request; `max_unpolled_operations` —
     deposit/deliver/fetch are refused while that many operations are
     pending or completed and not yet collected by poll_completed (no
-    completion is ever dropped). Refusals raise RuntimeError with libkvcr's
+    completion is ever dropped); `max_peers` — peers in the peer tier's
+    table (as a source: targets with a route and a UCX endpoint; as a
+    target: sources with a record): a target beyond it is refused (its
+    pulls fail "SOURCE_BUSY"); `peer_idle_ms` — a peer unused that long is
+    reclaimed (its endpoint closed; never while a transfer is on it).
+    Refusals raise RuntimeError with libkvcr's
     message and are counted in telemetry (kvcr_limit_refusals_total{limit})."""
 
     max_source_writes_per_peer: int = _native.LIMIT_DEFAULTS["max_source_writes_per_peer"]
@@ -84,12 +89,15 @@ class KVCRLimits:
     max_hint_bytes: int = _native.LIMIT_DEFAULTS["max_hint_bytes"]
     max_hinted_requests: int = _native.LIMIT_DEFAULTS["max_hinted_requests"]
     max_unpolled_operations: int = _native.LIMIT_DEFAULTS["max_unpolled_operations"]
+    max_peers: int = _native.LIMIT_DEFAULTS["max_peers"]
+    peer_idle_ms: int = _native.LIMIT_DEFAULTS["peer_idle_ms"]
 
     def as_tuple(self) -> tuple:
-        """The fields in kvcr_limits' order, as kvcr._native takes them."""
+        """The fields in kvcr_limits' order, then kvcr_config's max_peers and
+        peer_idle_ms, as kvcr._native takes them."""
         return (self.max_source_writes_per_peer, self.max_source_writes, self.max_pin_requests,
                 self.max_control_message_bytes, self.max_hint_bytes, self.max_hinted_requests,
-                self.max_unpolled_operations)
+                self.max_unpolled_operations, self.max_peers, self.peer_idle_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

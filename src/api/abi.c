@@ -18,7 +18,8 @@
  * needs a conversion here instead (docs/ARCHITECTURE.md "ABI and SONAME"). */
 static const kvcr__config_layout config_layouts[] = {
     {1, offsetof(kvcr_config, kv_events)},
-    {2, sizeof(kvcr_config)},
+    {2, offsetof(kvcr_config, max_peers)},
+    {3, sizeof(kvcr_config)},
 };
 #define N_CONFIG_LAYOUTS (sizeof config_layouts / sizeof config_layouts[0])
 _Static_assert(N_CONFIG_LAYOUTS == KVCR_CONFIG_VERSION,

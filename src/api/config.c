@@ -46,6 +46,8 @@ void kvcr__config_defaults(kvcr_config *cfg)
         .medium_dram = "CPU",
         .medium_g3 = "STORAGE",
     };
+    cfg->max_peers = 1024;
+    cfg->peer_idle_ms = 300000;
 }
 
 static bool name_ok(const char *s)
@@ -119,8 +121,13 @@ static int check_u32_rules(const void *part, const char *what, const u32_rule *r
 
 /* Each limit within its range; the ranges keep every product of a limit
  * and a per-item size far from overflow. */
-static int check_limits(const kvcr_limits *l)
+static int check_limits(const kvcr_config *cfg)
 {
+    const kvcr_limits *l = &cfg->limits;
+    static const u32_rule peer_rules[] = {
+        {offsetof(kvcr_config, max_peers), "max_peers", 1, 1u << 16},
+        {offsetof(kvcr_config, peer_idle_ms), "peer_idle_ms", 100, 86400000},
+    };
     static const u32_rule rules[] = {
         {offsetof(kvcr_limits, max_source_writes), "max_source_writes", 1, 1u << 20},
         {offsetof(kvcr_limits, max_pin_requests), "max_pin_requests", 1, 1u << 20},
@@ -131,6 +138,7 @@ static int check_limits(const kvcr_limits *l)
         {offsetof(kvcr_limits, max_unpolled_operations), "max_unpolled_operations", 1, 1u << 24},
     };
     int rc = check_u32_rules(l, "limits", rules, sizeof rules / sizeof rules[0]);
+    if (rc == 0) rc = check_u32_rules(cfg, "config", peer_rules, 2);
     if (rc != 0) return rc;
     if (l->max_source_writes_per_peer < 1 || l->max_source_writes_per_peer > l->max_source_writes)
         return kvcr_fail(KVCR_EINVAL,
@@ -698,7 +706,7 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
                          KVCR_NAME_MAX);
     int rc = check_pool_layouts(cfg);
     if (rc == 0) rc = check_scalars(cfg);
-    if (rc == 0) rc = check_limits(&cfg->limits);
+    if (rc == 0) rc = check_limits(cfg);
     /* The default policy spills to G3 when there is one. */
     const kvcr_policy_ops *policy =
         cfg->policy ? cfg->policy : kvcr_policy_builtin(cfg->g3.n_paths ? "g3_lru" : "lru");
@@ -760,6 +768,8 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
     out->enable_telemetry = cfg->enable_telemetry;
     out->copy_threads = cfg->copy_threads;
     out->limits = cfg->limits;
+    out->max_peers = cfg->max_peers;
+    out->peer_idle_ms = cfg->peer_idle_ms;
     out->policy = policy;
     out->policy_ud = cfg->policy ? cfg->policy_ud : NULL;
     out->cb = cfg->callbacks;

@@ -97,6 +97,7 @@ typedef struct kvcr_conf {
     bool enable_telemetry;
     uint32_t copy_threads;
     kvcr_limits limits;
+    uint32_t max_peers, peer_idle_ms; /* the peer table's limits (kvcr_config) */
     const kvcr_policy_ops *policy;
     void *policy_ud;
     kvcr_callbacks cb;

@@ -22,6 +22,8 @@ def test_defaults_are_libkvcr_s():
     assert lim.max_source_writes_per_peer == 64
     assert lim.max_source_writes == 1024
     assert lim.max_unpolled_operations == 65536
+    assert lim.max_peers == 1024
+    assert lim.peer_idle_ms == 300000
     assert kvcr.KVCRConfig(nixl_agent_name="a", pool_layouts=[("", 4096)]).limits == lim
 
 
@@ -30,6 +32,8 @@ def test_defaults_are_libkvcr_s():
     ("max_unpolled_operations", 0, "limits.max_unpolled_operations must be between 1"),
     ("max_source_writes_per_peer", 2000, "limits.max_source_writes_per_peer must be between 1 "
                                          "and limits.max_source_writes (1024) (got 2000)"),
+    ("max_peers", 0, "config.max_peers must be between 1 and 65536 (got 0)"),
+    ("peer_idle_ms", 99, "config.peer_idle_ms must be between 100 and 86400000 (got 99)"),
 ])
 def test_out_of_range_is_refused_with_libkvcr_s_message(rig_factory, field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -15,7 +15,8 @@
 
 enum { BS = 4096 };
 
-#define READS "libkvcr " KVCR_VERSION_STRING " reads versions 1 to 2"
+#define READS "libkvcr " KVCR_VERSION_STRING " reads versions 1 to 2" /* policies */
+#define READS_CONFIG "libkvcr " KVCR_VERSION_STRING " reads versions 1 to 3"
 #define CONFIG_FIX "(kvcr_config_init sets the version of the kvcr.h a program is built with)"
 #define POLICY_FIX "(set .version = KVCR_POLICY_VERSION)"
 
@@ -83,7 +84,7 @@ static void test_config_init_writes_this_headers_version(void **state)
         memset(&c, 0xA5, sizeof c);
         assert_int_equal(kvcr_config_init_version(&c, unknown[i]), KVCR_EINVAL);
         char want[256];
-        snprintf(want, sizeof want, "kvcr_config has version %u; " READS " " CONFIG_FIX,
+        snprintf(want, sizeof want, "kvcr_config has version %u; " READS_CONFIG " " CONFIG_FIX,
                  unknown[i]);
         assert_string_equal(kvcr_last_error(), want);
         assert_int_equal(c.version, unknown[i]);
@@ -103,7 +104,7 @@ static void test_unknown_config_versions_are_refused_before_anything_starts(void
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         g.r.cfg.version = unknown[i];
         char want[256];
-        snprintf(want, sizeof want, "kvcr_config has version %u; " READS " " CONFIG_FIX,
+        snprintf(want, sizeof want, "kvcr_config has version %u; " READS_CONFIG " " CONFIG_FIX,
                  unknown[i]);
         assert_refused(&g, want);
         /* The daemon's way in reads the same way. */
@@ -116,7 +117,7 @@ static void test_unknown_config_versions_are_refused_before_anything_starts(void
     /* Guard mode too: the version is read before the service is asked. */
     g.r.cfg.version = 0;
     g.r.cfg.guard.service_socket_path = "/nonexistent/kvcr-abi.sock";
-    assert_refused(&g, "kvcr_config has version 0; " READS " " CONFIG_FIX);
+    assert_refused(&g, "kvcr_config has version 0; " READS_CONFIG " " CONFIG_FIX);
     g.r.cfg.guard.service_socket_path = NULL;
 
     g.r.cfg.version = KVCR_CONFIG_VERSION;
@@ -182,6 +183,39 @@ static void test_an_older_layout_reads_its_later_fields_as_defaults(void **state
     g3_cleanup(&g);
 }
 
+/* A program built with a version-2 header: its config ends before the
+ * peer table's limits, which the library reads as their defaults. */
+static void test_a_version_2_config_gets_the_peer_limits_defaults(void **state)
+{
+    (void)state;
+    g3_rig g;
+    g3_init(&g);
+    g.r.cfg.version = 2;
+    size_t old_size = offsetof(kvcr_config, max_peers);
+    kvcr_config *old = malloc(old_size);
+    assert_non_null(old);
+    memcpy(old, &g.r.cfg, old_size);
+    kvcr_config full;
+    memset(&full, 0x5A, sizeof full);
+    assert_int_equal(kvcr__config_import(old, &full), 0);
+    assert_int_equal(full.version, KVCR_CONFIG_VERSION);
+    assert_int_equal(full.max_peers, 1024);
+    assert_int_equal(full.peer_idle_ms, 300000);
+    assert_int_equal(full.limits.max_source_writes, 1024);
+    free(old);
+    /* Out of range in a version-3 config: refused, nothing started. */
+    g.r.cfg.version = KVCR_CONFIG_VERSION;
+    g.r.cfg.max_peers = 0;
+    assert_refused(&g, "config.max_peers must be between 1 and 65536 (got 0)");
+    g.r.cfg.max_peers = 1024;
+    g.r.cfg.peer_idle_ms = 99;
+    assert_refused(&g, "config.peer_idle_ms must be between 100 and 86400000 (got 99)");
+    g.r.cfg.peer_idle_ms = 300000;
+    rig_start(&g.r);
+    assert_true(g3_file_exists(&g));
+    g3_cleanup(&g);
+}
+
 static void test_policy_versions(void **state)
 {
     (void)state;
@@ -214,6 +248,7 @@ int main(void)
         cmocka_unit_test(test_config_init_writes_this_headers_version),
         cmocka_unit_test(test_unknown_config_versions_are_refused_before_anything_starts),
         cmocka_unit_test(test_an_older_layout_reads_its_later_fields_as_defaults),
+        cmocka_unit_test(test_a_version_2_config_gets_the_peer_limits_defaults),
         cmocka_unit_test(test_policy_versions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,366 @@
+/* The bound on peers (kvcr_config.max_peers, peer_idle_ms) of a source,
+ * with real target processes on 127.0.0.1. This test process is the
+ * source (its KVCR DRAM holds k1..k<KEYS-1>, pattern i; k0 only in
+ * framework memory, served through a pin the test holds); the targets are
+ * kvcr-test-peer processes, each with its own agent name, running
+ * PEER_CMD_PULL jobs whose every delivered byte they check.
+ *
+ *   - targets past max_peers are refused (their entries fail SOURCE_BUSY,
+ *     the refusal counted as limit "peers"), the table never holds more
+ *     routes than the bound, and the admitted targets go on pulling;
+ *   - routes idle for peer_idle_ms are reclaimed (counted), a new target
+ *     takes the room, and a target whose route was reclaimed pulls again
+ *     (its start_write without metadata is refused, then sent again with
+ *     it);
+ *   - a route with a write in flight (waiting for a pin) is never
+ *     reclaimed however long it waits, and holds its place against a new
+ *     target until the write ends;
+ *   - one process forging metadata under 200 agent names (a worker address
+ *     UCX refuses) holds no room a real target needs: the table stays
+ *     within the bound, every forgery is counted, and real targets are
+ *     admitted and pull. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "net/wire.h"
+#include "peer.h"
+
+#define BS 4096
+#define KEYS 16
+/* No operation here may meet its deadline, also under sanitizers on a
+ * loaded machine: every outcome asserted is a refusal or a success. */
+#define OP_MS 60000u
+#define NEVER_IDLE_MS 86400000u
+
+/* The pin request for k0, held until the test answers it. */
+static uint64_t held_req;
+static int held_n;
+
+static int hold_pin(void *ud, uint64_t req, const kvcr_key *keys, size_t n)
+{
+    (void)ud, (void)keys, (void)n;
+    held_req = req;
+    held_n++;
+    return 0;
+}
+
+static bool release_pin(void *ud, uint64_t pin)
+{
+    (void)ud, (void)pin;
+    return true;
+}
+
+static void source_start(rig *r, uint32_t max_peers, uint32_t idle_ms)
+{
+    held_n = 0;
+    rig_init_remote(r, BS, KEYS, KEYS);
+    r->cfg.agent_name = "source";
+    r->cfg.enable_telemetry = true;
+    r->cfg.operation_timeout_ms = OP_MS;
+    r->cfg.abandon_timeout_ms = 2 * OP_MS;
+    r->cfg.max_peers = max_peers;
+    r->cfg.peer_idle_ms = idle_ms;
+    r->cfg.callbacks.request_pin = hold_pin;
+    r->cfg.callbacks.release_pin = release_pin;
+    rig_start(r);
+    for (uint32_t i = 0; i < KEYS; i++) rig_pattern(r, i, i);
+    char names[KEYS][24];
+    const char *keys[KEYS];
+    size_t at[KEYS];
+    for (uint32_t i = 1; i < KEYS; i++)
+        keys[i - 1] = peer_key(names[i], sizeof names[i], i), at[i - 1] = i;
+    kvcr_entry_status st[KEYS];
+    assert_int_equal(rig_wait(r, rig_deposit(r, keys, at, KEYS - 1, 0), st, NULL, NULL), KEYS - 1);
+    for (uint32_t i = 0; i < KEYS - 1; i++) assert_int_equal(st[i], KVCR_ENTRY_SUCCESS);
+}
+
+/* The source's peer table, and its refusals at max_peers added up over the
+ * intervals taken so far. */
+typedef struct table {
+    double routes, routes_reclaimed, refusals;
+    double unusable; /* metadata dropped as unusable */
+} table;
+
+static void look(rig *r, table *t)
+{
+    kvcr_stats *s = NULL;
+    assert_int_equal(kvcr_stats_take(r->kv, &s), 0);
+    for (size_t i = 0; i < s->n_counters; i++)
+        if (strcmp(s->counters[i].name, KVCR_LIMIT_REFUSALS_METRIC) == 0 &&
+            strcmp(s->counters[i].operation, "peers") == 0)
+            t->refusals += s->counters[i].value;
+    for (size_t i = 0; i < s->n_counters; i++)
+        if (strcmp(s->counters[i].name, KVCR_CONTROL_DROPPED_METRIC) == 0 &&
+            strcmp(s->counters[i].operation, "unusable") == 0)
+            t->unusable += s->counters[i].value;
+    for (size_t i = 0; i < s->n_gauges; i++) {
+        if (strcmp(s->gauges[i].resource, "peer_routes") == 0) t->routes = s->gauges[i].value;
+        if (strcmp(s->gauges[i].resource, "peer_routes_reclaimed") == 0)
+            t->routes_reclaimed = s->gauges[i].value;
+    }
+    kvcr_stats_free(s);
+}
+
+static void target_spawn(peer *t, const char *agent)
+{
+    peer_opts o;
+    peer_opts_init(&o);
+    o.slots = 0; /* delivers into framework memory only */
+    o.fw_n = KEYS;
+    o.op_timeout_ms = OP_MS;
+    o.abandon_timeout_ms = 2 * OP_MS;
+    o.agent = agent;
+    peer_spawn(t, &o);
+}
+
+/* One more operation of t: k<key> from the source. */
+static void pull_one(rig *src, peer *t, uint32_t key)
+{
+    peer_pull p = {.first = key, .span = 1, .keys_per_op = 1, .depth = 1, .n_ops = 1,
+                   .max_ms = 20000};
+    snprintf(p.source, sizeof p.source, "%s", kvcr_control_endpoint(src->kv));
+    peer_pull_start(t, &p);
+}
+
+/* Serves (the source never holding more than max routes at any look)
+ * until t has finished `done` operations, bounded: 30 s. */
+static peer_pull_stats serve_until_done(rig *r, peer *t, uint64_t done, double max, table *tab)
+{
+    peer_pull_stats st = {0};
+    for (int spin = 0; spin < 30000; spin++) {
+        rig_pump(r);
+        if (spin % 50 == 0) {
+            look(r, tab);
+            assert_true(tab->routes <= max);
+        }
+        st = peer_pull_stats_get(t);
+        if (st.done >= done) return st;
+        usleep(1000);
+    }
+    fail_msg("the target finished %llu of %llu operations within 30 s",
+             (unsigned long long)st.done, (unsigned long long)done);
+    return st;
+}
+
+/* Serves until the source reclaimed `n` routes in all, bounded: 30 s. */
+static void serve_until_reclaimed(rig *r, double n, table *tab)
+{
+    for (int spin = 0; spin < 3000; spin++) {
+        rig_pump(r);
+        look(r, tab);
+        if (tab->routes_reclaimed >= n) return;
+        usleep(10000);
+    }
+    fail_msg("%.0f routes reclaimed within 30 s, not %.0f", tab->routes_reclaimed, n);
+}
+
+/* Serves until t finished `done` operations, every one a success (bytes
+ * checked by t). */
+static void serve_ok(rig *r, peer *t, uint64_t done, double max, table *tab)
+{
+    peer_pull_stats st = serve_until_done(r, t, done, max, tab);
+    assert_int_equal(st.ok_ops, done);
+    assert_int_equal(st.ok_entries, done);
+    assert_int_equal(st.busy_entries + st.other_entries + st.bad_bytes, 0);
+}
+
+/* The same, every one refused SOURCE_BUSY (nothing written). */
+static void serve_busy(rig *r, peer *t, uint64_t done, double max, table *tab)
+{
+    peer_pull_stats st = serve_until_done(r, t, done, max, tab);
+    assert_int_equal(st.busy_ops, done);
+    assert_int_equal(st.busy_entries, done);
+    assert_int_equal(st.ok_entries + st.other_entries + st.bad_bytes, 0);
+}
+
+/* max_peers 2, four targets: a and b are admitted, c and d refused
+ * (SOURCE_BUSY, counted); a and b keep pulling, c is still refused. */
+static void test_targets_past_max_peers_are_refused_and_the_admitted_still_pull(void **state)
+{
+    (void)state;
+    rig src;
+    source_start(&src, 2, NEVER_IDLE_MS);
+    peer t[4];
+    const char *agents[4] = {"target-a", "target-b", "target-c", "target-d"};
+    table tab = {0};
+    for (int i = 0; i < 4; i++) target_spawn(&t[i], agents[i]);
+    for (int i = 0; i < 4; i++) {
+        pull_one(&src, &t[i], 1 + (uint32_t)i);
+        if (i < 2)
+            serve_ok(&src, &t[i], 1, 2, &tab);
+        else
+            serve_busy(&src, &t[i], 1, 2, &tab);
+    }
+    look(&src, &tab);
+    assert_true(tab.refusals >= 2); /* c's and d's start_write, and their eager metadata */
+    assert_int_equal(tab.routes, 2);
+    for (uint32_t round = 0; round < 3; round++)
+        for (int i = 0; i < 2; i++) {
+            pull_one(&src, &t[i], 5 + round);
+            serve_ok(&src, &t[i], 2 + round, 2, &tab);
+        }
+    double before = tab.refusals;
+    pull_one(&src, &t[2], 9);
+    serve_busy(&src, &t[2], 2, 2, &tab);
+    look(&src, &tab);
+    assert_true(tab.refusals > before);
+    assert_int_equal(tab.routes_reclaimed, 0);
+    for (int i = 0; i < 4; i++) peer_stop(&t[i]);
+    rig_stop(&src);
+}
+
+/* max_peers 1, idle after 100 ms: a's route is reclaimed, b is admitted in
+ * its place; once b's is reclaimed too, a pulls again (its start_write
+ * without metadata refused, then sent with it). Nothing refused at the
+ * limit, every byte right. */
+static void test_idle_routes_are_reclaimed_and_their_targets_pull_again(void **state)
+{
+    (void)state;
+    rig src;
+    source_start(&src, 1, 100);
+    peer a, b;
+    target_spawn(&a, "target-a");
+    target_spawn(&b, "target-b");
+    table tab = {0};
+    pull_one(&src, &a, 1);
+    serve_ok(&src, &a, 1, 1, &tab);
+    serve_until_reclaimed(&src, 1, &tab);
+    assert_int_equal(tab.routes, 0);
+    pull_one(&src, &b, 2);
+    serve_ok(&src, &b, 1, 1, &tab);
+    serve_until_reclaimed(&src, 2, &tab);
+    pull_one(&src, &a, 3);
+    serve_ok(&src, &a, 2, 1, &tab);
+    look(&src, &tab);
+    assert_int_equal(tab.routes, 1);
+    assert_int_equal(tab.refusals, 0);
+    peer_stop(&a);
+    peer_stop(&b);
+    rig_stop(&src);
+}
+
+/* max_peers 1, idle after 100 ms: a's write of k0 waits for a pin the test
+ * holds for 2.5 s (two sweeps and more): its route is not reclaimed, and b
+ * is refused meanwhile. The pin answered, a's bytes are right; once its
+ * route is idle and reclaimed, b is admitted. */
+static void test_a_route_with_a_write_in_flight_is_never_reclaimed(void **state)
+{
+    (void)state;
+    rig src;
+    source_start(&src, 1, 100);
+    peer a, b;
+    target_spawn(&a, "target-a");
+    target_spawn(&b, "target-b");
+    table tab = {0};
+    pull_one(&src, &a, 0);
+    for (int spin = 0; spin < 20000 && held_n == 0; spin++) {
+        rig_pump(&src);
+        usleep(1000);
+    }
+    assert_int_equal(held_n, 1);
+    pull_one(&src, &b, 1);
+    serve_busy(&src, &b, 1, 1, &tab);
+    for (int spin = 0; spin < 250; spin++) {
+        rig_pump(&src);
+        usleep(10000);
+    }
+    look(&src, &tab);
+    assert_int_equal(tab.routes_reclaimed, 0);
+    assert_int_equal(tab.routes, 1);
+    assert_true(tab.refusals >= 1);
+    char k[24];
+    kvcr_mem_ref ref = {NULL, "", 0};
+    kvcr_block blk = {key_of(peer_key(k, sizeof k, 0)), &ref, 1};
+    assert_int_equal(kvcr_pin_complete(src.kv, held_req, 100, &blk, 1), 0);
+    serve_ok(&src, &a, 1, 1, &tab);
+    serve_until_reclaimed(&src, 1, &tab);
+    pull_one(&src, &b, 2);
+    peer_pull_stats st = serve_until_done(&src, &b, 2, 1, &tab);
+    assert_int_equal(st.ok_entries, 1);
+    assert_int_equal(st.busy_entries, 1);
+    assert_int_equal(st.other_entries + st.bad_bytes, 0);
+    peer_stop(&a);
+    peer_stop(&b);
+    rig_stop(&src);
+}
+
+/* n metadata messages to endpoint, agent "forged-<i>" each, from one PUSH
+ * socket: well formed, with a one-byte worker address no UCX takes. */
+static void forge_metadata(const char *endpoint, int n)
+{
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH);
+    int linger = 5000;
+    assert_int_equal(zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger), 0);
+    assert_int_equal(zmq_connect(s, endpoint), 0);
+    static const uint8_t worker[1] = {0};
+    for (int i = 0; i < n; i++) {
+        char agent[32];
+        uint8_t inc[WIRE_INCARNATION_LEN];
+        snprintf(agent, sizeof agent, "forged-%d", i);
+        memset(inc, i + 1, sizeof inc);
+        wire_msg m = {.type = WIRE_METADATA, .has_metadata = true};
+        m.agent = (wire_bytes){(const uint8_t *)agent, strlen(agent)};
+        m.incarnation = (wire_bytes){inc, sizeof inc};
+        m.from = (wire_bytes){(const uint8_t *)"tcp://127.0.0.1:9", 17};
+        m.to = (wire_bytes){(const uint8_t *)endpoint, strlen(endpoint)};
+        m.md.worker_addr = (wire_bytes){worker, sizeof worker};
+        void *buf;
+        size_t len;
+        assert_int_equal(wire_encode(&m, &buf, &len), 0);
+        assert_int_equal(zmq_send(s, buf, len, 0), (int)len);
+        free(buf);
+    }
+    zmq_close(s); /* the queue is delivered within the linger */
+    zmq_ctx_term(ctx);
+}
+
+/* max_peers 2: a holds a route; 200 forged targets come and go through the
+ * other place (a forgery's route, if one is kept, has no endpoint: the next
+ * one takes it), never past the bound and never refused; b then takes
+ * that place, and a and b pull. */
+static void test_forged_targets_hold_no_room_a_real_target_needs(void **state)
+{
+    (void)state;
+    rig src;
+    source_start(&src, 2, NEVER_IDLE_MS);
+    peer a, b;
+    target_spawn(&a, "target-a");
+    target_spawn(&b, "target-b");
+    table tab = {0};
+    pull_one(&src, &a, 1);
+    serve_ok(&src, &a, 1, 2, &tab);
+    forge_metadata(kvcr_control_endpoint(src.kv), 200);
+    for (int spin = 0; spin < 3000 && tab.unusable < 200; spin++) {
+        rig_pump(&src);
+        look(&src, &tab);
+        assert_true(tab.routes <= 2);
+        usleep(10000);
+    }
+    assert_int_equal(tab.unusable, 200);
+    assert_true(tab.routes <= 2);
+    assert_int_equal(tab.refusals, 0); /* a forgery's place is always taken back */
+    pull_one(&src, &b, 2);
+    serve_ok(&src, &b, 1, 2, &tab);
+    pull_one(&src, &a, 3);
+    serve_ok(&src, &a, 2, 2, &tab);
+    look(&src, &tab);
+    assert_int_equal(tab.routes, 2);
+    assert_int_equal(tab.refusals, 0);
+    peer_stop(&a);
+    peer_stop(&b);
+    rig_stop(&src);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_targets_past_max_peers_are_refused_and_the_admitted_still_pull),
+        cmocka_unit_test(test_idle_routes_are_reclaimed_and_their_targets_pull_again),
+        cmocka_unit_test(test_a_route_with_a_write_in_flight_is_never_reclaimed),
+        cmocka_unit_test(test_forged_targets_hold_no_room_a_real_target_needs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
