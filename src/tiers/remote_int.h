@@ -56,6 +56,7 @@ typedef struct route {
     char agent[WIRE_MAX_NAME + 1]; /* the target's logical name */
     char key[CTL_KEY_LEN + 1];      /* the CURVE key it was announced with ("": none) */
     uint32_t users;                 /* source writes on it not ended yet (the per-peer limit) */
+    bool connect_due;               /* its endpoint is made at the end of the turn */
     bool replaced;                  /* the target restarted or changed: nothing more is
                                      * written through it (kept until its users end) */
     uint64_t last_ns;               /* last resolved or released (reclaimed after
@@ -304,6 +305,7 @@ struct remote {
     uint64_t peer_sweep_ns;       /* progress only: the next sweep */
     kvcr_log_limit peer_log;      /* refusals at max_peers, logged once a second */
 
+    bool connects_due;            /* a route's connect_due is set (progress only) */
     pull *pulls;                  /* every live pull */
     pull *pull_index[PULL_BUCKETS]; /* ... by handle (target_take_bytes, replies) */
     uint32_t inline_max;          /* pulls of at most this many bytes ask for them inline
@@ -359,6 +361,9 @@ int route_resolve(remote *r, const wire_msg *m, route **out);
  * with UCX, or metadata alone): an inline write needs none. 0, or the
  * error (the route stays, without an endpoint, to try again). */
 int route_connect(remote *r, route *rt);
+/* The same, at the end of this turn of the progress thread: after the
+ * turn's replies went out, so that ucp_ep_create's CPU time delays none. */
+void route_connect_later(remote *r, route *rt);
 /* A source write ended on the progress thread: its use of the route too. */
 void route_release(remote *r, route *rt);
 /* Closes its endpoint (none may be running on it) and frees it. */

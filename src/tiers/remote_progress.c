@@ -110,6 +110,29 @@ int route_connect(remote *r, route *rt)
     return rc;
 }
 
+void route_connect_later(remote *r, route *rt)
+{
+    if (rt->peer != NULL) return;
+    rt->connect_due = true;
+    r->connects_due = true;
+}
+
+/* Locked, progress thread, at the end of a turn: the endpoints asked for
+ * during it (a route whose endpoint fails to be made keeps none, and the
+ * next write that needs one tries again). */
+static void connect_due(remote *r)
+{
+    if (!r->connects_due) return;
+    r->connects_due = false;
+    for (route *rt = r->routes; rt; rt = rt->next) {
+        if (!rt->connect_due) continue;
+        rt->connect_due = false;
+        if (route_connect(r, rt) != 0)
+            kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "no UCX endpoint to %s yet: %s",
+                     rt->agent, kvcr_last_error());
+    }
+}
+
 /* The CURVE key a message speaks for: the one in its reply endpoint, which
  * on_message checked against its connection's ("" without CURVE). */
 static const char *sender_key(const wire_msg *m)
@@ -487,6 +510,7 @@ static void *progress_main(void *arg)
         r->progress_locked = true;
         busy |= turn_locked(r, &next_ns);
         swrite *posts = source_take_posts(r);
+        connect_due(r);
         bool transfers = posts != NULL || !source_idle(r) || !target_idle(r);
         bool done = r->stop && target_idle(r) && source_idle(r);
         if (r->stop && give_up == 0)

@@ -5,8 +5,10 @@
  * framework holds are pinned through the framework on the polling thread
  * (remote_pin.c); the write waits for its pins and goes on. The progress
  * thread then puts the bytes with UCX, flushes, and only then says
- * write_done. Claims are held until UCX gives the write back, so KVCR-owned
- * source memory is never reused while a write may read it. */
+ * write_done; or, when the target asked for them inline (a small pull),
+ * copies them into the write_done itself and uses no UCX at all. Claims are
+ * held until UCX gives the write back, so KVCR-owned source memory is never
+ * reused while a write may read it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -540,14 +542,17 @@ static void on_start_write(remote *r, const wire_msg *m)
 static void on_metadata(remote *r, const wire_msg *m)
 {
     route *rt;
-    /* The endpoint is made now, ahead of the writes that will need it. */
-    if (route_resolve(r, m, &rt) != 0 || route_connect(r, rt) != 0) {
+    if (route_resolve(r, m, &rt) != 0) {
         remote_drop(r, CTL_DROP_UNUSABLE, "metadata from %.*s not usable: %s", (int)m->agent.len,
                     (const char *)m->agent.data, kvcr_last_error());
         return;
     }
     wire_msg ack = {.type = WIRE_METADATA_ACK};
     reply(r, m, &ack, false);
+    /* The endpoint is made ahead of the writes that will need it, but after
+     * this turn's messages: a start_write right behind the metadata (a
+     * hint's eager connect just before its deliver) is answered first. */
+    route_connect_later(r, rt);
 }
 
 /* A probe: fence the write, say whether it can still happen. A probe
@@ -598,17 +603,14 @@ static void account(remote *r, swrite *sw)
 
 /* Locked, progress thread: an inline write is over at once: its bytes go
  * in its write_done, nothing goes with UCX (so it is never "submitted": a
- * probe finds it terminal). The route's endpoint is made afterwards, for
- * the writes that will need it, without delaying this one. */
+ * probe finds it terminal). The route's endpoint is made at the end of the
+ * turn, for the writes that will need it, without delaying this one. */
 static void post_inline(remote *r, swrite *sw)
 {
-    route *rt = sw->route;
+    route_connect_later(r, sw->route);
     sw->success = send_done(r, sw, true, true);
     account(r, sw);
     sw_end(r, sw);
-    if (route_connect(r, rt) != 0) /* the route stays: not replaced, checked by the caller */
-        kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "no UCX endpoint to %s yet: %s", rt->agent,
-                 kvcr_last_error());
 }
 
 swrite *source_take_posts(remote *r)
