@@ -52,7 +52,7 @@
 #define AM_WRITE_ID 1
 #define AM_WRITE_HDR 16
 #define AM_RUN_HDR 16
-#define AM_BATCH_BYTES (256u << 10)
+#define AM_BATCH_BYTES (64u << 10)
 #define AM_BATCH_RUNS 32
 /* KVCR_UCX_BATCH_BYTES overrides AM_BATCH_BYTES (0: every run alone), for
  * comparisons; at most this. */
