@@ -134,18 +134,25 @@ static const kvcr__config_layout before_limits[] = {
     {2, sizeof(kvcr_config)},
 };
 
+/* cfg as a program built with an older header hands it over: of that
+ * version, exactly as long as its header says (a read past it is a heap
+ * overflow, which the ASan build catches). */
+static kvcr_config *older_config(kvcr_config *cfg, uint32_t version, size_t size)
+{
+    cfg->version = version;
+    kvcr_config *old = malloc(size);
+    assert_non_null(old);
+    memcpy(old, cfg, size);
+    return old;
+}
+
 static void test_an_older_layout_reads_its_later_fields_as_defaults(void **state)
 {
     (void)state;
     g3_rig g;
     g3_init(&g);
-    g.r.cfg.version = 1;
-    /* The older program's config is exactly as long as its header says:
-     * a read past it is a heap overflow (the ASan build catches it). */
     size_t old_size = offsetof(kvcr_config, limits);
-    kvcr_config *old = malloc(old_size);
-    assert_non_null(old);
-    memcpy(old, &g.r.cfg, old_size);
+    kvcr_config *old = older_config(&g.r.cfg, 1, old_size);
 
     kvcr_config full, defaults;
     memset(&full, 0x5A, sizeof full);
@@ -190,11 +197,7 @@ static void test_a_version_2_config_gets_the_peer_limits_defaults(void **state)
     (void)state;
     g3_rig g;
     g3_init(&g);
-    g.r.cfg.version = 2;
-    size_t old_size = offsetof(kvcr_config, max_peers);
-    kvcr_config *old = malloc(old_size);
-    assert_non_null(old);
-    memcpy(old, &g.r.cfg, old_size);
+    kvcr_config *old = older_config(&g.r.cfg, 2, offsetof(kvcr_config, max_peers));
     kvcr_config full;
     memset(&full, 0x5A, sizeof full);
     assert_int_equal(kvcr__config_import(old, &full), 0);
