@@ -108,6 +108,25 @@ static void inline_max_restore(void)
         unsetenv("KVCR_INLINE_WRITE_MAX");
 }
 
+/* A deliver of 4 blocks from a source that accepts the write, then never
+ * gets its sources (its pins are held) and is killed: fails TIMEOUT. */
+static void deliver_from_a_source_killed_mid_transfer(rig *r, uint32_t abandon_ms)
+{
+    peer_opts o;
+    peer_opts_init(&o);
+    o.slots = 0;
+    o.fw_n = 8;
+    o.hold_pins = true;
+    peer src;
+    peer_spawn(&src, &o);
+    rig_remote(r, 1500, abandon_ms); /* room for a slow (sanitized, loaded) start-up */
+    peer_hint_range(r, "req", src.endpoint, 0, 8);
+    kvcr_op_handle op = peer_deliver_range(r, 0, 4, 0, "req");
+    peer_wait(&src, pin_requested);
+    peer_kill(&src);
+    rig_wait_all_failed(r, op, 4, KVCR_REASON_TIMEOUT);
+}
+
 /* Writes with UCX (inline writes off): the source may still write until it
  * is proven quiet, so the destinations are reported uncertain at the
  * abandon deadline. */
@@ -116,21 +135,8 @@ static void test_source_killed_mid_transfer_fails_by_abandon_deadline(void **sta
     (void)state;
     if (skip_kill_during_setup()) skip();
     inline_max_set("0");
-    peer_opts o;
-    peer_opts_init(&o);
-    o.slots = 0;
-    o.fw_n = 8;
-    o.hold_pins = true; /* accepts the write, then never gets its sources */
-    peer src;
-    peer_spawn(&src, &o);
     rig r;
-    rig_remote(&r, 1500, 3000); /* room for a slow (sanitized, loaded) start-up */
-    peer_hint_range(&r, "req", src.endpoint, 0, 8);
-    kvcr_op_handle op = peer_deliver_range(&r, 0, 4, 0, "req");
-    peer_wait(&src, pin_requested);
-    peer_kill(&src);
-
-    rig_wait_all_failed(&r, op, 4, KVCR_REASON_TIMEOUT);
+    deliver_from_a_source_killed_mid_transfer(&r, 3000);
     /* the destinations were reported uncertain, one region per block */
     pthread_mutex_lock(&g_events.lock);
     assert_int_equal(g_events.uncertain, 1);
@@ -156,21 +162,8 @@ static void test_source_killed_mid_inline_pull_fails_at_its_deadline_never_uncer
     (void)state;
     if (skip_kill_during_setup()) skip();
     inline_max_set("65536");
-    peer_opts o;
-    peer_opts_init(&o);
-    o.slots = 0;
-    o.fw_n = 8;
-    o.hold_pins = true;
-    peer src;
-    peer_spawn(&src, &o);
     rig r;
-    rig_remote(&r, 1500, 60000); /* an abandon deadline the test would never reach */
-    peer_hint_range(&r, "req", src.endpoint, 0, 8);
-    kvcr_op_handle op = peer_deliver_range(&r, 0, 4, 0, "req");
-    peer_wait(&src, pin_requested);
-    peer_kill(&src);
-
-    rig_wait_all_failed(&r, op, 4, KVCR_REASON_TIMEOUT);
+    deliver_from_a_source_killed_mid_transfer(&r, 60000); /* never reached in this test */
     pthread_mutex_lock(&g_events.lock);
     assert_int_equal(g_events.uncertain, 0);
     assert_int_equal(g_events.quiesced, 0);
