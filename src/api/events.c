@@ -16,7 +16,7 @@ struct api_events {
     kvpub *pub;           /* NULL once stopped */
     kvpub_counts last;    /* the counts when it stopped */
     rmeta_map meta;       /* what deposits said of their blocks, by router hash */
-    uint64_t meta_unkept; /* blocks whose metadata did not fit a G3 record or journal frame */
+    uint64_t meta_unkept; /* G3 records and journal PUTs written without the metadata: too long */
     uint64_t meta_damaged; /* stored metadata found again that did not decode */
 };
 

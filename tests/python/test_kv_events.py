@@ -105,12 +105,14 @@ def check_batch(payload: bytes, dp_rank: int, medium: str):
         fields = dict(ev[1:])
         if kind == "BlockStored":
             assert names[:7] == STORED and names[7:] in ([], ["extra_keys"])
-            assert fields["medium"] == medium and fields["lora_id"] is None
+            assert fields["medium"] == medium or (
+                medium is None and fields["medium"] in ("CPU", "STORAGE"))
+            assert fields["lora_id"] is None
             hashes = fields["block_hashes"]
             assert fields["token_ids"] == [] or (
                 len(fields["token_ids"]) == len(hashes) * fields["block_size"])
         elif kind == "BlockRemoved":
-            assert names == REMOVED and fields["medium"] == medium
+            assert names == REMOVED and (fields["medium"] == medium or medium is None)
         else:
             assert kind == "AllBlocksCleared" and names == []
         for h in fields.get("block_hashes", []):
@@ -195,7 +197,7 @@ def ipc_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def make_kv(ipc_dir, slots=4, **opts):
+def make_kv(ipc_dir, slots=4, g3=None, **opts):
     fw = bytearray(BLOCK * 8)
     pool = bytearray(BLOCK * slots)
     events = kvcr.KVEventsOptions(endpoint=f"ipc://{ipc_dir}/pub",
@@ -207,7 +209,8 @@ def make_kv(ipc_dir, slots=4, **opts):
         kvcr.KVCRBindings(None, None, None, key_adapter=Adapter()),
         kvcr.KVCRBackendConfigs(
             framework_regions=[kvcr.RegionDescriptor(addr=address_of(fw), size=BLOCK, count=8)],
-            local_dram=kvcr.LocalDramOptions(pools=[("", address_of(pool), BLOCK * slots)])))
+            local_dram=kvcr.LocalDramOptions(pools=[("", address_of(pool), BLOCK * slots)]),
+            g3=g3))
     return kv, fw, pool
 
 
@@ -249,6 +252,23 @@ def read_stream(kv, sub, want, seen, dp_rank=0, medium="CPU"):
     assert want <= seen["stored"]
 
 
+def replay_all(ipc_dir):
+    """Every batch the replay endpoint keeps, from 0, as (seq, payload)."""
+    rep = ZmtpPeer(f"{ipc_dir}/replay", b"DEALER")
+    rep.send([b"", (0).to_bytes(8, "big")])
+    got = []
+    for _ in range(100_000):
+        frames = rep.message()
+        assert len(frames) == 3 and frames[0] == b""
+        seq = int.from_bytes(frames[1], "big")
+        if seq == 2**64 - 1:
+            assert frames[2] == b""
+            break
+        got.append((seq, frames[2]))
+    rep.close()
+    return got
+
+
 def test_stream_and_replay_decode_frame_by_frame(ipc_dir):
     kv, fw, pool = make_kv(ipc_dir, dp_rank=5)
     sub = subscribe(ipc_dir)
@@ -271,18 +291,7 @@ def test_stream_and_replay_decode_frame_by_frame(ipc_dir):
         read_stream(kv, sub, {router_hash(k) for k in keys}, seen, dp_rank=5)
         assert seen["removed"], "evictions are announced"
 
-        rep = ZmtpPeer(f"{ipc_dir}/replay", b"DEALER")
-        rep.send([b"", (0).to_bytes(8, "big")])
-        got = []
-        for _ in range(100_000):
-            frames = rep.message()
-            assert len(frames) == 3 and frames[0] == b""
-            seq = int.from_bytes(frames[1], "big")
-            if seq == 2**64 - 1:
-                assert frames[2] == b""
-                break
-            got.append((seq, frames[2]))
-        rep.close()
+        got = replay_all(ipc_dir)
         assert [s for s, _ in got] == list(range(len(got)))
         assert check_batch(got[0][1], 5, "CPU")[0][0] == "AllBlocksCleared"
         for seq, payload in seen["payloads"].items():
@@ -339,6 +348,65 @@ def test_deposit_router_blocks_reach_the_events(ipc_dir):
     finally:
         sub.close()
         kv.close()
+
+
+def test_a_warm_restart_announces_what_the_deposit_said(ipc_dir):
+    """Blocks spilled to G3 with their router metadata are found again by the
+    next instance on the same file, and its stream's BlockStored (medium
+    STORAGE) carries the parent, tokens, block size, LoRA name and extra
+    keys given at deposit, value for value; the bytes come back too."""
+    g3_dir = tempfile.mkdtemp(prefix="kvcr-pytest-kvev-g3-", dir="/var/tmp")
+    g3 = kvcr.G3Options(paths=(os.path.join(g3_dir, "slots"),),
+                        capacity_bytes_per_file=8 * BLOCK)
+    parent = router_hash(b"r0")
+    router = {b"r0": kvcr.RouterBlock(token_ids=tuple(range(2**32 - 16, 2**32)),
+                                      block_size=16, lora_name="lora-y"),
+              b"r1": kvcr.RouterBlock(parent_hash=parent, token_ids=tuple(range(16)),
+                                      block_size=16, extra_keys=("salt-b", "mm-1"))}
+    try:
+        kv, fw, pool = make_kv(ipc_dir, slots=2, g3=g3)
+        try:
+            for i in range(4):
+                fw[i * BLOCK:(i + 1) * BLOCK] = bytes([0x40 + i]) * BLOCK
+            poll_until(kv, kv.deposit({b"r0": ref(0), b"r1": ref(1)}, router=router))
+            in_g3 = (kvcr.QueryStatus.FETCHABLE, kvcr.CacheTier.G3)
+            for i, k in enumerate((b"p0", b"p1")):  # two more: r0 and r1 go to G3
+                poll_until(kv, kv.deposit({k: ref(2 + i)}))
+                for _ in range(500):  # until the spill's store committed (bounded)
+                    kv.poll_completed()
+                    if kv.query([b"r0", b"r1"][:i + 1]) == [in_g3] * (i + 1):
+                        break
+                    time.sleep(0.01)
+            assert kv.query([b"r0", b"r1"]) == [in_g3, in_g3]
+        finally:
+            kv.close()
+        kv, fw, pool = make_kv(ipc_dir, slots=2, g3=g3)
+        try:
+            described = {}
+            deadline = time.monotonic() + 10
+            while len(described) < 2 and time.monotonic() < deadline:
+                kv.poll_completed()
+                time.sleep(0.05)
+                for _, payload in replay_all(ipc_dir):
+                    for kind, fields in check_batch(payload, 0, None):
+                        if kind == "BlockStored" and fields["medium"] == "STORAGE":
+                            for h in fields["block_hashes"]:
+                                if h in (parent, router_hash(b"r1")):
+                                    assert fields["block_hashes"] == [h]
+                                    described[h] = fields
+            r0, r1 = described[parent], described[router_hash(b"r1")]
+            assert r0["token_ids"] == list(range(2**32 - 16, 2**32))
+            assert r0["block_size"] == 16 and r0["parent_block_hash"] is None
+            assert r0["lora_name"] == "lora-y" and r0.get("extra_keys") is None
+            assert r1["parent_block_hash"] == parent and r1["token_ids"] == list(range(16))
+            assert r1["lora_name"] is None and r1["extra_keys"] == [["salt-b", "mm-1"]]
+            fw[7 * BLOCK:8 * BLOCK] = bytes(BLOCK)
+            [entry] = poll_until(kv, kv.deliver({b"r1": ref(7)})).values()
+            assert entry.success and bytes(fw[7 * BLOCK:8 * BLOCK]) == bytes([0x41]) * BLOCK
+        finally:
+            kv.close()
+    finally:
+        shutil.rmtree(g3_dir, ignore_errors=True)
 
 
 def test_options_types_and_rules(ipc_dir):
