@@ -519,7 +519,9 @@ static void on_inline_done(remote *r, pull *p, const wire_msg *m)
     bool ok = live && p->inline_asked && m->has_inline && m->terminal &&
               (!p->fetch || kvcr_now_ns() < p->deadline_ns); /* as on_terminal */
     if (ok && !inline_matches(r, p, m)) {
-        kvcr_log(host_logger(r->kv), KVCR_LOG_WARN,
+        /* Debug only: counted, and logged at most once a second by the
+         * dispatcher with the other drops. */
+        kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG,
                  "write_done %lld from %s: inline bytes that do not match the destinations "
                  "refused; nothing written",
                  (long long)p->handle, p->source);
