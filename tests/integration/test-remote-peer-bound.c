@@ -6,7 +6,8 @@
  * PEER_CMD_PULL jobs whose every delivered byte they check.
  *
  *   - targets past max_peers are refused (their entries fail SOURCE_BUSY,
- *     the refusal counted as limit "peers"), the table never holds more
+ *     the refusal counted as limit "peers" and logged at most once a
+ *     second), the table never holds more
  *     routes than the bound, and the admitted targets go on pulling;
  *   - routes idle for peer_idle_ms are reclaimed (counted), a new target
  *     takes the room, and a target whose route was reclaimed pulls again
@@ -19,9 +20,11 @@
  *     UCX refuses) holds no room a real target needs: the table stays
  *     within the bound, every forgery is counted, and real targets are
  *     admitted and pull. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -53,6 +56,35 @@ static bool release_pin(void *ud, uint64_t pin)
     return true;
 }
 
+/* The source's log lines about refusals at max_peers (any thread logs);
+ * errors also to stderr. */
+static pthread_mutex_t full_lock = PTHREAD_MUTEX_INITIALIZER;
+static int full_lines;
+
+static void count_full(void *ud, kvcr_log_level level, const char *msg)
+{
+    (void)ud;
+    if (level == KVCR_LOG_ERROR) fprintf(stderr, "kvcr error: %s\n", msg);
+    pthread_mutex_lock(&full_lock);
+    full_lines += strstr(msg, "peer table full") != NULL;
+    pthread_mutex_unlock(&full_lock);
+}
+
+static int full_lines_now(void)
+{
+    pthread_mutex_lock(&full_lock);
+    int n = full_lines;
+    pthread_mutex_unlock(&full_lock);
+    return n;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static void source_start(rig *r, uint32_t max_peers, uint32_t idle_ms)
 {
     held_n = 0;
@@ -65,6 +97,8 @@ static void source_start(rig *r, uint32_t max_peers, uint32_t idle_ms)
     r->cfg.peer_idle_ms = idle_ms;
     r->cfg.callbacks.request_pin = hold_pin;
     r->cfg.callbacks.release_pin = release_pin;
+    r->cfg.callbacks.log = count_full;
+    full_lines = 0;
     rig_start(r);
     for (uint32_t i = 0; i < KEYS; i++) rig_pattern(r, i, i);
     char names[KEYS][24];
@@ -197,11 +231,13 @@ static void serve_busy(rig *r, peer *t, uint64_t done, double max, table *tab)
 }
 
 /* max_peers 2, four targets: a and b are admitted, c and d refused
- * (SOURCE_BUSY, counted); a and b keep pulling, c is still refused. */
+ * (SOURCE_BUSY, counted, logged at most once a second); a and b keep
+ * pulling, c is still refused. */
 static void test_targets_past_max_peers_are_refused_and_the_admitted_still_pull(void **state)
 {
     (void)state;
     scene w;
+    double t0 = now_s();
     scene_start(&w, 2, NEVER_IDLE_MS, 4);
     for (int i = 0; i < 4; i++) {
         pull_one(&w.src, &w.t[i], 1 + (uint32_t)i);
@@ -224,6 +260,9 @@ static void test_targets_past_max_peers_are_refused_and_the_admitted_still_pull(
     look(&w.src, &w.tab);
     assert_true(w.tab.refusals > before);
     assert_int_equal(w.tab.routes_reclaimed, 0);
+    int lines = full_lines_now();
+    assert_true(lines >= 1);
+    assert_true(lines <= 1 + (int)(now_s() - t0)); /* one a second at most */
     scene_stop(&w);
 }
 
