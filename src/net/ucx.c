@@ -917,6 +917,17 @@ static size_t merge_run(const ucx_seg *segs, size_t n, size_t i, size_t *end, co
     return len;
 }
 
+/* The next run of non-empty segments from *i on: its length (0: none
+ * left), its first segment segs[*first]; *i moves past it. */
+static size_t next_run(const ucx_seg *segs, size_t n, size_t *i, size_t *first,
+                       const ucx_mem **mem)
+{
+    while (*i < n && segs[*i].len == 0) (*i)++;
+    if (*i == n) return 0;
+    *first = *i;
+    return merge_run(segs, n, *first, i, mem);
+}
+
 /* Posts one request of op; false once the write has failed. */
 static bool post(write_op *op, void *req)
 {
@@ -1014,17 +1025,12 @@ static bool message_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t t
     }
     am_batch b = {op->headers, (ucp_dt_iov_t *)(void *)(op->headers + AM_HDR_BYTES(n)), 0, 0};
     size_t max_runs = op->p->c->batch_runs, max_bytes = op->p->c->batch_bytes;
-    for (size_t i = 0, end; i < n; i = end) {
-        if (segs[i].len == 0) {
-            end = i + 1;
-            continue;
-        }
-        const ucx_mem *mem;
-        size_t len = merge_run(segs, n, i, &end, &mem);
+    const ucx_mem *mem;
+    for (size_t i = 0, first, len; (len = next_run(segs, n, &i, &first, &mem)) != 0;) {
         bool alone = len >= max_bytes;
         bool full = b.runs == max_runs || b.bytes + len > max_bytes;
         if ((alone || full) && !batch_send(op, &b)) return false;
-        batch_add(&b, tag, &segs[i], len);
+        batch_add(&b, tag, &segs[first], len);
         if (alone && !batch_send(op, &b)) return false;
     }
     return batch_send(op, &b);
@@ -1035,15 +1041,9 @@ static bool message_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t t
 static bool post_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
 {
     if (op->p->messages) return message_runs(op, segs, n, tag);
-    for (size_t i = 0, end; i < n; i = end) {
-        if (segs[i].len == 0) {
-            end = i + 1;
-            continue;
-        }
-        const ucx_mem *mem;
-        size_t len = merge_run(segs, n, i, &end, &mem);
-        if (!post(op, put_run(op, &segs[i], len, mem))) return false;
-    }
+    const ucx_mem *mem;
+    for (size_t i = 0, first, len; (len = next_run(segs, n, &i, &first, &mem)) != 0;)
+        if (!post(op, put_run(op, &segs[first], len, mem))) return false;
     return true;
 }
 

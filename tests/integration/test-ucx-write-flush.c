@@ -238,6 +238,22 @@ static bool test_sink(void *arg, uint64_t tag, uint64_t addr, const void *data, 
     return true;
 }
 
+/* Writes segs as messages tagged k->tag; done must come with success, and
+ * then the sink must take all total bytes (they may arrive after done). */
+static void write_and_take(pair *pr, const ucx_seg *segs, size_t n, sink_rec *k, uint64_t total)
+{
+    done_rec d = {0};
+    assert_int_equal(ucx_write(pr->ab, segs, n, k->tag, on_done, &d), 0);
+    wait_done(pr->a, pr->b, &d);
+    assert_int_equal(d.status, 0);
+    uint64_t until = kvcr_now_ns() + WAIT_NS;
+    while (k->bytes < total && kvcr_now_ns() < until) {
+        ucx_progress(pr->a);
+        ucx_progress(pr->b);
+    }
+    assert_int_equal(k->bytes, total);
+}
+
 /* With KVCR_UCX_WRITES=messages (what a peer reached over TCP alone gets):
  * a write's runs arrive as messages that only the destination's sink
  * copies; done means sent, the bytes are in once the sink took them all.
@@ -257,34 +273,25 @@ static void test_writes_as_messages_land_only_through_the_sink(void **state)
     uint8_t *src = malloc(N), *model = malloc(N);
     fill_pattern(src, N, 3);
     ucx_seg segs[] = {
-        seg(&pr, src, NULL, 0, 4096),         /* these two merge into one message */
+        seg(&pr, src, NULL, 0, 4096),         /* these two merge into one run, */
         seg(&pr, src + 4096, NULL, 4096, 4096),
-        seg(&pr, src + 9000, NULL, 20000, 100),
+        seg(&pr, src + 9000, NULL, 20000, 100), /* gathered with this one */
         seg(&pr, src + (1 << 20), NULL, 1 << 21, 2 << 20), /* 2 MiB, one message */
     };
     size_t n = sizeof segs / sizeof segs[0];
     uint64_t total = 4096 * 2 + 100 + (2 << 20);
     memset(model, 0xee, N);
     apply(model, pr.dst, segs, n);
-    done_rec d = {0};
-    assert_int_equal(ucx_write(pr.ab, segs, n, 7, on_done, &d), 0);
-    wait_done(pr.a, pr.b, &d);
-    assert_int_equal(d.status, 0);
-    uint64_t until = kvcr_now_ns() + WAIT_NS;
-    while (k.bytes < total && kvcr_now_ns() < until) {
-        ucx_progress(pr.a);
-        ucx_progress(pr.b);
-    }
-    assert_int_equal(k.bytes, total);
+    write_and_take(&pr, segs, n, &k, total);
     assert_memory_equal(pr.dst, model, N);
     assert_int_equal(ucx_sink_dropped(pr.b), 0);
 
     /* another tag: refused, nothing written, both messages counted */
     fill_pattern(src, N, 4);
-    d = (done_rec){0};
+    done_rec d = {0};
     assert_int_equal(ucx_write(pr.ab, segs + 2, 2, 8, on_done, &d), 0);
     wait_done(pr.a, pr.b, &d);
-    until = kvcr_now_ns() + WAIT_NS;
+    uint64_t until = kvcr_now_ns() + WAIT_NS;
     while (ucx_sink_dropped(pr.b) < 2 && kvcr_now_ns() < until) {
         ucx_progress(pr.a);
         ucx_progress(pr.b);
@@ -322,16 +329,7 @@ static void test_small_runs_as_messages_are_gathered_and_scattered(void **state)
     apply(model, pr.dst, segs, K + 1);
     uint64_t total = 0;
     for (int i = 0; i <= K; i++) total += segs[i].len;
-    done_rec d = {0};
-    assert_int_equal(ucx_write(pr.ab, segs, K + 1, 9, on_done, &d), 0);
-    wait_done(pr.a, pr.b, &d);
-    assert_int_equal(d.status, 0);
-    uint64_t until = kvcr_now_ns() + WAIT_NS;
-    while (k.bytes < total && kvcr_now_ns() < until) {
-        ucx_progress(pr.a);
-        ucx_progress(pr.b);
-    }
-    assert_int_equal(k.bytes, total);
+    write_and_take(&pr, segs, K + 1, &k, total);
     assert_int_equal(k.calls, K + 1);
     assert_true(k.adjacent > 0);
     assert_memory_equal(pr.dst, model, N);
