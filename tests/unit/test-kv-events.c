@@ -15,6 +15,8 @@
 #include <zmq.h>
 
 #include "harness.h"
+#include "api/boot.h"
+#include "api/router_meta.h"
 #include "kvreplay.h"
 #include "net/kvev.h"
 
@@ -692,6 +694,79 @@ static void test_g3_warm_restart_announces_what_the_deposit_said(void **state)
     drop_dirs(&d);
 }
 
+/* Blocks a claim recovers from the journal (what the Guard compacted) come
+ * with their tenant and router metadata: each takes its tenant back (a
+ * name no longer configured: none) and its BlockStored carries what its
+ * deposit said, value for value; a block without metadata is announced by
+ * its hash alone. */
+static void test_recovered_blocks_take_their_tenant_and_metadata(void **state)
+{
+    (void)state;
+    dirs d;
+    make_dirs(&d);
+    static const kvcr_tenant tenants[] = {{"alice", 2, 0}, {"bob", 2, 0}};
+    rig r;
+    rig_init(&r, 256, 8, 8);
+    r.cfg.enable_telemetry = true;
+    r.cfg.callbacks.key_hash = key_hash;
+    r.cfg.kv_events.endpoint = d.pub;
+    r.cfg.kv_events.replay_endpoint = d.rep;
+    r.cfg.kv_events.topic = TOPIC;
+    r.cfg.tenants = tenants;
+    r.cfg.n_tenants = 2;
+
+    uint32_t tok[16];
+    for (uint32_t i = 0; i < 16; i++) tok[i] = 70000 + i;
+    const char *salt[] = {"salt-r"};
+    kvcr_router_block rb = {.has_parent = true, .parent_hash = hash_str("g-parent"),
+                            .token_ids = tok, .block_size_tokens = 16, .lora_name = "lora-r",
+                            .extra_keys = salt, .n_extra_keys = 1};
+    rmeta_map m;
+    rmeta_init(&m, 4);
+    assert_int_equal(rmeta_put(&m, 1, &rb), 0);
+    uint8_t meta[256];
+    size_t ml = rmeta_encode(rmeta_get(&m, 1), meta, sizeof meta);
+    assert_true(ml > 0 && ml <= sizeof meta);
+    rmeta_destroy(&m);
+    recovered_block blocks[3] = {
+        {(const uint8_t *)"g0", 2, 0, 0, (const uint8_t *)"alice", meta, 5, ml},
+        {(const uint8_t *)"g1", 2, 0, 1, (const uint8_t *)"bob", NULL, 3, 0},
+        {(const uint8_t *)"g2", 2, 0, 2, (const uint8_t *)"carol", meta, 5, ml},
+    };
+    kvcr_boot boot = {.blocks = blocks, .n_blocks = 3, .control_listener = -1,
+                      .role = "claimant"};
+    int rc = kvcr__create(&r.cfg, &boot, &r.kv);
+    if (rc != 0) fail_msg("kvcr__create: %s", kvcr_last_error());
+    assert_int_equal(rig_stat(&r, "tenant_alice_dram_slots", NULL), 1);
+    assert_int_equal(rig_stat(&r, "tenant_bob_dram_slots", NULL), 1);
+    assert_int_equal(rig_stat(&r, "no_tenant_dram_slots", NULL), 1); /* carol is gone */
+
+    const char *keys[] = {"g0", "g2"};
+    for (size_t i = 0; i < 2; i++) {
+        kvev_batch keep;
+        const kvev_event *e;
+        assert_true(find_stored(&r, d.rep, hash_str(keys[i]), "CPU", &keep, &e));
+        assert_int_equal(e->n_hashes, 1);
+        assert_true(e->has_parent && e->parent == hash_str("g-parent"));
+        assert_int_equal(e->block_size, 16);
+        assert_int_equal(e->n_tokens, 16);
+        assert_memory_equal(e->tokens, tok, sizeof tok);
+        assert_string_equal(e->lora_name, "lora-r");
+        assert_non_null(e->extra);
+        assert_int_equal(e->n_extra[0], 1);
+        assert_string_equal(e->extra[0][0], "salt-r");
+        kvev_batch_free(&keep);
+    }
+    kvev_batch keep;
+    const kvev_event *e;
+    assert_true(find_stored(&r, d.rep, hash_str("g1"), "CPU", &keep, &e));
+    assert_int_equal(e->n_tokens, 0);
+    assert_false(e->has_parent);
+    kvev_batch_free(&keep);
+    rig_stop(&r);
+    drop_dirs(&d);
+}
+
 /* ---- the options' rules ------------------------------------------------------ */
 
 static void expect_refused(rig *r, int code, const char *msg)
@@ -1006,6 +1081,7 @@ int main(void)
         cmocka_unit_test(test_subscriber_that_never_reads_blocks_nothing),
         cmocka_unit_test(test_described_blocks_carry_their_tokens),
         cmocka_unit_test(test_g3_warm_restart_announces_what_the_deposit_said),
+        cmocka_unit_test(test_recovered_blocks_take_their_tenant_and_metadata),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
