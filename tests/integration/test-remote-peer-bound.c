@@ -18,8 +18,10 @@
  *     target until the write ends;
  *   - one process forging metadata under 200 agent names (a worker address
  *     UCX refuses) holds no room a real target needs: the table stays
- *     within the bound, every forgery is counted, and real targets are
- *     admitted and pull. */
+ *     within the bound, and real targets are admitted and pull;
+ *   - as a target (this process pulling from two source processes) at
+ *     most max_peers records of sources are kept, the least recently used
+ *     reclaimed, and every pull still gets its bytes. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +117,7 @@ static void source_start(rig *r, uint32_t max_peers, uint32_t idle_ms)
  * intervals taken so far. */
 typedef struct table {
     double routes, routes_reclaimed, refusals;
+    double records, records_reclaimed; /* as a target: records of sources */
 } table;
 
 static void look(rig *r, table *t)
@@ -129,6 +132,9 @@ static void look(rig *r, table *t)
         if (strcmp(s->gauges[i].resource, "peer_routes") == 0) t->routes = s->gauges[i].value;
         if (strcmp(s->gauges[i].resource, "peer_routes_reclaimed") == 0)
             t->routes_reclaimed = s->gauges[i].value;
+        if (strcmp(s->gauges[i].resource, "peer_records") == 0) t->records = s->gauges[i].value;
+        if (strcmp(s->gauges[i].resource, "peer_records_reclaimed") == 0)
+            t->records_reclaimed = s->gauges[i].value;
     }
     kvcr_stats_free(s);
 }
@@ -390,6 +396,40 @@ static void test_forged_targets_hold_no_room_a_real_target_needs(void **state)
     scene_stop(&w);
 }
 
+/* This process as a target with max_peers 1 pulls k0..k5 from two source
+ * processes in turn: each pull's record takes the other's place, and each
+ * block arrives with its bytes. */
+static void test_a_target_keeps_max_peers_records_and_pulls_from_every_source(void **state)
+{
+    (void)state;
+    peer s[2];
+    peer_spawn_source(&s[0], 8);
+    peer_spawn_source(&s[1], 8);
+    rig r;
+    rig_init_remote(&r, BS, 8, 0);
+    r.cfg.agent_name = "target";
+    r.cfg.enable_telemetry = true;
+    r.cfg.max_peers = 1;
+    rig_start(&r);
+    table tab = {0};
+    for (uint32_t i = 0; i < 6; i++) {
+        char req[16];
+        snprintf(req, sizeof req, "r%u", i);
+        peer_hint_range(&r, req, s[i % 2].endpoint, 0, 8);
+        kvcr_entry_status st;
+        assert_int_equal(rig_wait(&r, peer_deliver_range(&r, i, 1, i, req), &st, NULL, NULL), 1);
+        assert_int_equal(st, KVCR_ENTRY_SUCCESS);
+        assert_true(rig_has_pattern(&r, r.fw + i * BS, i));
+        look(&r, &tab);
+        assert_int_equal(tab.records, 1);
+    }
+    assert_true(tab.records_reclaimed >= 5);
+    assert_int_equal(tab.refusals, 0);
+    rig_stop(&r);
+    peer_stop(&s[0]);
+    peer_stop(&s[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_idle_routes_are_reclaimed_and_their_targets_pull_again),
         cmocka_unit_test(test_a_route_with_a_write_in_flight_is_never_reclaimed),
         cmocka_unit_test(test_forged_targets_hold_no_room_a_real_target_needs),
+        cmocka_unit_test(test_a_target_keeps_max_peers_records_and_pulls_from_every_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
