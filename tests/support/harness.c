@@ -285,6 +285,16 @@ double rig_stat(rig *r, const char *gauge, const char *counter_scope)
     return v;
 }
 
+void rig_g3_settle(rig *r)
+{
+    for (int spin = 0; spin < 5000; spin++) {
+        rig_pump(r);
+        if (rig_stat(r, "g3_pending_stores", NULL) == 0) return;
+        usleep(1000);
+    }
+    fail_msg("G3 stores did not land within 5 s");
+}
+
 kvcr_query_status rig_query(rig *r, const char *key)
 {
     kvcr_key k = key_of(key);

@@ -80,6 +80,10 @@ kvcr_op_result *rig_poll_results(rig *r, size_t *n);
  * from a fresh stats snapshot (telemetry on); -1 when absent. */
 double rig_stat(rig *r, const char *gauge, const char *counter_scope);
 
+/* Polls until no spill to G3 is being written (gauge g3_pending_stores;
+ * telemetry on), failing the test after 5 s. */
+void rig_g3_settle(rig *r);
+
 kvcr_query_status rig_query(rig *r, const char *key);
 
 /* One key from framework block idx, waited for; why and rh may be NULL. */

@@ -534,17 +534,6 @@ static void g3_events_init(rig *r, g3_dir *g, const dirs *d)
     r->cfg.g3.capacity_bytes_per_file = 8 * WB;
 }
 
-/* Polls until no spill is being written (bounded: 5 s). */
-static void settle_spills(rig *r)
-{
-    for (int spin = 0; spin < 5000; spin++) {
-        rig_pump(r);
-        if (rig_stat(r, "g3_pending_stores", NULL) == 0) return;
-        usleep(1000);
-    }
-    fail_msg("G3 stores did not land within 5 s");
-}
-
 /* A BlockStored naming hash h with medium `medium` found in the replayed
  * stream (bounded: 100 rounds of polling and replaying), copied into *out
  * with its batch kept in *keep (kvev_batch_free it). */
@@ -626,15 +615,15 @@ static void test_g3_warm_restart_announces_what_the_deposit_said(void **state)
     const char *keys[4] = {"w0", "w1", "w2", "w-big"};
     for (size_t i = 0; i < 4; i++) {
         deposit_described(&r, keys[i], i, &rb[i], i < 3 ? "{\"tenant\":\"alice\"}" : NULL);
-        settle_spills(&r);
+        rig_g3_settle(&r);
     }
     deposit_described(&r, "w-plain", 4, NULL, "{\"tenant\":\"bob\"}");
-    settle_spills(&r);
+    rig_g3_settle(&r);
     /* Two more push all five out of KVCR DRAM into G3. */
     assert_int_equal(rig_deposit1(&r, "p0", 5, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
-    settle_spills(&r);
+    rig_g3_settle(&r);
     assert_int_equal(rig_deposit1(&r, "p1", 6, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
-    settle_spills(&r);
+    rig_g3_settle(&r);
     for (size_t i = 0; i < 4; i++) assert_int_equal(rig_query(&r, keys[i]), KVCR_QUERY_FETCHABLE);
     assert_int_equal(rig_stat(&r, "tenant_alice_g3_slots", NULL), 3);
     assert_int_equal(rig_stat(&r, "tenant_bob_g3_slots", NULL), 1);

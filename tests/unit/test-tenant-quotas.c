@@ -184,17 +184,6 @@ static void g3_tenants_init(rig *r, g3_files *f, size_t fw_count, const kvcr_ten
     r->cfg.n_tenants = 2;
 }
 
-/* Polls until no spill is being written (bounded: 5 s). */
-static void g3_settle(rig *r)
-{
-    for (int spin = 0; spin < 5000; spin++) {
-        rig_pump(r);
-        if (rig_stat(r, "g3_pending_stores", NULL) == 0) return;
-        usleep(1000);
-    }
-    fail_msg("G3 stores did not land within 5 s");
-}
-
 /* KVCR DRAM of 2 slots and G3 of 8, each shared half and half: a block
  * without a tenant comes first, bob stores 5 blocks (1 in DRAM, 4 spilled),
  * then alice floods 30. Returns how many of bob's blocks still deliver exact
@@ -214,13 +203,13 @@ static int bob_g3_hits_after_alice_floods(const char *policy)
     for (int i = 0; i < 5; i++) {
         snprintf(k, sizeof k, "bob-%d", i);
         deposit_as(&r, "bob", k, (size_t)i);
-        g3_settle(&r);
+        rig_g3_settle(&r);
     }
     assert_int_equal(rig_stat(&r, "no_tenant_g3_slots", NULL), 1); /* spilled first */
     for (int i = 0; i < 30; i++) {
         snprintf(k, sizeof k, "alice-%d", i);
         deposit_as(&r, "alice", k, (size_t)(5 + i));
-        g3_settle(&r);
+        rig_g3_settle(&r);
     }
     assert_int_equal(rig_stat(&r, "tenant_alice_g3_quota_slots", NULL), 4);
     double bob_g3 = rig_stat(&r, "tenant_bob_g3_slots", NULL);
