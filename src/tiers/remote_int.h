@@ -57,6 +57,9 @@ typedef struct route {
     char key[CTL_KEY_LEN + 1];      /* the CURVE key it was announced with ("": none) */
     uint32_t users;                 /* source writes on it not ended yet (the per-peer limit) */
     bool connect_due;               /* its endpoint is made at the end of the turn */
+    uint32_t acks_due;              /* ... and then its metadata acknowledged to ack_to, */
+    char ack_to[CTL_MAX_ENDPOINT + 1];   /* from ack_from (our address as the target */
+    char ack_from[CTL_MAX_ENDPOINT + 1]; /* used it); unusable metadata is dropped */
     bool replaced;                  /* the target restarted or changed: nothing more is
                                      * written through it (kept until its users end) */
     uint64_t last_ns;               /* last resolved or released (reclaimed after
@@ -364,6 +367,10 @@ int route_connect(remote *r, route *rt);
 /* The same, at the end of this turn of the progress thread: after the
  * turn's replies went out, so that ucp_ep_create's CPU time delays none. */
 void route_connect_later(remote *r, route *rt);
+/* Metadata m made or confirmed rt, which has no endpoint yet: the endpoint
+ * is made at the end of the turn and m acknowledged only once it is (else
+ * m is dropped as unusable). */
+void route_ack_later(remote *r, route *rt, const wire_msg *m);
 /* A source write ended on the progress thread: its use of the route too. */
 void route_release(remote *r, route *rt);
 /* Closes its endpoint (none may be running on it) and frees it. */

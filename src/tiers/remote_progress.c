@@ -117,9 +117,19 @@ void route_connect_later(remote *r, route *rt)
     r->connects_due = true;
 }
 
+void route_ack_later(remote *r, route *rt, const wire_msg *m)
+{
+    snprintf(rt->ack_to, sizeof rt->ack_to, "%.*s", (int)m->from.len, (const char *)m->from.data);
+    snprintf(rt->ack_from, sizeof rt->ack_from, "%.*s", (int)m->to.len, (const char *)m->to.data);
+    rt->acks_due++; /* each message is counted if unusable */
+    rt->connect_due = true;
+    r->connects_due = true;
+}
+
 /* Locked, progress thread, at the end of a turn: the endpoints asked for
  * during it (a route whose endpoint fails to be made keeps none, and the
- * next write that needs one tries again). */
+ * next write that needs one tries again), and the metadata waiting for
+ * them acknowledged, or dropped as unusable. */
 static void connect_due(remote *r)
 {
     if (!r->connects_due) return;
@@ -127,9 +137,21 @@ static void connect_due(remote *r)
     for (route *rt = r->routes; rt; rt = rt->next) {
         if (!rt->connect_due) continue;
         rt->connect_due = false;
-        if (route_connect(r, rt) != 0)
+        bool ok = route_connect(r, rt) == 0;
+        if (!ok)
             kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "no UCX endpoint to %s yet: %s",
                      rt->agent, kvcr_last_error());
+        uint32_t n = rt->acks_due;
+        rt->acks_due = 0;
+        if (n == 0) continue;
+        if (!ok) {
+            for (uint32_t i = 0; i < n; i++)
+                remote_drop(r, CTL_DROP_UNUSABLE, "metadata from %s not usable: %s", rt->agent,
+                            kvcr_last_error());
+            continue;
+        }
+        wire_msg ack = {.type = WIRE_METADATA_ACK, .from = str_bytes(rt->ack_from)};
+        send_msg(r, rt->ack_to, &ack, MD_NEVER);
     }
 }
 

@@ -547,12 +547,16 @@ static void on_metadata(remote *r, const wire_msg *m)
                     (const char *)m->agent.data, kvcr_last_error());
         return;
     }
-    wire_msg ack = {.type = WIRE_METADATA_ACK};
-    reply(r, m, &ack, false);
+    if (rt->peer != NULL) {
+        wire_msg ack = {.type = WIRE_METADATA_ACK};
+        reply(r, m, &ack, false);
+        return;
+    }
     /* The endpoint is made ahead of the writes that will need it, but after
      * this turn's messages: a start_write right behind the metadata (a
-     * hint's eager connect just before its deliver) is answered first. */
-    route_connect_later(r, rt);
+     * hint's eager connect just before its deliver) is answered first. The
+     * metadata is acknowledged once the endpoint is made. */
+    route_ack_later(r, rt, m);
 }
 
 /* A probe: fence the write, say whether it can still happen. A probe
