@@ -9,7 +9,7 @@
 #include <ucp/api/ucp.h>
 
 #include "kvcr/error.h"
-#include "util/bytes.h"
+#include "net/amhdr.h"
 #include "util/clock.h"
 
 /* Bounds on a worker address from the wire: a header, a worker id and at
@@ -36,30 +36,22 @@
 #define TCP_TX_SEG_SIZE "128k"
 #define TCP_RX_SEG_SIZE "512k"
 /* The active message that carries a write's bytes when they go as
- * messages (see ucx.h), AM_WRITE_ID, in one of two layouts told apart by
- * the header's length (little-endian u64 throughout):
- * - one run: the write's tag and the destination address (AM_WRITE_HDR
- *   bytes); the payload is the run.
- * - several runs: the tag, then (destination address, length) for each of
- *   2..AM_BATCH_RUNS runs (8 + 16 n bytes); the payload is the runs one
- *   after the other, their lengths summing to it exactly.
- * Runs shorter than AM_BATCH_BYTES are gathered, in order, into messages
- * of at most AM_BATCH_BYTES and AM_BATCH_RUNS runs: one message per small
- * block costs the sender a request and the receiver a callback each,
- * which with 16 KiB blocks over TCP held them to well under half the rate
- * of 2 MiB blocks (docs/BENCHMARKS.md, "Across hosts"). Longer runs go
- * alone. */
+ * messages (see ucx.h): its id; its header is net/amhdr.h's. Runs shorter
+ * than AM_BATCH_BYTES are gathered, in order, into messages of at most
+ * AM_BATCH_BYTES and AMHDR_MAX_RUNS runs: one message per small block
+ * costs the sender a request and the receiver a callback each, which with
+ * 16 KiB blocks over TCP held them to well under half the rate of 2 MiB
+ * blocks (docs/BENCHMARKS.md, "Small blocks"); 64 KiB fits one TCP
+ * segment (TCP_TX_SEG_SIZE), so UCX neither fragments nor reassembles it.
+ * Longer runs go alone. */
 #define AM_WRITE_ID 1
-#define AM_WRITE_HDR 16
-#define AM_RUN_HDR 16
 #define AM_BATCH_BYTES (64u << 10)
-#define AM_BATCH_RUNS 32
 /* KVCR_UCX_BATCH_BYTES overrides AM_BATCH_BYTES (0: every run alone), for
  * comparisons; at most this. */
 #define AM_BATCH_BYTES_MAX (16u << 20)
-/* Header bytes a write of n runs needs at most: a tag per message, one
- * entry per run, plus room for the one-run layout's address. */
-#define AM_HDR_BYTES(n) ((n) * (8 + AM_RUN_HDR))
+/* Header bytes a write of n runs needs at most: a tag per message and an
+ * entry per run. */
+#define AM_HDR_BYTES(n) ((n) * (8 + AMHDR_RUN))
 
 /* What a transport entry of our own address looks like; a peer's entry for
  * the same transport (same name checksum) must look the same. */
@@ -90,7 +82,7 @@ struct ucx_ctx {
     int writes_mode;       /* KVCR_UCX_WRITES: -1 puts, 1 messages, 0 by the lanes */
     ucx_sink *sink;        /* where messages' bytes go (ucx_set_sink) */
     void *sink_arg;
-    size_t batch_runs;     /* runs per write message at most (AM_BATCH_RUNS) */
+    size_t batch_runs;     /* runs per write message at most (AMHDR_MAX_RUNS) */
     size_t batch_bytes;    /* runs shorter than this are gathered (AM_BATCH_BYTES) */
     /* Messages the sink refused or that were malformed: counted by the
      * progress thread, read by any (ucx_sink_dropped). */
@@ -299,15 +291,15 @@ static void learn_own_address(ucx_ctx *c)
                  "basic checks", why);
 }
 
-/* How many runs one write message may list: AM_BATCH_RUNS, or fewer if
+/* How many runs one write message may list: AMHDR_MAX_RUNS, or fewer if
  * UCX's limit on an active message's header says so (1: none gathered). */
 static ucs_status_t set_batch_runs(ucx_ctx *c)
 {
     ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
     ucs_status_t st = ucp_worker_query(c->worker, &wa);
     if (st != UCS_OK) return st;
-    size_t fit = wa.max_am_header > 8 ? (wa.max_am_header - 8) / AM_RUN_HDR : 0;
-    c->batch_runs = fit < 2 ? 1 : fit < AM_BATCH_RUNS ? fit : AM_BATCH_RUNS;
+    size_t fit = wa.max_am_header > 8 ? (wa.max_am_header - 8) / AMHDR_RUN : 0;
+    c->batch_runs = fit < 2 ? 1 : fit < AMHDR_MAX_RUNS ? fit : AMHDR_MAX_RUNS;
     c->batch_bytes = AM_BATCH_BYTES;
     const char *env = getenv("KVCR_UCX_BATCH_BYTES");
     if (env != NULL) {
@@ -989,10 +981,8 @@ typedef struct am_batch {
 
 static void batch_add(am_batch *b, uint64_t tag, const ucx_seg *first, size_t len)
 {
-    if (b->runs == 0) put64(b->h, tag);
-    uint8_t *e = b->h + 8 + b->runs * AM_RUN_HDR;
-    put64(e, first->remote_addr);
-    put64(e + 8, len);
+    if (b->runs == 0) amhdr_set_tag(b->h, tag);
+    amhdr_set_run(b->h, b->runs, first->remote_addr, len);
     b->iov[b->runs] = (ucp_dt_iov_t){.buffer = (void *)(uintptr_t)first->src, .length = len};
     b->runs++;
     b->bytes += len;
@@ -1005,9 +995,9 @@ static bool batch_send(write_op *op, am_batch *b)
 {
     if (b->runs == 0) return true;
     void *req = b->runs == 1
-                    ? send_message(op, b->h, AM_WRITE_HDR, b->iov[0].buffer, b->iov[0].length, false)
-                    : send_message(op, b->h, 8 + b->runs * AM_RUN_HDR, b->iov, b->runs, true);
-    b->h += 8 + b->runs * AM_RUN_HDR;
+                    ? send_message(op, b->h, AMHDR_ONE, b->iov[0].buffer, b->iov[0].length, false)
+                    : send_message(op, b->h, AMHDR_LEN(b->runs), b->iov, b->runs, true);
+    b->h += 8 + b->runs * AMHDR_RUN;
     b->iov += b->runs;
     b->runs = 0;
     b->bytes = 0;
@@ -1018,7 +1008,7 @@ static bool batch_send(write_op *op, am_batch *b)
  * AM_BATCH_BYTES), long ones alone, in order. */
 static bool message_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
 {
-    size_t per_run = 8 + AM_RUN_HDR + sizeof(ucp_dt_iov_t);
+    size_t per_run = 8 + AMHDR_RUN + sizeof(ucp_dt_iov_t);
     if (n > SIZE_MAX / per_run || (op->headers = malloc(n * per_run)) == NULL) {
         op->status = KVCR_ENOMEM;
         return false;
@@ -1048,28 +1038,17 @@ static bool post_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
 }
 
 /* Hands a write message's runs to the sink, one call per run, after
- * checking the whole header (see AM_WRITE_ID): false if it is malformed
- * or the sink refused a run (the runs after it are not offered). */
+ * checking the whole header (amhdr_check): false if it is malformed or
+ * the sink refused a run (the runs after it are not offered). */
 static bool sink_runs(ucx_ctx *c, const uint8_t *h, size_t hlen, const uint8_t *data, size_t length)
 {
-    uint64_t tag = get64(h);
-    if (hlen == AM_WRITE_HDR) return c->sink(c->sink_arg, tag, get64(h + 8), data, length);
-    size_t runs = (hlen - 8) / AM_RUN_HDR;
-    if ((hlen - 8) % AM_RUN_HDR != 0 || runs < 2 || runs > AM_BATCH_RUNS) return false;
-    size_t sum = 0;
-    for (size_t k = 0; k < runs; k++) {
-        uint64_t len = get64(h + 8 + k * AM_RUN_HDR + 8);
-        if (len == 0 || len > length - sum) return false;
-        sum += len;
+    size_t runs = amhdr_check(h, hlen, length);
+    uint64_t tag = amhdr_tag(h), addr;
+    for (size_t k = 0, off = 0, len; k < runs; k++, off += len) {
+        amhdr_run(h, hlen, length, k, &addr, &len);
+        if (!c->sink(c->sink_arg, tag, addr, data + off, len)) return false;
     }
-    if (sum != length) return false;
-    for (size_t k = 0, off = 0; k < runs; k++) {
-        const uint8_t *e = h + 8 + k * AM_RUN_HDR;
-        size_t len = get64(e + 8);
-        if (!c->sink(c->sink_arg, tag, get64(e), data + off, len)) return false;
-        off += len;
-    }
-    return true;
+    return runs > 0;
 }
 
 /* An active message carrying a write's bytes (ucx_progress, the progress
@@ -1081,7 +1060,7 @@ static ucs_status_t on_write_message(void *arg, const void *header, size_t heade
 {
     ucx_ctx *c = arg;
     bool eager = !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
-    if (header_length < AM_WRITE_HDR || !eager || length == 0 || c->sink == NULL ||
+    if (header_length < AMHDR_ONE || !eager || c->sink == NULL ||
         !sink_runs(c, header, header_length, data, length))
         atomic_fetch_add_explicit(&c->sink_dropped, 1, memory_order_relaxed);
     return UCS_OK;
