@@ -10,6 +10,7 @@
  * wake eventfd, the ZeroMQ fd and the UCX fd until the next timer. */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,16 @@
 #define IDLE_WAIT_MS 20
 #define EAGER_TRIES 50
 #define ACTIVE_WAIT_NS 20000 /* between polls while transfers are in flight */
+/* While a transfer is in flight and the last event is younger than this,
+ * the thread yields the CPU instead of napping: on one host a write's
+ * fragments go through a shared memory FIFO that both sides' progress
+ * drains, and a nap (70 us or more with the kernel's timer slack, whole
+ * scheduler slices on a loaded host) between two fragments stalls both
+ * sides; a 4 MiB write of 16 KiB blocks took 0.1-0.15 ms longer per
+ * deliver with naps (docs/BENCHMARKS.md, "Small blocks"). A longer gap is
+ * a wait on the peer, and the thread naps as before, so an open transfer
+ * whose peer is slow or gone costs no CPU. */
+#define ACTIVE_SPIN_NS 250000
 #define MS 1000000ull
 
 /* ---- sending -------------------------------------------------------------- */
@@ -523,7 +534,7 @@ static void *progress_main(void *arg)
 {
     remote *r = arg;
     kvcr_t *kv = r->kv;
-    uint64_t give_up = 0;
+    uint64_t give_up = 0, last_busy_ns = 0;
     r->last_turn_ns = kvcr_now_ns();
     for (;;) {
         bool busy = ucx_progress(r->ucx) > 0;
@@ -550,7 +561,10 @@ static void *progress_main(void *arg)
             busy = true;
         }
         if (done) break;
-        if (busy) continue;
+        if (busy) {
+            last_busy_ns = kvcr_now_ns();
+            continue;
+        }
         int timeout;
         if (transfers) {
             /* Active wait: on one host UCX moves a put in fragments that
@@ -572,7 +586,10 @@ static void *progress_main(void *arg)
             ssize_t rd = read(r->wake_fd, &ticks, sizeof ticks);
             (void)rd;
         } else if (ready == 0 && transfers) {
-            nanosleep(&(struct timespec){0, ACTIVE_WAIT_NS}, NULL);
+            if (kvcr_now_ns() - last_busy_ns < ACTIVE_SPIN_NS)
+                sched_yield();
+            else
+                nanosleep(&(struct timespec){0, ACTIVE_WAIT_NS}, NULL);
         }
     }
     return NULL;
