@@ -239,7 +239,32 @@ def test_closing_a_source_cancels_its_pending_pin_requests(peers, targets):
     assert t.fw[:2 * BLOCK] == bytes(2 * BLOCK)
 
 
-def test_a_source_killed_mid_transfer_reports_uncertain_destinations(peers, targets):
+@pytest.fixture
+def ucx_writes(monkeypatch):
+    """Pulls this small would ask for their bytes inline (in the source's
+    write_done, which only the target copies: quiet at once at the deadline,
+    nothing uncertain); 0 makes the target's instances ask for UCX writes,
+    which a killed source may leave in flight. Read when an instance
+    starts."""
+    monkeypatch.setenv("KVCR_INLINE_WRITE_MAX", "0")
+
+
+def test_a_source_killed_before_an_inline_write_leaves_nothing_uncertain(peers, targets):
+    events = []
+    src = peers(mode="pins", n=8, hold=True)  # takes the pin request, never answers
+    t = targets(slots=4, on_event=events.append, op_ms=300, abandon_ms=900)
+    t.kv.submit_hint(envelope(src.endpoint, range(8)), request_id="req")
+    op = t.kv.deliver({key(i): t.ref(i) for i in range(4)}, request_id="req")
+    src.wait_counters(lambda c: c["pin_requests"] >= 1)
+    src.kill()
+    entries = t.wait(op)
+    assert all(e.status is OpEntryStatus.FAILED and e.reason == "TIMEOUT"
+               for e in entries.values()), entries
+    assert t.fw[:4 * BLOCK] == bytes(4 * BLOCK)  # nothing was written
+    assert [e for e in events if e.state == "uncertain"] == [], events
+
+
+def test_a_source_killed_mid_transfer_reports_uncertain_destinations(peers, targets, ucx_writes):
     events = []
     src = peers(mode="pins", n=8, hold=True)  # takes the pin request, never answers
     t = targets(slots=4, on_event=events.append, op_ms=300, abandon_ms=900)
@@ -261,7 +286,7 @@ def test_a_source_killed_mid_transfer_reports_uncertain_destinations(peers, targ
     assert t.kv.query([key(5)], "req") == [(QueryStatus.MISS, None)]  # failed closed
 
 
-def test_a_raising_resilience_callback_propagates_and_loses_nothing(peers, targets):
+def test_a_raising_resilience_callback_propagates_and_loses_nothing(peers, targets, ucx_writes):
     seen = []
 
     def on_event(err):
