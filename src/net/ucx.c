@@ -87,6 +87,9 @@ struct ucx_ctx {
     /* Messages the sink refused or that were malformed: counted by the
      * progress thread, read by any (ucx_sink_dropped). */
     _Atomic uint64_t sink_dropped;
+    /* Writes posted as puts and as messages: counted by the progress
+     * thread, read by any (ucx_writes_posted). */
+    _Atomic uint64_t writes_put, writes_message;
 };
 
 struct ucx_mem {
@@ -103,6 +106,7 @@ struct ucx_peer {
     ucp_ep_h ep;
     bool failed;
     bool messages;  /* writes go as active messages (ucx_peer_messages) */
+    bool by_lanes;  /* messages chosen by the lanes, not forced by KVCR_UCX_WRITES */
     uint32_t busy;  /* writes accepted and not yet reported */
 };
 
@@ -120,6 +124,7 @@ struct write_op {
     bool posted;       /* ucx_write has returned: pending can only fall */
     int status;
     uint8_t *headers;  /* messages: their headers and iov lists, held until done */
+    bool messages;     /* sent as messages (ucx_write_messages), else puts + flush */
 };
 
 static ucs_status_t set_write_handler(ucx_ctx *c);
@@ -749,6 +754,7 @@ int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer *
     }
     bool tcp = lanes_all_tcp(p);
     p->messages = c->writes_mode > 0 || (c->writes_mode == 0 && tcp);
+    p->by_lanes = c->writes_mode == 0 && tcp;
     kvcr_log(c->log, KVCR_LOG_INFO, "ucx endpoint %p: writes as %s", (void *)p->ep,
              p->messages ? "active messages (the target copies them into place)"
                          : "puts (one-sided, then a flush)");
@@ -759,6 +765,17 @@ int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer *
 bool ucx_peer_messages(const ucx_peer *p)
 {
     return p->messages;
+}
+
+bool ucx_write_messages(const ucx_peer *p, bool puts_agreed)
+{
+    return p->messages && !(puts_agreed && p->by_lanes);
+}
+
+void ucx_writes_posted(const ucx_ctx *c, uint64_t *puts, uint64_t *messages)
+{
+    *puts = atomic_load_explicit(&c->writes_put, memory_order_relaxed);
+    *messages = atomic_load_explicit(&c->writes_message, memory_order_relaxed);
 }
 
 bool ucx_peer_failed(const ucx_peer *p)
@@ -1030,7 +1047,7 @@ static bool message_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t t
  * messages, whose headers op holds until it is done. */
 static bool post_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
 {
-    if (op->p->messages) return message_runs(op, segs, n, tag);
+    if (op->messages) return message_runs(op, segs, n, tag);
     const ucx_mem *mem;
     for (size_t i = 0, first, len; (len = next_run(segs, n, &i, &first, &mem)) != 0;)
         if (!post(op, put_run(op, &segs[first], len, mem))) return false;
@@ -1096,6 +1113,12 @@ uint64_t ucx_sink_dropped(const ucx_ctx *c)
 int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag,
               void (*done)(void *ud, int status), void *ud)
 {
+    return ucx_write_as(p, segs, n, tag, false, done, ud);
+}
+
+int ucx_write_as(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag, bool puts_agreed,
+                 void (*done)(void *ud, int status), void *ud)
+{
     if (done == NULL) return kvcr_fail(KVCR_EINVAL, "ucx write: no completion callback");
     int rc = check_segs(p, segs, n);
     if (rc != 0) return rc;
@@ -1105,12 +1128,15 @@ int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag,
     op->p = p;
     op->done = done;
     op->ud = ud;
+    op->messages = ucx_write_messages(p, puts_agreed);
+    atomic_fetch_add_explicit(op->messages ? &p->c->writes_message : &p->c->writes_put, 1,
+                              memory_order_relaxed);
     p->busy++;
     /* Messages: each complete once sent; no flush, the target counts the
      * bytes it took. Puts: every put first, then one flush; the puts
      * pipeline, and the flush completes once all of them are complete at
      * the destination. */
-    if (post_runs(op, segs, n, tag) && !p->messages) {
+    if (post_runs(op, segs, n, tag) && !op->messages) {
         ucp_request_param_t rp = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
             .cb.send = request_done,

@@ -32,9 +32,13 @@
  * it. Nothing but the
  * sink then writes the destination's memory, and only while the sink says
  * yes: a destination that gave up on a write drops its late messages
- * instead of waiting to learn that none is left in flight. KVCR_UCX_WRITES
- * (puts, messages, auto: the default) overrides the choice, for
- * comparisons. */
+ * instead of waiting to learn that none is left in flight. Large blocks
+ * still move faster as emulated puts over TCP (docs/BENCHMARKS.md,
+ * "Across hosts"): a write whose destination agreed to puts for it
+ * (ucx_write_as with puts_agreed) goes as puts + flush even there, and the
+ * destination must then treat it as it treats any put. KVCR_UCX_WRITES
+ * (puts, messages, auto: the default) overrides the choice for every
+ * write, for comparisons. */
 #ifndef KVCR_NET_UCX_H
 #define KVCR_NET_UCX_H
 
@@ -93,6 +97,13 @@ uint64_t ucx_sink_dropped(const ucx_ctx *c);
 int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer **out);
 /* True when writes to this peer go as active messages (see above). */
 bool ucx_peer_messages(const ucx_peer *p);
+/* Whether a write to this peer goes as messages when its destination
+ * agreed (puts_agreed) or not to puts over message lanes: messages when
+ * the peer takes them, unless the destination agreed and the choice is
+ * the lanes' (KVCR_UCX_WRITES forces it otherwise). */
+bool ucx_write_messages(const ucx_peer *p, bool puts_agreed);
+/* Writes posted so far as puts and as messages (any thread). */
+void ucx_writes_posted(const ucx_ctx *c, uint64_t *puts, uint64_t *messages);
 /* True once UCX reported the peer unreachable; its writes fail. */
 bool ucx_peer_failed(const ucx_peer *p);
 /* Writes still running on the peer's endpoint. */
@@ -133,5 +144,10 @@ typedef struct ucx_seg {
  * is then never called, and nothing was posted). */
 int ucx_write(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag,
               void (*done)(void *ud, int status), void *ud);
+/* ucx_write, as puts + flush even to a peer that takes messages when
+ * puts_agreed (the destination agreed to puts for this write) and
+ * ucx_write_messages says so. */
+int ucx_write_as(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag, bool puts_agreed,
+                 void (*done)(void *ud, int status), void *ud);
 
 #endif

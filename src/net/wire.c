@@ -23,6 +23,11 @@
  *   busy          bool        write_refused (optional); only true: refused at a limit
  *   inline        bool        start_write (optional); only true: write the bytes in
  *                             write_done, never with UCX
+ *   put_min       uint        start_write (optional, never with inline); >= 1: the
+ *                             target takes UCX puts for this write even where every
+ *                             lane is TCP (net/ucx.h) if every destination piece its
+ *                             refs resolve to holds at least put_min bytes (absent:
+ *                             such lanes carry messages)
  *   inline_runs   [[addr: uint, len: uint]]  write_done (optional, only with success,
  *                             never with am_bytes, always with inline_data): where the
  *                             inline bytes go; 1..WIRE_MAX_INLINE runs, len >= 1,
@@ -65,7 +70,7 @@
     X(MD, "md") X(OP, "op") X(REMAINING, "remaining_ms") X(KEYS, "keys") X(DST, "dst")       \
     X(EXPECTED, "expected_inc") X(SUCCESS, "success") X(TERMINAL, "terminal")                \
     X(COMPLETED, "completed") X(DEAD, "dead_inc") X(BUSY, "busy") X(AM_BYTES, "am_bytes")   \
-    X(INLINE, "inline") X(RUNS, "inline_runs") X(DATA, "inline_data")
+    X(INLINE, "inline") X(RUNS, "inline_runs") X(DATA, "inline_data") X(PUT_MIN, "put_min")
 
 MPMAP_FIELD_TABLE(FIELDS);
 static const char *const missing_why[N_FIELDS] = {
@@ -96,7 +101,7 @@ static const struct shape {
     [WIRE_METADATA_ACK] = {"metadata_ack", 0, B(OP)},
     [WIRE_START_WRITE] = {"start_write", B(OP) | B(REMAINING) | B(KEYS) | B(DST),
                           B(OP) | B(REMAINING) | B(KEYS) | B(DST) | B(EXPECTED) | B(MD) |
-                              B(INLINE)},
+                              B(INLINE) | B(PUT_MIN)},
     [WIRE_WRITE_DONE] = {"write_done", B(OP) | B(SUCCESS) | B(TERMINAL),
                          B(OP) | B(SUCCESS) | B(TERMINAL) | B(COMPLETED) | B(AM_BYTES) |
                              B(RUNS) | B(DATA)},
@@ -127,7 +132,7 @@ static const char *const region_names[N_REGION] = {"label", "fw",    "addr", "si
 static uint32_t carried(const wire_msg *m)
 {
     uint32_t f = ~(B(MD) | B(OP) | B(EXPECTED) | B(DEAD) | B(COMPLETED) | B(BUSY) | B(AM_BYTES) |
-                   B(INLINE) | B(RUNS) | B(DATA));
+                   B(INLINE) | B(RUNS) | B(DATA) | B(PUT_MIN));
     if (m->has_metadata) f |= B(MD);
     if (m->has_op) f |= B(OP);
     if (m->has_expected_inc) f |= B(EXPECTED);
@@ -136,6 +141,7 @@ static uint32_t carried(const wire_msg *m)
     if (m->busy) f |= B(BUSY);
     if (m->has_am_bytes) f |= B(AM_BYTES);
     if (m->inline_write) f |= B(INLINE);
+    if (m->has_put_min) f |= B(PUT_MIN);
     if (m->has_inline) f |= B(RUNS) | B(DATA);
     return COMMON | (f & shapes[m->type].allow);
 }
@@ -480,6 +486,12 @@ static const char *decode_body(arena *a, const msgpack_object **f, uint32_t pres
     }
     if (present & B(INLINE) && !(mpmap_bool(f[F_INLINE], &m->inline_write) && m->inline_write))
         return "start_write: inline must be true when present";
+    if (present & B(PUT_MIN)) {
+        if (!mpmap_u64(f[F_PUT_MIN], &m->put_min) || m->put_min == 0)
+            return "start_write: put_min not an unsigned integer >= 1";
+        if (m->inline_write) return "start_write: put_min and inline are exclusive";
+        m->has_put_min = true;
+    }
     /* Absent means not busy: false is not a second spelling of it. */
     if (present & B(BUSY) && !(mpmap_bool(f[F_BUSY], &m->busy) && m->busy))
         return "write_refused: busy must be true when present";
@@ -620,6 +632,7 @@ static bool msg_ok(const wire_msg *m)
     if (m->type == WIRE_WRITE_DONE && !m->success && m->n_completed > 0) return false;
     if (f & B(COMPLETED) && !completed_ok(m)) return false;
     if (f & B(AM_BYTES) && !m->success) return false;
+    if (f & B(PUT_MIN) && (m->put_min == 0 || m->inline_write)) return false;
     if (f & B(RUNS) && !inline_ok(m)) return false;
     return true;
 }
@@ -724,6 +737,7 @@ static int pack_value(msgpack_packer *pk, const void *msg, int f)
     case F_INLINE: return mpmap_pack_bool(pk, m->inline_write);
     case F_RUNS: return pack_runs(pk, m);
     case F_DATA: return pack_bin(pk, m->inline_data);
+    case F_PUT_MIN: return msgpack_pack_uint64(pk, m->put_min);
     }
     return -1;
 }
@@ -802,5 +816,6 @@ bool wire_msg_equal(const wire_msg *a, const wire_msg *b)
            (!(f & B(COMPLETED)) || completed_eq(a, b)) &&
            (!(f & B(DEAD)) || bytes_eq(a->dead_inc, b->dead_inc)) &&
            (!(f & B(AM_BYTES)) || a->am_bytes == b->am_bytes) &&
+           (!(f & B(PUT_MIN)) || a->put_min == b->put_min) &&
            (!(f & B(RUNS)) || runs_eq(a, b));
 }

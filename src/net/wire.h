@@ -10,7 +10,9 @@
  *   start_write      target -> source  op, remaining_ms, [expected_inc], keys,
  *                                      dst refs per key, [metadata], [inline]
  *                                      (inline: the bytes go in write_done, never
- *                                      with UCX; asked for small writes)
+ *                                      with UCX; asked for small writes), [put_min]
+ *                                      (puts even over TCP lanes when every
+ *                                      destination piece is at least this big)
  *   write_done       source -> target  op, success, terminal, completed indices,
  *                                      [am_bytes] (after the UCX flush completed; or,
  *                                      when the data went as active messages, once
@@ -124,6 +126,12 @@ typedef struct wire_msg {
     /* start_write: write the bytes inline in write_done, never with UCX
      * (optional; only true is carried) */
     bool inline_write;
+    /* start_write: the target takes UCX puts for this write even where every
+     * lane is TCP (net/ucx.h) if every destination piece its refs resolve to
+     * holds at least put_min bytes (optional, >= 1, never with inline_write;
+     * absent: writes over such lanes go as messages) */
+    bool has_put_min;
+    uint64_t put_min;
 
     /* write_done, write_probe_ack */
     bool success;              /* write_done */

@@ -144,6 +144,8 @@ struct pull {
     uint64_t am_in, am_expect;
     bool inline_asked;  /* its start_write asked for the bytes inline in write_done:
                          * nothing but this process writes its destinations */
+    bool puts_agreed;   /* its start_write's put_min covers every destination piece:
+                         * the source may put even over message lanes (net/ucx.h) */
 };
 
 /* ---- source writes --------------------------------------------------------- */
@@ -193,6 +195,8 @@ typedef struct swrite {
     uint8_t state;                /* enum sw_state */
     bool forced_fail, cancel_pending, abandoned, pins_dropped, success;
     bool inline_write;            /* the bytes go inline in write_done, never with UCX */
+    bool puts_agreed;             /* start_write's put_min covers every destination piece */
+    bool by_messages;             /* posted as UCX messages (net/ucx.h), not puts */
     const char *busy;             /* refused at this limit before anything was written */
     uint64_t start_ns, deadline_ns, cancel_deadline_ns;
     uint32_t n_keys;
@@ -313,6 +317,7 @@ struct remote {
     pull *pull_index[PULL_BUCKETS]; /* ... by handle (target_take_bytes, replies) */
     uint32_t inline_max;          /* pulls of at most this many bytes ask for them inline
                                    * (0: never); set before the thread starts */
+    uint64_t put_min;             /* start_write's put_min (0: not sent); set so too */
     pull *todo, *todo_tail;       /* pulls with work for main */
     uint64_t n_pulls;
     tier_batch query;             /* the batch of a query (no pull) */

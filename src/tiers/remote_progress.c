@@ -656,21 +656,27 @@ static void remote_destroy(tier *t);
  * (docs/ARCHITECTURE.md, the peer tier); KVCR_INLINE_WRITE_MAX overrides
  * it, 0 turning inline writes off. */
 #define INLINE_WRITE_MAX_DEFAULT (64u << 10)
+/* Pulls whose every destination piece holds at least this many bytes let
+ * their source put even over TCP lanes (start_write's put_min: large
+ * blocks move faster so, docs/BENCHMARKS.md "Across hosts");
+ * KVCR_TCP_PUT_MIN overrides it, 0 never letting it. */
+#define TCP_PUT_MIN_DEFAULT (1ull << 20)
 
-static uint32_t inline_write_max(const kvcr_logger *log)
+/* The byte count in environment variable `name`, at most max; dflt when
+ * unset or not such a count (logged). */
+static uint64_t env_bytes(const kvcr_logger *log, const char *name, uint64_t max, uint64_t dflt)
 {
-    const char *v = getenv("KVCR_INLINE_WRITE_MAX");
-    if (v == NULL || *v == 0) return INLINE_WRITE_MAX_DEFAULT;
+    const char *v = getenv(name);
+    if (v == NULL || *v == 0) return dflt;
     char *end;
     errno = 0;
     unsigned long long n = strtoull(v, &end, 10);
-    if (*end != 0 || errno != 0 || n > WIRE_MAX_INLINE || v[0] == '-') {
-        kvcr_log(log, KVCR_LOG_WARN,
-                 "KVCR_INLINE_WRITE_MAX=%s is not a byte count of 0..%u: %u", v, WIRE_MAX_INLINE,
-                 INLINE_WRITE_MAX_DEFAULT);
-        return INLINE_WRITE_MAX_DEFAULT;
+    if (*end != 0 || errno != 0 || n > max || v[0] == '-') {
+        kvcr_log(log, KVCR_LOG_WARN, "%s=%s is not a byte count of 0..%llu: %llu", name, v,
+                 (unsigned long long)max, (unsigned long long)dflt);
+        return dflt;
     }
-    return (uint32_t)n;
+    return n;
 }
 
 /* The control channel, bound on control_listener when one was handed over
@@ -703,7 +709,10 @@ int remote_start(kvcr_t *kv, int control_listener, remote **out)
     r->next_source_no = 1;
     r->next_pin_req = 1;
     host_incarnation(kv, r->inc);
-    r->inline_max = inline_write_max(host_logger(kv));
+    r->inline_max =
+        (uint32_t)env_bytes(host_logger(kv), "KVCR_INLINE_WRITE_MAX", WIRE_MAX_INLINE,
+                            INLINE_WRITE_MAX_DEFAULT);
+    r->put_min = env_bytes(host_logger(kv), "KVCR_TCP_PUT_MIN", UINT64_MAX, TCP_PUT_MIN_DEFAULT);
     int rc = 0;
     if ((r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
         rc = kvcr_fail(KVCR_ESYS, "eventfd failed: %s", strerror(errno));
@@ -839,7 +848,8 @@ int remote_check_source(const remote *r, const char *source)
  * messages whose reply endpoint named another key than their connection's;
  * and the write messages from peers that the sink dropped (malformed, or
  * not for a pull waiting for them: ucx_sink_dropped, an atomic the
- * progress thread counts). */
+ * progress thread counts); the UCX writes this source posted as puts and
+ * as messages (ucx_writes_posted, atomics too). */
 static void remote_gauges(tier *t, gauge_sink *s)
 {
     const remote *r = of(t);
@@ -863,6 +873,10 @@ static void remote_gauges(tier *t, gauge_sink *s)
     gauge_sink_add(s, "", "control_auth_refused_messages", (double)r->refused_messages);
     gauge_sink_add(s, "", "ucx_write_messages_dropped",
                    r->ucx ? (double)ucx_sink_dropped(r->ucx) : 0);
+    uint64_t puts = 0, messages = 0;
+    if (r->ucx) ucx_writes_posted(r->ucx, &puts, &messages);
+    gauge_sink_add(s, "", "ucx_writes_as_puts", (double)puts);
+    gauge_sink_add(s, "", "ucx_writes_as_messages", (double)messages);
 }
 
 /* Locked, every poll: what the progress thread handed back (finished

@@ -200,7 +200,7 @@ static bool send_done(remote *r, swrite *sw, bool success, bool terminal)
     }
     wire_msg m = {.type = WIRE_WRITE_DONE, .has_op = true, .op = sw->op, .success = success,
                   .terminal = terminal, .n_completed = n, .completed = completed};
-    if (success && sw->state == SW_POSTED && ucx_peer_messages(sw->route->peer)) {
+    if (success && sw->state == SW_POSTED && sw->by_messages) {
         /* Sent as messages: the target waits until it has taken them all. */
         m.has_am_bytes = true;
         for (uint32_t i = 0; i < sw->n_segs; i++) m.am_bytes += sw->segs[i].len;
@@ -349,6 +349,9 @@ static swrite *sw_new(remote *r, const wire_msg *m, route *rt, const char **why)
     sw->route = rt;
     sw->op = m->op;
     sw->inline_write = m->inline_write;
+    sw->puts_agreed = m->has_put_min;
+    for (uint32_t i = 0; i < sw->n_dpieces && sw->puts_agreed; i++)
+        sw->puts_agreed = sw->dpieces[i].len >= m->put_min;
     copy_str(sw->agent, sizeof sw->agent, &m->agent);
     copy_str(sw->reply_to, sizeof sw->reply_to, &m->from);
     copy_str(sw->reflected, sizeof sw->reflected, &m->to);
@@ -660,7 +663,11 @@ static void on_ucx_done(void *ud, int status)
 
 void source_post(remote *r, swrite *sw)
 {
-    int rc = ucx_write(sw->route->peer, sw->segs, sw->n_segs, (uint64_t)sw->op, on_ucx_done, sw);
+    /* Puts over message lanes only where the target agreed (put_min): it
+     * then treats the write as a put, never as quiet at its deadline. */
+    sw->by_messages = ucx_write_messages(sw->route->peer, sw->puts_agreed);
+    int rc = ucx_write_as(sw->route->peer, sw->segs, sw->n_segs, (uint64_t)sw->op,
+                          sw->puts_agreed, on_ucx_done, sw);
     if (rc != 0) on_ucx_done(sw, rc); /* nothing was posted */
     (void)r;
 }

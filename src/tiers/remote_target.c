@@ -296,6 +296,16 @@ static bool in_ranges(const mem_piece *g, uint32_t n, uint64_t addr, uint64_t le
     return addr - at->addr <= at->len && len <= at->len - (addr - at->addr);
 }
 
+/* The destination pieces of the pull's ref i, resolved as the source
+ * resolves them (0: it does not resolve). Progress thread, locked. */
+static uint32_t ref_pieces(remote *r, const pull *p, uint32_t i, mem_piece *one)
+{
+    const wire_ref *ref = &p->refs[i];
+    const char *why = NULL;
+    return pieces_resolve(r->own_geom, r->md.n_regions, ref->framework,
+                          (const char *)ref->label.data, ref->index, one, &why);
+}
+
 /* Whether the pull asks for its bytes inline in write_done: inline writes
  * are on (r->inline_max), its destinations hold at most that many bytes,
  * and the write_done fits the control messages we receive (its other
@@ -307,16 +317,27 @@ static bool ask_inline(remote *r, const pull *p)
     mem_piece one[PIECES_MAX];
     uint64_t total = 0;
     for (uint32_t i = 0; i < p->n_refs; i++) {
-        const wire_ref *ref = &p->refs[i];
-        const char *why = NULL;
-        uint32_t k = pieces_resolve(r->own_geom, r->md.n_regions, ref->framework,
-                                    (const char *)ref->label.data, ref->index, one, &why);
+        uint32_t k = ref_pieces(r, p, i, one);
         if (k == 0) return false;
         for (uint32_t j = 0; j < k; j++) total += one[j].len;
         if (total > r->inline_max) return false;
     }
     uint64_t other = 4096 + 5ull * p->n_keys + 19ull * 2 * PIECES_MAX * p->n_refs;
     return total + other <= host_conf(r->kv)->limits.max_control_message_bytes;
+}
+
+/* Whether every destination piece of the pull holds at least min bytes
+ * (as the source sees them: ref_pieces). Progress thread, locked. */
+static bool pieces_at_least(remote *r, const pull *p, uint64_t min)
+{
+    mem_piece one[PIECES_MAX];
+    for (uint32_t i = 0; i < p->n_refs; i++) {
+        uint32_t k = ref_pieces(r, p, i, one);
+        if (k == 0) return false;
+        for (uint32_t j = 0; j < k; j++)
+            if (one[j].len < min) return false;
+    }
+    return true;
 }
 
 static void send_start_write(remote *r, pull *p, uint64_t now)
@@ -340,12 +361,15 @@ static void send_start_write(remote *r, pull *p, uint64_t now)
     if (rc == 0) {
         ref_off[p->n_keys] = p->n_refs;
         p->inline_asked = ask_inline(r, p);
+        bool put_min = !p->inline_asked && r->put_min > 0;
+        p->puts_agreed = put_min && pieces_at_least(r, p, r->put_min);
         wire_msg m = {.type = WIRE_START_WRITE, .has_op = true, .op = p->handle,
                       .remaining_ms = (double)(p->deadline_ns - now) / 1e6,
                       .n_keys = p->n_keys, .keys = keys, .ref_off = ref_off, .refs = p->refs,
                       .has_expected_inc = p->has_inc,
                       .expected_inc = {p->inc, WIRE_INCARNATION_LEN},
-                      .inline_write = p->inline_asked};
+                      .inline_write = p->inline_asked,
+                      .has_put_min = put_min, .put_min = r->put_min};
         rc = send_msg(r, p->source, &m, MD_FORCE);
         p->sent_md = m.has_metadata;
     }
@@ -424,7 +448,8 @@ static void on_terminal(remote *r, pull *p, bool success, const uint32_t *comple
 
 /* The pull's source writes by messages: one of its writes came so, or an
  * earlier pull's from the same incarnation did (how a peer writes to us is
- * fixed by the lanes between us, net/ucx.h). Remembered for the peer. */
+ * fixed by the lanes between us, net/ucx.h, but for pulls that agreed to
+ * puts: see writes_by_messages). Remembered for the peer. */
 static void saw_messages(remote *r, pull *p)
 {
     p->am_seen = true;
@@ -434,9 +459,12 @@ static void saw_messages(remote *r, pull *p)
     memcpy(peer->messages_inc, p->inc, sizeof peer->messages_inc);
 }
 
+/* A pull whose source may put (puts_agreed) is never taken for one that
+ * writes by messages until a message of its own came. */
 static bool writes_by_messages(remote *r, const pull *p)
 {
     if (p->am_seen) return true;
+    if (p->puts_agreed) return false;
     const rpeer *peer = p->has_inc ? peer_get(r, p->source, false) : NULL;
     return peer != NULL && peer->messages &&
            memcmp(peer->messages_inc, p->inc, sizeof peer->messages_inc) == 0;

@@ -167,6 +167,8 @@ static void same_fields(const wire_msg *m, const wire_msg *d)
     assert_int_equal(d->n_completed, wd && m->success ? m->n_completed : 0);
     for (uint32_t i = 0; i < d->n_completed; i++) assert_int_equal(d->completed[i], m->completed[i]);
     assert_int_equal(d->inline_write, sw && m->inline_write);
+    assert_int_equal(d->has_put_min, sw && m->has_put_min);
+    assert_true(d->put_min == (d->has_put_min ? m->put_min : 0));
     assert_int_equal(d->has_inline, wd && m->has_inline);
     assert_int_equal(d->n_runs, d->has_inline ? m->n_runs : 0);
     for (uint32_t i = 0; i < d->n_runs; i++)
@@ -1177,6 +1179,46 @@ static wire_msg inline_done(void)
     return m;
 }
 
+/* put_min: start_write only, an unsigned count >= 1 (absent is the only
+ * "never"), never beside inline; its value takes part in equality. */
+static void test_put_min_rides_start_write_only_as_a_positive_count(void **state)
+{
+    (void)state;
+    wire_msg sw = full_start_write();
+    sw.has_put_min = true;
+    sw.put_min = 1u << 20;
+    roundtrip(&sw);
+    wire_msg big = sw;
+    big.put_min = UINT64_MAX;
+    roundtrip(&big);
+    assert_false(wire_msg_equal(&sw, &big));
+    wire_msg none_sent = full_start_write();
+    assert_false(wire_msg_equal(&sw, &none_sent));
+    wire_msg zero = sw, both = sw;
+    zero.put_min = 0;
+    both.inline_write = true;
+    void *buf;
+    size_t len;
+    assert_int_equal(wire_encode(&zero, &buf, &len), -1); /* the encoder keeps the rules */
+    assert_int_equal(wire_encode(&both, &buf, &len), -1);
+    wire_msg probe = base(WIRE_WRITE_PROBE); /* a type without it: encodes as bare */
+    probe.has_op = true, probe.has_put_min = true, probe.put_min = 5;
+    roundtrip(&probe);
+
+    tree *t;
+    t = tree_of(&sw), *get(root(t), "put_min") = u64_obj(0);
+    REFUSED(t, "start_write: put_min not an unsigned integer >= 1");
+    t = tree_of(&sw), *get(root(t), "put_min") = neg_obj(-1);
+    REFUSED(t, "start_write: put_min not an unsigned integer >= 1");
+    t = tree_of(&sw), *get(root(t), "put_min") = bool_obj(true);
+    REFUSED(t, "start_write: put_min not an unsigned integer >= 1");
+    t = tree_of(&sw), *add(t, root(t), STR("inline")) = bool_obj(true);
+    REFUSED(t, "start_write: put_min and inline are exclusive");
+    wire_msg done = write_done(true, 2);
+    t = tree_of(&done), *add(t, root(t), STR("put_min")) = u64_obj(4096);
+    REFUSED(t, "field not allowed for this type: put_min");
+}
+
 static void test_inline_writes(void **state)
 {
     (void)state;
@@ -1273,6 +1315,7 @@ int main(void)
         cmocka_unit_test(test_fields_each_type_requires_and_allows),
         cmocka_unit_test(test_write_refused_busy),
         cmocka_unit_test(test_inline_writes),
+        cmocka_unit_test(test_put_min_rides_start_write_only_as_a_positive_count),
         cmocka_unit_test(test_integer_and_number_rules),
         cmocka_unit_test(test_start_write_bounds),
         cmocka_unit_test(test_key_count_bound),

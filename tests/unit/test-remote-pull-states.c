@@ -154,6 +154,8 @@ typedef struct sent {
     bool framework;   /* of the first ref */
     uint64_t index1;  /* of the second ref */
     bool inline_write;
+    bool has_put_min;
+    uint64_t put_min;
     uint64_t at_ns;
 } sent;
 
@@ -176,7 +178,8 @@ int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
     m->has_metadata = md_rule != MD_NEVER && !net.acked;
     *s = (sent){.type = m->type, .op = m->op, .md_rule = md_rule,
                 .has_expected_inc = m->has_expected_inc, .remaining_ms = m->remaining_ms,
-                .n_keys = m->n_keys, .inline_write = m->inline_write, .at_ns = clock_ns};
+                .n_keys = m->n_keys, .inline_write = m->inline_write,
+                .has_put_min = m->has_put_min, .put_min = m->put_min, .at_ns = clock_ns};
     snprintf(s->to, sizeof s->to, "%s", endpoint);
     if (m->has_expected_inc) memcpy(s->expected_inc, m->expected_inc.data, WIRE_INCARNATION_LEN);
     if (m->type == WIRE_START_WRITE) {
@@ -266,8 +269,9 @@ static int teardown(void **state)
 }
 
 /* A deliver (or fetch) of keys k0 and k1 for op 7, built as the core builds
- * it, and sent: the pull, in PULL_WAIT_DONE. */
-static pull *start_pull(remote *r, bool fetch)
+ * it, and sent (known: its source's incarnation is known already): the
+ * pull, in PULL_WAIT_DONE. */
+static pull *start_pull_from(remote *r, bool fetch, bool known)
 {
     tier_batch_info info = {"req", 7, fetch, 2, 2};
     tier_batch *b = target_begin(r, &info);
@@ -295,13 +299,18 @@ static pull *start_pull(remote *r, bool fetch)
     assert_int_equal(s->op, fetch ? -7 : 7); /* a fetch's pull names its fill */
     assert_string_equal(s->to, SOURCE);
     assert_int_equal(s->md_rule, MD_FORCE);
-    assert_false(s->has_expected_inc); /* nothing learned of the source yet */
+    assert_int_equal(s->has_expected_inc, known); /* what was learned of the source */
     assert_true(s->remaining_ms == OP_TIMEOUT_MS);
     assert_int_equal(s->n_keys, 2);
     assert_int_equal(s->n_refs, 2);
     assert_int_equal(s->framework, !fetch);
     assert_int_equal(s->index1, fetch ? 21 : 11);
     return p;
+}
+
+static pull *start_pull(remote *r, bool fetch)
+{
+    return start_pull_from(r, fetch, false);
 }
 
 /* A decoded message from an endpoint about op 7, as incarnation inc. */
@@ -836,6 +845,107 @@ static void test_an_inline_pull_refuses_a_success_without_its_bytes(void **state
     assert_settled(0, 0, false, KVCR_REASON_TRANSFER_ERROR);
 }
 
+/* The next pull of k0, k1 from the same source, its incarnation known. */
+static pull *next_pull(remote *r)
+{
+    net.n = net.n_wakes = host.n_settles = 0;
+    host.hint.failed = false;
+    return start_pull_from(r, false, true);
+}
+
+/* At its deadline the pull ends at once, failed, never uncertain. */
+static void assert_quiet_at_deadline(remote *r, pull *p)
+{
+    clock_ns = p->deadline_ns;
+    uint64_t next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(p->state, PULL_FINISHED);
+    target_main(r);
+    assert_settled(0, 0, false, KVCR_REASON_TIMEOUT);
+    assert_settled(1, 1, false, KVCR_REASON_TIMEOUT);
+    assert_int_equal(net.n_events, 0);
+    assert_null(r->pulls);
+}
+
+/* Over TCP lanes a source writes by messages, which the target remembers
+ * for its incarnation: a pull of it is quiet at its deadline. But a pull
+ * whose start_write let it put (put_min, reached by every destination
+ * piece) may be written by puts: at its deadline it goes the probe /
+ * abandon path like any put, until a message of its own shows it came by
+ * messages. A target with put_min 0 sends none and keeps the memory's
+ * rule. */
+static void test_a_pull_that_let_its_source_put_is_not_quiet_at_its_deadline(void **state)
+{
+    remote *r = *state;
+    publish_fw(r, 0); /* no inline pulls */
+    for (size_t i = 0; i < sizeof payload; i++) payload[i] = (uint8_t)(i * 7 + 1);
+    r->put_min = 2 * ELEM; /* above the elements: messages */
+    pull *p = start_pull(r, false);
+    assert_true(net.msgs[0].has_put_min);
+    assert_int_equal(net.msgs[0].put_min, 2 * ELEM);
+    assert_false(p->puts_agreed);
+    learn_incarnation(r, p, INC_A);
+    assert_true(target_take_bytes(r, 7, elem(10), payload, ELEM));
+    assert_true(target_take_bytes(r, 7, elem(11), payload + ELEM, ELEM));
+    uint32_t completed[] = {0, 1};
+    wire_msg done = done_msg(INC_A, completed, 2);
+    done.has_am_bytes = true;
+    done.am_bytes = 2 * ELEM;
+    target_on_message(r, &done);
+    assert_int_equal(p->state, PULL_FINISHED);
+    assert_true(p->success);
+    assert_memory_equal(&fw_mem[10 * ELEM], payload, 2 * ELEM);
+    target_main(r);
+    assert_settled(0, 0, true, KVCR_REASON_NONE);
+    assert_settled(1, 1, true, KVCR_REASON_NONE);
+    assert_null(r->pulls);
+    assert_true(peer_get(r, SOURCE, false)->messages);
+
+    /* Every piece reaches put_min: not quiet at the deadline. */
+    r->put_min = ELEM;
+    p = next_pull(r);
+    assert_true(net.msgs[0].has_put_min);
+    assert_int_equal(net.msgs[0].put_min, ELEM);
+    assert_true(p->puts_agreed);
+    clock_ns = p->deadline_ns;
+    uint64_t next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(p->state, PULL_WAIT_TERMINAL);
+    assert_int_equal(net.msgs[net.n - 1].type, WIRE_WRITE_PROBE);
+    target_main(r);
+    assert_int_equal(host.n_settles, 0); /* held until the source is quiet */
+    clock_ns = p->abandon_ns;
+    next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(p->state, PULL_QUARANTINED);
+    target_main(r);
+    assert_int_equal(net.n_events, 1);
+    assert_int_equal(net.events[0], KVCR_TRANSFER_UNCERTAIN);
+    assert_settled(0, 0, false, KVCR_REASON_TIMEOUT);
+    wire_msg over = from(SOURCE, WIRE_WRITE_PROBE_ACK, 7, INC_A);
+    over.terminal = true;
+    target_on_message(r, &over);
+    assert_int_equal(p->state, PULL_FINISHED);
+    target_main(r);
+    assert_null(r->pulls);
+
+    /* The same pull once a message of its own came: quiet at once. */
+    net.n_events = 0;
+    clock_ns = T0;
+    p = next_pull(r);
+    assert_true(p->puts_agreed);
+    assert_true(target_take_bytes(r, 7, elem(10), payload, ELEM));
+    assert_quiet_at_deadline(r, p);
+
+    /* put_min off: none sent, and the memory makes the pull quiet. */
+    r->put_min = 0;
+    clock_ns = T0;
+    p = next_pull(r);
+    assert_false(net.msgs[0].has_put_min);
+    assert_false(p->puts_agreed);
+    assert_quiet_at_deadline(r, p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -867,6 +977,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_a_refusal_of_a_start_write_without_metadata_sends_it_again_with_it, setup,
             teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_pull_that_let_its_source_put_is_not_quiet_at_its_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_records_are_bounded_and_reclaimed, setup,
                                         teardown),
     };
