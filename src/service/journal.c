@@ -65,7 +65,9 @@
 #define FRAME_MIN (HEAD + 8)                 /* a 1-byte key, padded */
 #define EXTRA_HEAD 3 /* JFLAG_META: u16 metadata length, u8 tenant length */
 #define FRAME_MAX (HEAD + KVCR_KEY_MAX + 8 + EXTRA_HEAD + JOURNAL_TENANT_MAX + JOURNAL_META_MAX)
-#define SCRATCH_BYTES FRAME_MAX /* the largest frame: a PUT with all it may carry */
+/* The largest frame in the ring (a PUT with all it may carry), padded to 8
+ * as the ring holds it: the padding is copied and checked too. */
+#define SCRATCH_BYTES ((FRAME_MAX + 7) & ~(uint64_t)7)
 
 /* ---- the words both processes touch ------------------------------------------ */
 
