@@ -11,6 +11,7 @@
 #include "kvcr/error.h"
 #include "net/amhdr.h"
 #include "util/clock.h"
+#include "util/env.h"
 
 /* Bounds on a worker address from the wire: a header, a worker id and at
  * least a byte; real ones are a few hundred bytes (215 on a host with tcp
@@ -305,17 +306,8 @@ static ucs_status_t set_batch_runs(ucx_ctx *c)
     if (st != UCS_OK) return st;
     size_t fit = wa.max_am_header > 8 ? (wa.max_am_header - 8) / AMHDR_RUN : 0;
     c->batch_runs = fit < 2 ? 1 : fit < AMHDR_MAX_RUNS ? fit : AMHDR_MAX_RUNS;
-    c->batch_bytes = AM_BATCH_BYTES;
-    const char *env = getenv("KVCR_UCX_BATCH_BYTES");
-    if (env != NULL) {
-        char *end;
-        unsigned long long v = strtoull(env, &end, 10);
-        if (end == env || *end != '\0' || v > AM_BATCH_BYTES_MAX)
-            kvcr_log(c->log, KVCR_LOG_WARN, "ucx: KVCR_UCX_BATCH_BYTES=%s is not 0..%u: %u", env,
-                     AM_BATCH_BYTES_MAX, AM_BATCH_BYTES);
-        else
-            c->batch_bytes = (size_t)v;
-    }
+    c->batch_bytes =
+        (size_t)env_bytes(c->log, "KVCR_UCX_BATCH_BYTES", AM_BATCH_BYTES_MAX, AM_BATCH_BYTES);
     return UCS_OK;
 }
 

@@ -21,6 +21,7 @@
 
 #include "tiers/remote_int.h"
 #include "util/clock.h"
+#include "util/env.h"
 #include "util/event.h"
 
 #define MSG_BATCH 64
@@ -661,23 +662,6 @@ static void remote_destroy(tier *t);
  * blocks move faster so, docs/BENCHMARKS.md "Across hosts");
  * KVCR_TCP_PUT_MIN overrides it, 0 never letting it. */
 #define TCP_PUT_MIN_DEFAULT (1ull << 20)
-
-/* The byte count in environment variable `name`, at most max; dflt when
- * unset or not such a count (logged). */
-static uint64_t env_bytes(const kvcr_logger *log, const char *name, uint64_t max, uint64_t dflt)
-{
-    const char *v = getenv(name);
-    if (v == NULL || *v == 0) return dflt;
-    char *end;
-    errno = 0;
-    unsigned long long n = strtoull(v, &end, 10);
-    if (*end != 0 || errno != 0 || n > max || v[0] == '-') {
-        kvcr_log(log, KVCR_LOG_WARN, "%s=%s is not a byte count of 0..%llu: %llu", name, v,
-                 (unsigned long long)max, (unsigned long long)dflt);
-        return dflt;
-    }
-    return n;
-}
 
 /* The control channel, bound on control_listener when one was handed over
  * (ctl_open owns it from then on, failing or not). */
