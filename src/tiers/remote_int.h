@@ -38,6 +38,7 @@ typedef struct rpeer {
     bool eager;        /* a hint asked us to publish our metadata to it */
     uint32_t eager_tries;
     uint64_t last_ns;  /* last looked up: the least recently used is reclaimed first */
+    uint64_t heard_ns; /* a message last came from it (0: never) */
 } rpeer;
 
 /* ---- routes: how to write into a target (progress only) -------------------- */
@@ -115,6 +116,7 @@ struct pull {
     bool fetch;
     uint8_t state;      /* enum pull_state */
     bool uncertain;
+    bool held;          /* waited for a silent source (target_adopt), counted once */
     bool success;
     bool probe_due;      /* the last probe could not be sent: again at the next turn */
     bool discarded;
@@ -311,6 +313,8 @@ struct remote {
     uint64_t peers_reclaimed;     /* records of unused sources dropped (a gauge) */
     uint64_t peer_sweep_ns;       /* progress only: the next sweep */
     kvcr_log_limit peer_log;      /* refusals at max_peers, logged once a second */
+    uint64_t pulls_held;          /* pulls that waited for a silent source */
+    kvcr_log_limit held_log;      /* and their log line, once a second */
 
     bool connects_due;            /* a route's connect_due is set (progress only) */
     pull *pulls;                  /* every live pull */
@@ -394,6 +398,9 @@ rpeer *peer_get(remote *r, const char *endpoint, bool create);
 /* A failed send, a timeout or a refusal: the peer may have lost our
  * metadata (a restart), so the next message publishes it again. */
 void peer_invalidate(remote *r, const char *endpoint);
+/* A valid message came from endpoint (its reply endpoint, len bytes): the
+ * record, if there is one, notes when (rpeer.heard_ns). */
+void peer_heard(remote *r, const void *endpoint, size_t len, uint64_t now);
 /* A refusal at config.max_peers of what (name: len bytes): counted,
  * logged at most once a second. */
 void peer_refused(remote *r, const char *what, int len, const char *name);
@@ -412,7 +419,7 @@ int route_admit(remote *r, const wire_bytes *agent);
 void peers_sweep(remote *r, uint64_t now, uint64_t *next_ns);
 
 /* remote_target.c (locked, progress thread unless noted) */
-void target_adopt(remote *r, uint64_t now);
+void target_adopt(remote *r, uint64_t now, uint64_t *next_ns);
 void target_timers(remote *r, uint64_t now, uint64_t *next_ns);
 void target_on_message(remote *r, const wire_msg *m);
 bool target_idle(const remote *r);     /* nothing may still write our memory */

@@ -101,6 +101,16 @@ void peer_invalidate(remote *r, const char *endpoint)
     if (p != NULL) p->acked = false, p->retry_ns = 0;
 }
 
+void peer_heard(remote *r, const void *endpoint, size_t len, uint64_t now)
+{
+    char ep[CTL_MAX_ENDPOINT + 1];
+    if (len > CTL_MAX_ENDPOINT) return;
+    memcpy(ep, endpoint, len);
+    ep[len] = '\0';
+    rpeer *p = peer_get(r, ep, false);
+    if (p != NULL) p->heard_ns = now;
+}
+
 void peer_records_sweep(remote *r, uint64_t now)
 {
     uint64_t idle = (uint64_t)host_conf(r->kv)->peer_idle_ms * 1000000ull;

@@ -450,6 +450,7 @@ static void on_message(void *ud, const void *data, size_t len, const char *peer_
     /* The source's handlers count what they drop through remote_drop; the
      * target's only in the total: a valid reply that nothing here waits for
      * (a late one, a stranger's, another incarnation's). */
+    peer_heard(r, m.from.data, m.from.len, kvcr_now_ns());
     uint64_t dropped = r->dropped_messages;
     switch (m.type) {
     case WIRE_METADATA:
@@ -519,7 +520,7 @@ static bool turn_locked(remote *r, uint64_t *next_ns)
     source_ucx_settle(r);
     size_t got = ctl_serve_handshakes(r->ctl, MSG_BATCH, on_handshake_failed, r) +
                  ctl_recv(r->ctl, MSG_BATCH, on_message, r);
-    target_adopt(r, now);
+    target_adopt(r, now, next_ns);
     publish_eager(r, now, next_ns);
     peers_sweep(r, now, next_ns);
     if (r->stop) {
@@ -861,6 +862,7 @@ static void remote_gauges(tier *t, gauge_sink *s)
     if (r->ucx) ucx_writes_posted(r->ucx, &puts, &messages);
     gauge_sink_add(s, "", "ucx_writes_as_puts", (double)puts);
     gauge_sink_add(s, "", "ucx_writes_as_messages", (double)messages);
+    gauge_sink_add(s, "", "pulls_held_for_silent_source", (double)r->pulls_held);
 }
 
 /* Locked, every poll: what the progress thread handed back (finished

@@ -384,10 +384,54 @@ static void send_start_write(remote *r, pull *p, uint64_t now)
     p->state = PULL_WAIT_DONE;
 }
 
-void target_adopt(remote *r, uint64_t now)
+static void next_at(uint64_t *next_ns, uint64_t t)
 {
-    for (pull *p = r->pulls; p; p = p->next)
-        if (p->state == PULL_START) send_start_write(r, p, now);
+    if (t < *next_ns) *next_ns = t;
+}
+
+/* An earlier pull from p's source still waits, past its deadline, for
+ * proof that the source is quiet (it may have put into our memory), and
+ * nothing came from the source since that deadline: the source is silent. */
+static const pull *silent_source(remote *r, const pull *p)
+{
+    const rpeer *peer = peer_get(r, p->source, false);
+    if (peer == NULL) return NULL;
+    for (const pull *q = r->pulls; q; q = q->next)
+        if ((q->state == PULL_WAIT_TERMINAL || q->state == PULL_QUARANTINED) &&
+            peer->heard_ns < q->deadline_ns && strcmp(q->source, p->source) == 0)
+            return q;
+    return NULL;
+}
+
+/* New pulls are sent, but not to a silent source: every write sent there
+ * that may put would hold its destination until the source answers, so a
+ * source that vanished would take a slot with each pull. A held pull goes
+ * when the source answers anything (its earlier pulls are probed at least
+ * every HOLD_PROBE_MS while pulls wait for it), or fails with TIMEOUT at its
+ * deadline with nothing sent and its memory free. */
+#define HOLD_PROBE_MS 250u
+
+void target_adopt(remote *r, uint64_t now, uint64_t *next_ns)
+{
+    for (pull *p = r->pulls; p; p = p->next) {
+        if (p->state != PULL_START) continue;
+        pull *q = now < p->deadline_ns ? (pull *)silent_source(r, p) : NULL;
+        if (q == NULL) {
+            send_start_write(r, p, now);
+            continue;
+        }
+        if (!p->held) {
+            p->held = true;
+            r->pulls_held++;
+            kvcr_log_limited(host_logger(r->kv), &r->held_log, 1000,
+                             "pull %lld from %s waits: the source has not answered since an "
+                             "earlier pull's deadline",
+                             (long long)p->handle, p->source);
+        }
+        if (q->reprobe_ns > now + HOLD_PROBE_MS * MS) q->reprobe_ns = now + HOLD_PROBE_MS * MS;
+        next_at(next_ns, q->reprobe_ns);
+        next_at(next_ns, p->deadline_ns);
+    }
 }
 
 static pull *find_pull(remote *r, const wire_msg *m)
@@ -712,11 +756,6 @@ void target_on_message(remote *r, const wire_msg *m)
 {
     on_message(r, m);
     reprobe_on_contact(r, m);
-}
-
-static void next_at(uint64_t *next_ns, uint64_t t)
-{
-    if (t < *next_ns) *next_ns = t;
 }
 
 void target_timers(remote *r, uint64_t now, uint64_t *next_ns)

@@ -380,6 +380,7 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
     c.r.cfg.remote.control_port = o->port;
     if (o->host) c.r.cfg.remote.control_host = o->host;
     c.r.cfg.operation_timeout_ms = o->op_timeout_ms;
+    c.r.cfg.enable_telemetry = true; /* PEER_CMD_COUNTERS reads gauges */
     c.r.cfg.abandon_timeout_ms = o->abandon_timeout_ms;
     c.r.cfg.callbacks.ud = &c.r; /* the rig's own callbacks take the rig */
     if (o->pins || o->hold_pins) {
@@ -445,6 +446,8 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
         } else if (op == PEER_CMD_COUNTERS) {
             c.counts.dropped_messages = kvcr__test_dropped_messages(c.r.kv);
             c.counts.inventory_added = (uint64_t)c.r.inventory_added;
+            c.counts.writes_as_puts = (uint64_t)rig_stat(&c.r, "ucx_writes_as_puts", NULL);
+            c.counts.writes_as_messages = (uint64_t)rig_stat(&c.r, "ucx_writes_as_messages", NULL);
             if (write(out, &c.counts, sizeof c.counts) != (ssize_t)sizeof c.counts) _exit(3);
         } else {
             int rc = kvcr_close(c.r.kv);

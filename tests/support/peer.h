@@ -52,6 +52,9 @@ typedef struct peer_counts {
     uint64_t resilience_events;
     uint64_t deposits_done;   /* blocks deposited and committed */
     uint64_t inventory_added; /* keys announced by inventory events (G2 or G3 added) */
+    /* As a source: UCX writes sent as puts + flush, and as messages (the
+     * gauges ucx_writes_as_puts and ucx_writes_as_messages). */
+    uint64_t writes_as_puts, writes_as_messages;
 } peer_counts;
 
 /* What PEER_CMD_VERIFY found among k0..k<n-1>: how many are HIT in KVCR

@@ -271,8 +271,10 @@ static int teardown(void **state)
 /* A deliver (or fetch) of keys k0 and k1 for op 7, built as the core builds
  * it, and sent (known: its source's incarnation is known already): the
  * pull, in PULL_WAIT_DONE. */
-static pull *start_pull_from(remote *r, bool fetch, bool known)
+/* The same pull handed to the progress thread, not sent yet (PULL_START). */
+static pull *queue_pull(remote *r, bool fetch)
 {
+    size_t wakes = net.n_wakes;
     tier_batch_info info = {"req", 7, fetch, 2, 2};
     tier_batch *b = target_begin(r, &info);
     assert_non_null(b);
@@ -286,12 +288,17 @@ static pull *start_pull_from(remote *r, bool fetch, bool known)
         assert_int_equal(target_read(r, b, &rd), KVCR_REASON_NONE);
     }
     target_end(r, b);
-    assert_int_equal(net.n_wakes, 1); /* the progress thread hears of it */
+    assert_int_equal(net.n_wakes, wakes + 1); /* the progress thread hears of it */
     pull *p = r->pulls;
     assert_non_null(p);
     assert_int_equal(p->state, PULL_START);
+    return p;
+}
 
-    target_adopt(r, clock_ns);
+static pull *start_pull_from(remote *r, bool fetch, bool known)
+{
+    pull *p = queue_pull(r, fetch);
+    target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
     assert_int_equal(p->state, PULL_WAIT_DONE);
     assert_int_equal(net.n, 1);
     const sent *s = &net.msgs[0];
@@ -435,7 +442,7 @@ static void test_a_refusal_of_a_start_write_without_metadata_sends_it_again_with
     assert_int_equal(p->state, PULL_START);
     net.acked = false; /* the refusal made the peer's record forget the ack */
     assert_false(peer_get(r, SOURCE, false)->acked);
-    target_adopt(r, clock_ns);
+    target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
     assert_int_equal(net.n, 2);
     assert_int_equal(net.msgs[1].type, WIRE_START_WRITE);
     assert_int_equal(net.msgs[1].op, 7);
@@ -946,6 +953,76 @@ static void test_a_pull_that_let_its_source_put_is_not_quiet_at_its_deadline(voi
     assert_quiet_at_deadline(r, p);
 }
 
+/* A fetch past its deadline waiting for its source's word (it may have put
+ * into the slots), the source silent since: the next pull to it, a deliver,
+ * is queued and held back. Returns it; *before is the messages sent before it. */
+static pull *hold_behind_a_silent_source(remote *r, size_t *before)
+{
+    pull *old = start_pull(r, true);
+    learn_incarnation(r, old, INC_A);
+    clock_ns = old->deadline_ns;
+    uint64_t next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(old->state, PULL_WAIT_TERMINAL);
+    assert_int_equal(net.msgs[net.n - 1].type, WIRE_WRITE_PROBE);
+    *before = net.n;
+
+    clock_ns += MS;
+    pull *p = queue_pull(r, false);
+    next = UINT64_MAX;
+    target_adopt(r, clock_ns, &next);
+    assert_int_equal(p->state, PULL_START); /* nothing sent */
+    assert_int_equal(net.n, *before);
+    assert_int_equal(r->pulls_held, 1);
+    /* The waiting fetch is probed again sooner than its backoff says. */
+    assert_int_equal(next, clock_ns + 250 * MS);
+    clock_ns = next;
+    next = UINT64_MAX;
+    target_timers(r, clock_ns, &next);
+    assert_int_equal(net.n, *before + 1);
+    assert_int_equal(net.msgs[net.n - 1].type, WIRE_WRITE_PROBE);
+    assert_int_equal(net.msgs[net.n - 1].op, -7);
+    *before = net.n;
+    return p;
+}
+
+static void test_a_pull_to_a_silent_source_waits_until_it_answers(void **state)
+{
+    remote *r = *state;
+    size_t before;
+    pull *p = hold_behind_a_silent_source(r, &before);
+    target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
+    assert_int_equal(net.n, before); /* still silent */
+
+    /* Any answer (the dispatcher notes each message's sender), even one
+     * that frees nothing: the source is back, the held pull goes. */
+    peer_heard(r, SOURCE, strlen(SOURCE), clock_ns);
+    wire_msg running = from(SOURCE, WIRE_WRITE_PROBE_ACK, -7, INC_A);
+    target_on_message(r, &running);
+    target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
+    assert_int_equal(p->state, PULL_WAIT_DONE);
+    assert_int_equal(net.n, before + 1);
+    assert_int_equal(net.msgs[before].type, WIRE_START_WRITE);
+    assert_int_equal(net.msgs[before].op, 7);
+    assert_int_equal(r->pulls_held, 1); /* counted once */
+}
+
+static void test_a_pull_held_to_its_deadline_fails_with_nothing_sent(void **state)
+{
+    remote *r = *state;
+    size_t before;
+    pull *p = hold_behind_a_silent_source(r, &before);
+    host.n_settles = 0;
+    clock_ns = p->deadline_ns;
+    target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
+    assert_int_equal(p->state, PULL_FINISHED);
+    assert_int_equal(net.n, before);
+    target_main(r);
+    assert_settled(0, 0, false, KVCR_REASON_TIMEOUT);
+    assert_settled(1, 1, false, KVCR_REASON_TIMEOUT);
+    assert_int_equal(net.n_events, 0); /* nothing was sent: nothing uncertain */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -956,6 +1033,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refusals_fail_the_pull_and_its_hint, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_deadline_probes_and_a_terminal_answer_frees_a_fetch,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_pull_to_a_silent_source_waits_until_it_answers,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_pull_held_to_its_deadline_fails_with_nothing_sent,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_abandon_reports_uncertain_and_reprobes_until_death_is_proven, setup, teardown),
