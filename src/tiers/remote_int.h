@@ -423,6 +423,9 @@ void target_adopt(remote *r, uint64_t now, uint64_t *next_ns);
 void target_timers(remote *r, uint64_t now, uint64_t *next_ns);
 void target_on_message(remote *r, const wire_msg *m);
 bool target_idle(const remote *r);     /* nothing may still write our memory */
+/* A pull whose bytes come through UCX (not inline) is open: the progress
+ * thread keeps UCX moving actively. */
+bool target_moving(const remote *r);
 /* ucx_sink: a write's bytes sent as a message, copied into a live pull's
  * destinations (progress thread, unlocked: it takes the lock itself). */
 bool target_take_bytes(void *arg, uint64_t tag, uint64_t addr, const void *data, size_t len);

@@ -546,7 +546,7 @@ static void *progress_main(void *arg)
         busy |= turn_locked(r, &next_ns);
         swrite *posts = source_take_posts(r);
         connect_due(r);
-        bool transfers = posts != NULL || !source_idle(r) || !target_idle(r);
+        bool transfers = posts != NULL || !source_idle(r) || target_moving(r);
         bool done = r->stop && target_idle(r) && source_idle(r);
         if (r->stop && give_up == 0)
             give_up = kvcr_now_ns() + (uint64_t)host_conf(kv)->abandon_timeout_ms * MS + 1000 * MS;
@@ -571,7 +571,9 @@ static void *progress_main(void *arg)
         if (transfers) {
             /* Active wait: on one host UCX moves a put in fragments that
              * only progress on both sides drives, and not every step
-             * raises an fd event. */
+             * raises an fd event. A pull whose bytes come inline waits
+             * only for a control message, in poll (target_moving): its
+             * spin would take a CPU its source needs on a small host. */
             timeout = 0;
         } else {
             if (!ucx_arm(r->ucx)) continue;

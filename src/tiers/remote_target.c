@@ -791,6 +791,13 @@ void target_timers(remote *r, uint64_t now, uint64_t *next_ns)
     }
 }
 
+bool target_moving(const remote *r)
+{
+    for (const pull *p = r->pulls; p; p = p->next)
+        if (p->state != PULL_START && p->state != PULL_FINISHED && !p->inline_asked) return true;
+    return false;
+}
+
 bool target_idle(const remote *r)
 {
     for (const pull *p = r->pulls; p; p = p->next)
