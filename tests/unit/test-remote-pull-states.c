@@ -713,6 +713,9 @@ static void test_a_small_pull_takes_its_inline_bytes_into_its_destinations(void 
     pull *p = start_pull(r, false);
     assert_true(p->inline_asked);
     assert_true(net.msgs[0].inline_write);
+    /* Open, but nothing for UCX to move: the progress thread may sleep. */
+    assert_false(target_idle(r));
+    assert_false(target_moving(r));
     learn_incarnation(r, p, INC_A);
     /* Element 11's bytes first: runs may come in any order. */
     wire_run runs[] = {{elem(11), ELEM}, {elem(10), ELEM}};
@@ -888,6 +891,7 @@ static void test_a_pull_that_let_its_source_put_is_not_quiet_at_its_deadline(voi
     for (size_t i = 0; i < sizeof payload; i++) payload[i] = (uint8_t)(i * 7 + 1);
     r->put_min = 2 * ELEM; /* above the elements: messages */
     pull *p = start_pull(r, false);
+    assert_true(target_moving(r)); /* its bytes come through UCX */
     assert_true(net.msgs[0].has_put_min);
     assert_int_equal(net.msgs[0].put_min, 2 * ELEM);
     assert_false(p->puts_agreed);
