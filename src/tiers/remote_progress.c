@@ -447,10 +447,10 @@ static void on_message(void *ud, const void *data, size_t len, const char *peer_
         wire_msg_free(&m);
         return;
     }
+    peer_heard(r, m.from.data, m.from.len, kvcr_now_ns());
     /* The source's handlers count what they drop through remote_drop; the
      * target's only in the total: a valid reply that nothing here waits for
      * (a late one, a stranger's, another incarnation's). */
-    peer_heard(r, m.from.data, m.from.len, kvcr_now_ns());
     uint64_t dropped = r->dropped_messages;
     switch (m.type) {
     case WIRE_METADATA:

@@ -392,11 +392,11 @@ static void next_at(uint64_t *next_ns, uint64_t t)
 /* An earlier pull from p's source still waits, past its deadline, for
  * proof that the source is quiet (it may have put into our memory), and
  * nothing came from the source since that deadline: the source is silent. */
-static const pull *silent_source(remote *r, const pull *p)
+static pull *silent_source(remote *r, const pull *p)
 {
     const rpeer *peer = peer_get(r, p->source, false);
     if (peer == NULL) return NULL;
-    for (const pull *q = r->pulls; q; q = q->next)
+    for (pull *q = r->pulls; q; q = q->next)
         if ((q->state == PULL_WAIT_TERMINAL || q->state == PULL_QUARANTINED) &&
             peer->heard_ns < q->deadline_ns && strcmp(q->source, p->source) == 0)
             return q;
@@ -415,7 +415,7 @@ void target_adopt(remote *r, uint64_t now, uint64_t *next_ns)
 {
     for (pull *p = r->pulls; p; p = p->next) {
         if (p->state != PULL_START) continue;
-        pull *q = now < p->deadline_ns ? (pull *)silent_source(r, p) : NULL;
+        pull *q = now < p->deadline_ns ? silent_source(r, p) : NULL;
         if (q == NULL) {
             send_start_write(r, p, now);
             continue;
