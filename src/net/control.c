@@ -31,7 +31,9 @@
  * cannot be counted). */
 #include "net/control.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,7 @@
 #include <zmq.h>
 
 #include "kvcr/error.h"
+#include "net/lane.h"
 
 #define CTL_MAX_PEERS 256 /* two fds each; beyond, the least recently used is closed */
 #define CTL_SNDHWM 1000   /* messages queued for one peer before sends fail */
@@ -97,6 +100,14 @@ struct ctl_channel {
     void *monitor; /* PAIR */
     int monitor_fd;
     kvcr_log_limit handshake_log, auth_log; /* per cause: CTL_DROP_LOG_MS */
+    /* the lane (ctl_open_lane), NULL without */
+    lane *lane;
+    bool adopted;          /* bound on a listener handed over: see ctl_open_lane */
+    uint16_t fixed_port;   /* the port asked for, 0 for any */
+    size_t max_message;
+    char bind_host[CTL_MAX_HOST + 1], advertise_host[CTL_MAX_HOST + 1];
+    ctl_recv_cb *lane_cb;  /* ctl_recv's, while it reads the lane */
+    void *lane_ud;
 };
 
 /* ---- endpoint strings -------------------------------------------------------- */
@@ -127,11 +138,19 @@ const char *ctl_endpoint_key(const char *endpoint)
                                                                         : NULL;
 }
 
-/* The endpoint without its key: what ZeroMQ connects to. */
+/* Where an endpoint's "#lane=<port>" starts, or NULL. */
+static const char *lane_tag(const char *endpoint)
+{
+    const char *tag = strstr(endpoint, CTL_LANE_TAG);
+    return tag && strchr(tag + 1, '#') == NULL ? tag : NULL;
+}
+
+/* The endpoint without its key or lane: what ZeroMQ connects to. */
 static void endpoint_address(const char *endpoint, char *out, size_t cap)
 {
-    const char *key = ctl_endpoint_key(endpoint);
+    const char *key = ctl_endpoint_key(endpoint), *tag = lane_tag(endpoint);
     size_t n = key ? (size_t)(key - endpoint) - (sizeof CTL_CURVE_TAG - 1) : strlen(endpoint);
+    if (tag) n = (size_t)(tag - endpoint);
     snprintf(out, cap, "%.*s", (int)n, endpoint);
 }
 
@@ -158,6 +177,10 @@ int ctl_check_endpoint(const char *endpoint)
     if (key != NULL && !ctl_key_ok(key))
         return kvcr_fail(KVCR_EINVAL, "control endpoint '%s': the key after " CTL_CURVE_TAG
                          " is not %d characters of Z85", endpoint, CTL_KEY_LEN);
+    const char *tag = lane_tag(endpoint);
+    if (tag != NULL && (key != NULL || !port_ok(tag + sizeof CTL_LANE_TAG - 1)))
+        return kvcr_fail(KVCR_EINVAL, "control endpoint '%s': " CTL_LANE_TAG
+                         " must end it with a port 1..65535, and never with a key", endpoint);
     char addr[CTL_MAX_ENDPOINT + 1];
     endpoint_address(endpoint, addr, sizeof addr);
     bool ok = strncmp(addr, TCP, sizeof TCP - 1) == 0;
@@ -170,7 +193,8 @@ int ctl_check_endpoint(const char *endpoint)
     if (!ok)
         return kvcr_fail(KVCR_EINVAL,
                          "control endpoint '%s' is not tcp://host:port (port 1..65535), "
-                         "optionally followed by " CTL_CURVE_TAG "<key>", endpoint);
+                         "optionally followed by " CTL_CURVE_TAG "<key> or " CTL_LANE_TAG
+                         "<port>", endpoint);
     return 0;
 }
 
@@ -217,7 +241,8 @@ static peer *find_peer(ctl_channel *c, const char *endpoint)
 
 bool ctl_connected(const ctl_channel *c, const char *endpoint)
 {
-    return find_peer((ctl_channel *)c, endpoint) != NULL; /* it only reads */
+    return (c->lane && lane_has(c->lane, endpoint)) ||
+           find_peer((ctl_channel *)c, endpoint) != NULL; /* it only reads */
 }
 
 static void drop_peer(ctl_channel *c, peer *p)
@@ -304,10 +329,107 @@ static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
     return 0;
 }
 
+/* ---- the lane ------------------------------------------------------------------- */
+
+/* The host of an endpoint, brackets of an IPv6 address taken off. */
+static void endpoint_host(const char *endpoint, char *out, size_t cap)
+{
+    char addr[CTL_MAX_ENDPOINT + 1];
+    endpoint_address(endpoint, addr, sizeof addr);
+    const char *host = addr + sizeof TCP - 1, *colon = strrchr(host, ':');
+    size_t n = colon ? (size_t)(colon - host) : 0;
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
+        host++;
+        n -= 2;
+    }
+    snprintf(out, cap, "%.*s", (int)n, host);
+}
+
+static bool numeric_host(const char *host)
+{
+    struct in6_addr a;
+    return inet_pton(AF_INET, host, &a) == 1 || inet_pton(AF_INET6, host, &a) == 1;
+}
+
+/* Whether messages to endpoint (checked) go over the lane: this channel
+ * has one and the endpoint offers one at a numeric host; ip and port
+ * then say where. */
+static bool lane_route(const ctl_channel *c, const char *endpoint, char *ip, size_t cap,
+                       uint16_t *port)
+{
+    const char *tag = c->lane ? lane_tag(endpoint) : NULL;
+    if (tag == NULL) return false;
+    endpoint_host(endpoint, ip, cap);
+    *port = (uint16_t)strtoul(tag + sizeof CTL_LANE_TAG - 1, NULL, 10);
+    return numeric_host(ip);
+}
+
+/* The lane's vouch: a connection from peer may carry messages to name when
+ * name is an endpoint whose host is peer's address. */
+static bool vouch(void *ud, const char *name, const struct sockaddr *from, socklen_t from_len)
+{
+    (void)ud;
+    char host[CTL_MAX_ENDPOINT + 1];
+    if (ctl_check_endpoint(name) != 0) return false;
+    endpoint_host(name, host, sizeof host);
+    if (from->sa_family == AF_INET && from_len >= sizeof(struct sockaddr_in)) {
+        struct in_addr a;
+        return inet_pton(AF_INET, host, &a) == 1 &&
+               memcmp(&a, &((const struct sockaddr_in *)from)->sin_addr, sizeof a) == 0;
+    }
+    if (from->sa_family == AF_INET6 && from_len >= sizeof(struct sockaddr_in6)) {
+        struct in6_addr a;
+        return inet_pton(AF_INET6, host, &a) == 1 &&
+               memcmp(&a, &((const struct sockaddr_in6 *)from)->sin6_addr, sizeof a) == 0;
+    }
+    return false;
+}
+
+int ctl_open_lane(ctl_channel *c)
+{
+    if (c->lane) return 0;
+    if (c->curve)
+        return kvcr_fail(KVCR_EINVAL, "the control lane is plaintext: off with CURVE");
+    if (c->adopted)
+        return kvcr_fail(KVCR_EINVAL, "the control lane is off on an endpoint handed over by "
+                                      "the KVCR service (its port would not outlive this process)");
+    const char *bind = strcmp(c->bind_host, "*") == 0 ? "0.0.0.0" : c->bind_host;
+    if (!numeric_host(bind) || !numeric_host(c->advertise_host))
+        return kvcr_fail(KVCR_EINVAL, "the control lane needs numeric IP addresses to bind and "
+                                      "advertise (control_host '%s', advertise_host '%s')",
+                         c->bind_host, c->advertise_host);
+    size_t n = strlen(c->endpoint);
+    if (n + sizeof CTL_LANE_TAG - 1 + 5 > CTL_MAX_ENDPOINT)
+        return kvcr_fail(KVCR_EINVAL, "control endpoint too long for " CTL_LANE_TAG "<port>");
+    /* A fixed control port keeps its endpoint across restarts: so must the
+     * lane's port, the next one. */
+    if (c->fixed_port == 65535)
+        return kvcr_fail(KVCR_EINVAL, "the control lane takes the port after control_port, "
+                                      "and 65535 has none");
+    uint16_t port = c->fixed_port ? (uint16_t)(c->fixed_port + 1) : 0;
+    int rc = lane_open(bind, port, c->max_message, vouch, c, c->log, &c->lane);
+    if (rc != 0) return rc;
+    snprintf(c->endpoint + n, sizeof c->endpoint - n, CTL_LANE_TAG "%u",
+             (unsigned)lane_port(c->lane));
+    lane_set_name(c->lane, c->endpoint);
+    CTL_DEBUG(c, "control: advertising %s", c->endpoint);
+    return 0;
+}
+
+int ctl_lane_fd(const ctl_channel *c)
+{
+    return c->lane ? lane_fd(c->lane) : -1;
+}
+
+/* ---- sending -------------------------------------------------------------------- */
+
 int ctl_connect(ctl_channel *c, const char *endpoint)
 {
     int rc = ctl_check_endpoint(endpoint);
     if (rc != 0) return rc;
+    char ip[CTL_MAX_ENDPOINT + 1];
+    uint16_t port;
+    if (lane_route(c, endpoint, ip, sizeof ip, &port)) return lane_dial(c->lane, endpoint, ip, port);
     peer *p = find_peer(c, endpoint);
     return p ? 0 : open_peer(c, endpoint, &p);
 }
@@ -317,6 +439,10 @@ int ctl_send(ctl_channel *c, const char *endpoint, const void *data, size_t len)
     int rc = ctl_check_endpoint(endpoint);
     if (rc != 0) return rc;
     if (data == NULL && len > 0) return kvcr_fail(KVCR_EINVAL, "control message data is NULL");
+    char ip[CTL_MAX_ENDPOINT + 1];
+    uint16_t port;
+    if (lane_route(c, endpoint, ip, sizeof ip, &port))
+        return lane_send(c->lane, endpoint, ip, port, data, len);
     peer *p = find_peer(c, endpoint);
     if (p == NULL && (rc = open_peer(c, endpoint, &p)) != 0) return rc;
     p->used = ++c->tick;
@@ -332,6 +458,7 @@ int ctl_send(ctl_channel *c, const char *endpoint, const void *data, size_t len)
 
 void ctl_forget(ctl_channel *c, const char *endpoint)
 {
+    if (endpoint && c->lane) lane_forget(c->lane, endpoint);
     peer *p = endpoint ? find_peer(c, endpoint) : NULL;
     if (p == NULL) return;
     CTL_DEBUG(c, "control: forgetting %s", endpoint);
@@ -452,6 +579,11 @@ static int open_channel(const char *bind_host, uint16_t port, int *listener,
     ctl_channel *c = calloc(1, sizeof *c);
     if (c == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
     c->log = log;
+    c->max_message = max_message;
+    c->adopted = *listener >= 0;
+    c->fixed_port = port;
+    snprintf(c->bind_host, sizeof c->bind_host, "%s", bind_host);
+    snprintf(c->advertise_host, sizeof c->advertise_host, "%s", advertise_host);
     c->zap_fd = -1;
     c->monitor_fd = -1;
     c->ctx = zmq_ctx_new();
@@ -488,6 +620,7 @@ void ctl_close(ctl_channel *c)
 {
     if (c == NULL) return;
     while (c->n_peers > 0) drop_peer(c, &c->peers[c->n_peers - 1]);
+    lane_close(c->lane);
     if (c->monitor) zmq_close(c->monitor);
     if (c->pull) zmq_close(c->pull);
     if (c->zap) zmq_close(c->zap); /* after the PULL socket: see the top */
@@ -510,6 +643,13 @@ int ctl_fd(const ctl_channel *c)
     return c->fd;
 }
 
+/* A lane message: plaintext, so no key speaks for it. */
+static void on_lane_message(void *ud, const void *data, size_t len)
+{
+    ctl_channel *c = ud;
+    c->lane_cb(c->lane_ud, data, len, NULL);
+}
+
 size_t ctl_recv(ctl_channel *c, size_t max, ctl_recv_cb *cb, void *ud)
 {
     size_t n = 0;
@@ -529,6 +669,11 @@ size_t ctl_recv(ctl_channel *c, size_t max, ctl_recv_cb *cb, void *ud)
         n++;
     }
     zmq_msg_close(&msg);
+    if (c->lane && n < max) {
+        c->lane_cb = cb;
+        c->lane_ud = ud;
+        n += lane_recv(c->lane, max - n, on_lane_message, c);
+    }
     return n;
 }
 
@@ -650,6 +795,15 @@ size_t ctl_serve_handshakes(ctl_channel *c, size_t max, ctl_drop_cb *cb, void *u
     size_t n = 0;
     while (c->curve && n < max && zap_one(c)) n++;
     while (n < max && monitor_one(c, cb, ud)) n++;
+    /* The lane's junk connections: failed handshakes too, under the same
+     * log limit. */
+    const char *why;
+    for (uint64_t junk = c->lane ? lane_take_refused(c->lane, &why) : 0; junk > 0; junk--, n++) {
+        if (c->log)
+            kvcr_log_limited(c->log, &c->handshake_log, CTL_DROP_LOG_MS,
+                             "control: a connection failed the lane's handshake (%s)", why);
+        cb(ud, CTL_DROP_HANDSHAKE);
+    }
     return n;
 }
 

@@ -1,6 +1,7 @@
 /* The peer control channel over ZeroMQ: one PULL socket
  * bound at this instance's control endpoint, one PUSH socket per peer
- * endpoint, created on first use (or eagerly with ctl_connect) and cached.
+ * endpoint, created on first use (or eagerly with ctl_connect) and cached;
+ * in plaintext, for peers that offer one, the lane (ctl_open_lane).
  * Sends never block: a full queue or any ZeroMQ error closes and forgets
  * that peer's socket, and the next send makes a new one. The channel knows
  * nothing of message contents (see net/wire.h).
@@ -33,6 +34,7 @@
  * false for NULL. */
 bool ctl_key_ok(const char *key);
 #define CTL_CURVE_TAG "#curve=" /* between an endpoint's address and its key */
+#define CTL_LANE_TAG "#lane="   /* between an endpoint's address and its lane's port */
 
 typedef struct ctl_channel ctl_channel;
 
@@ -56,8 +58,26 @@ int ctl_open(const char *bind_host, uint16_t port, int listener, const char *adv
              ctl_channel **out);
 void ctl_close(ctl_channel *c);
 
-/* "tcp://<advertise_host>:<port>", plus "#curve=<public key>" with CURVE. */
+/* "tcp://<advertise_host>:<port>", plus "#curve=<public key>" with CURVE
+ * or "#lane=<port>" with the lane. */
 const char *ctl_endpoint(const ctl_channel *c);
+
+/* Opens the channel's lane (net/lane.h) on the bind host, at the port
+ * after the channel's when that was given (an endpoint that outlives a
+ * restart), otherwise at one the system chooses, and adds "#lane=<port>"
+ * to the endpoint: from then on
+ * messages to every endpoint that offers a lane go over it, both ways,
+ * and the others over ZeroMQ. Peers without the lane still reach this
+ * channel's PULL socket at the address. KVCR_EINVAL (nothing changed)
+ * with CURVE (the lane is plaintext), on a listener handed over by the
+ * KVCR service (the lane's port would not outlive this process), or when
+ * the bind or advertise host is not a numeric IP address ("*" binds
+ * 0.0.0.0); KVCR_ESYS when no port can be bound. */
+int ctl_open_lane(ctl_channel *c);
+
+/* The lane's descriptor to poll() for POLLIN (then call ctl_recv), or -1
+ * without a lane. */
+int ctl_lane_fd(const ctl_channel *c);
 
 /* A file descriptor to poll() for POLLIN; after it fires (or at any time)
  * call ctl_recv until it returns 0 (ZeroMQ's edge-triggered ZMQ_FD). */
@@ -133,7 +153,8 @@ size_t ctl_recv(ctl_channel *c, size_t max, ctl_recv_cb *cb, void *ud);
 
 /* Checks an endpoint string: "tcp://host:port" with a port 1..65535 and
  * no '#' in the host, optionally followed by "#curve=" and a 40-character
- * Z85 key, at most CTL_MAX_ENDPOINT bytes in all. 0 or KVCR_EINVAL. */
+ * Z85 key or by "#lane=" and a port 1..65535, at most CTL_MAX_ENDPOINT
+ * bytes in all. 0 or KVCR_EINVAL. */
 int ctl_check_endpoint(const char *endpoint);
 
 /* ctl_check_endpoint, and whether this channel may talk to it: a key

@@ -581,10 +581,10 @@ static void *progress_main(void *arg)
             timeout = next_ns > now ? (int)((next_ns - now + MS - 1) / MS) : 0;
             if (timeout > IDLE_WAIT_MS) timeout = IDLE_WAIT_MS;
         }
-        struct pollfd fds[5] = {{r->wake_fd, POLLIN, 0},         {ctl_fd(r->ctl), POLLIN, 0},
+        struct pollfd fds[6] = {{r->wake_fd, POLLIN, 0},         {ctl_fd(r->ctl), POLLIN, 0},
                                 {ucx_fd(r->ucx), POLLIN, 0},       {ctl_auth_fd(r->ctl), POLLIN, 0},
-                                {ctl_monitor_fd(r->ctl), POLLIN, 0}};
-        int ready = poll(fds, 5, timeout); /* no ZAP handler: fd -1, ignored */
+                                {ctl_monitor_fd(r->ctl), POLLIN, 0}, {ctl_lane_fd(r->ctl), POLLIN, 0}};
+        int ready = poll(fds, 6, timeout); /* no ZAP handler or lane: fd -1, ignored */
         if (ready > 0 && (fds[0].revents & POLLIN)) {
             uint64_t ticks;
             ssize_t rd = read(r->wake_fd, &ticks, sizeof ticks);
@@ -677,6 +677,12 @@ static int open_control(remote *r, int control_listener)
                       conf->remote.advertise_host, conf->limits.max_control_message_bytes,
                       k->secret_key ? &curve : NULL, host_logger(r->kv), &r->ctl);
     if (rc != 0) return rc;
+    /* The lane is the fast way between peers in plaintext (net/lane.h);
+     * KVCR_CONTROL_LANE=0 keeps every message on ZeroMQ, for comparison. */
+    if (!ctl_curve_on(r->ctl) && env_bytes(host_logger(r->kv), "KVCR_CONTROL_LANE", 1, 1) == 1 &&
+        ctl_open_lane(r->ctl) != 0)
+        kvcr_log(host_logger(r->kv), KVCR_LOG_INFO,
+                 "control channel: no lane, every message goes over ZeroMQ: %s", kvcr_last_error());
     snprintf(r->endpoint, sizeof r->endpoint, "%s", ctl_endpoint(r->ctl));
     if (ctl_curve_on(r->ctl))
         kvcr_log(host_logger(r->kv), KVCR_LOG_INFO,

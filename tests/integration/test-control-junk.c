@@ -15,6 +15,12 @@
  * were held back. Afterwards the instance still delivers a block from a
  * source peer with the right bytes.
  *
+ * Half the senders of each kind use the control lane instead (its port is
+ * in the endpoint, "#lane="): bytes that break its framing (the same raw
+ * junk, and a frame over the limit, which the lane does count) are failed
+ * handshakes; the framed junk arrives as lane frames and is counted by the
+ * same causes.
+ *
  * With CURVE, the causes only it has: a key outside the allow-list (auth)
  * and an admitted peer's message that names another key's reply endpoint
  * (bad_sender). */
@@ -170,6 +176,7 @@ static void mp_write_done(mp *m, const char *from, const char *to, bool success_
 typedef struct framed {
     pthread_t thread;
     const char *endpoint;
+    uint16_t lane_port; /* its messages go over the control lane; 0: ZeroMQ */
     uint64_t start_ms, deadline_ms;
     unsigned seed;
     uint64_t sent[N_CAUSES];
@@ -207,25 +214,82 @@ static int framed_message(framed *f, uint64_t i, mp *m)
     }
 }
 
+/* A message of a lane sender: the lane has no empty frames (an empty one
+ * would end the connection), so one byte no msgpack begins with stands in. */
+static void lane_frame_of(mp *m, uint8_t *frame, size_t *n)
+{
+    if (m->n == 0) m->b[m->n++] = 0xc1;
+    frame[0] = (uint8_t)(m->n >> 24), frame[1] = (uint8_t)(m->n >> 16);
+    frame[2] = (uint8_t)(m->n >> 8), frame[3] = (uint8_t)m->n;
+    memcpy(frame + 4, m->b, m->n);
+    *n = 4 + m->n;
+}
+
+static int lane_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {WAIT_MS / 2000, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The end of a lane sender: its side shut, then what the instance sends
+ * read until it hangs up (every frame was taken by then). */
+static int lane_finish(int fd)
+{
+    int err = shutdown(fd, SHUT_WR) != 0 ? errno : 0;
+    char buf[256];
+    ssize_t got;
+    while (!err && (got = recv(fd, buf, sizeof buf, 0)) != 0)
+        if (got < 0) err = errno;
+    close(fd);
+    return err;
+}
+
 static void *framed_main(void *arg)
 {
     framed *f = arg;
-    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH);
-    int linger = WAIT_MS / 2, timeout = WAIT_MS / 2;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(s, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
-    if (zmq_connect(s, f->endpoint) != 0) f->failed = errno;
+    void *ctx = NULL, *s = NULL;
+    int fd = -1;
+    if (f->lane_port) {
+        static const uint8_t hello[] = "\0\0\0\x11" STRANGER;
+        if ((fd = lane_connect(f->lane_port)) < 0 ||
+            send(fd, hello, sizeof hello - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof hello - 1))
+            f->failed = errno ? errno : EIO;
+    } else {
+        char addr[256];
+        ctx = zmq_ctx_new(), s = zmq_socket(ctx, ZMQ_PUSH);
+        int linger = WAIT_MS / 2, timeout = WAIT_MS / 2;
+        zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(s, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
+        if (zmq_connect(s, peer_zmq_address(addr, sizeof addr, f->endpoint)) != 0) f->failed = errno;
+    }
     mp m;
+    uint8_t frame[4 + sizeof m.b];
     /* One round of every kind at least, however slow the machine. */
     for (uint64_t i = 0; !f->failed && (i < 8 || (i < FRAMED_CAP && now_ms() < f->deadline_ms));
          i++) {
         /* Paced: message i not before its share of the time. */
         while (now_ms() < f->start_ms + i * JUNK_MS / FRAMED_CAP) usleep(1000);
         int cause = framed_message(f, i, &m);
-        if (zmq_send(s, m.b, m.n, 0) < 0)
+        size_t n;
+        if (fd >= 0) lane_frame_of(&m, frame, &n);
+        if (fd >= 0 ? send(fd, frame, n, MSG_NOSIGNAL) != (ssize_t)n : zmq_send(s, m.b, m.n, 0) < 0)
             f->failed = errno;
         else
             f->sent[cause]++;
+    }
+    if (fd >= 0) {
+        int err = lane_finish(fd);
+        if (!f->failed) f->failed = err;
+        return NULL;
     }
     zmq_close(s); /* the queue is delivered within the linger */
     zmq_ctx_term(ctx);
@@ -238,6 +302,7 @@ typedef struct raw {
     pthread_t thread;
     const char *endpoint;
     uint16_t port;
+    bool lane; /* port is the control lane's: every kind fails its framing */
     uint64_t deadline_ms;
     uint64_t handshakes, oversize;
     int failed;
@@ -281,11 +346,13 @@ static int oversize_message(const char *endpoint)
     static uint8_t big[MAX_MESSAGE + 4096];
     void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH), *mon = zmq_socket(ctx, ZMQ_PAIR);
     int linger = 0, timeout = WAIT_MS / 2, never = -1, err = 0;
+    char addr[256];
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &never, sizeof never);
     zmq_setsockopt(mon, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
     if (zmq_socket_monitor(s, "inproc://oversize", ZMQ_EVENT_DISCONNECTED) != 0 ||
-        zmq_connect(mon, "inproc://oversize") != 0 || zmq_connect(s, endpoint) != 0 ||
+        zmq_connect(mon, "inproc://oversize") != 0 ||
+        zmq_connect(s, peer_zmq_address(addr, sizeof addr, endpoint)) != 0 ||
         zmq_send(s, big, sizeof big, 0) < 0)
         err = errno;
     zmq_msg_t ev; /* the event, then its address */
@@ -303,6 +370,8 @@ static void *raw_main(void *arg)
     raw *r = arg;
     static const char http[] = "GET /metrics HTTP/1.1\r\nHost: kvcr\r\n\r\n";
     static const uint8_t cut[] = {0xff, 0, 0, 0, 0};
+    /* a name, then a frame over max_control_message_bytes (65536) */
+    static const uint8_t lane_oversize[] = "\0\0\0\6junk-x\0\1\0\1";
     uint8_t greeting[64];
     size_t n_greeting = bad_mechanism(greeting);
     /* One round of every kind at least, however slow the machine. */
@@ -312,7 +381,14 @@ static void *raw_main(void *arg)
         case 1: r->failed = raw_connection(r->port, http, sizeof http - 1), r->handshakes++; break;
         case 2:
         case 3: r->failed = raw_connection(r->port, cut, sizeof cut), r->handshakes++; break;
-        case 7: r->failed = oversize_message(r->endpoint), r->oversize++; break;
+        case 7:
+            if (r->lane) {
+                r->failed = raw_connection(r->port, lane_oversize, sizeof lane_oversize - 1);
+                r->handshakes++;
+            } else {
+                r->failed = oversize_message(r->endpoint), r->oversize++;
+            }
+            break;
         default:
             r->failed = raw_connection(r->port, greeting, n_greeting), r->handshakes++;
             break;
@@ -439,11 +515,13 @@ static void test_junk_is_counted_by_cause_and_logged_once_a_second(void **state)
     raw w[RAW_SENDERS];
     for (int i = 0; i < FRAMED_SENDERS; i++) {
         f[i] = (framed){.endpoint = endpoint, .start_ms = start, .deadline_ms = start + JUNK_MS,
-                        .seed = 7u + i};
+                        .seed = 7u + i, .lane_port = i % 2 ? peer_lane_port(endpoint) : 0};
         assert_int_equal(pthread_create(&f[i].thread, NULL, framed_main, &f[i]), 0);
     }
     for (int i = 0; i < RAW_SENDERS; i++) {
-        w[i] = (raw){.endpoint = endpoint, .port = port_of(endpoint), .deadline_ms = start + JUNK_MS};
+        bool lane = i % 2 && peer_lane_port(endpoint) != 0;
+        w[i] = (raw){.endpoint = endpoint, .port = lane ? peer_lane_port(endpoint) : port_of(endpoint),
+                     .lane = lane, .deadline_ms = start + JUNK_MS};
         assert_int_equal(pthread_create(&w[i].thread, NULL, raw_main, &w[i]), 0);
     }
     uint64_t want[N_CAUSES] = {0}, oversize = 0;
@@ -610,7 +688,8 @@ static void test_replies_to_strangers_are_bounded_and_counted(void **state)
         assert_int_equal(zmq_bind(pull, "tcp://127.0.0.1:*"), 0);
         assert_int_equal(zmq_getsockopt(pull, ZMQ_LAST_ENDPOINT, from[i], &len), 0);
     }
-    assert_int_equal(zmq_connect(push, endpoint), 0);
+    char addr[256];
+    assert_int_equal(zmq_connect(push, peer_zmq_address(addr, sizeof addr, endpoint)), 0);
     uint64_t start = now_ms();
     for (int i = 0; i < STRANGERS; i++) {
         mp m;

@@ -342,7 +342,8 @@ static void forge_metadata(const char *endpoint, int n)
     void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH);
     int linger = 5000;
     assert_int_equal(zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger), 0);
-    assert_int_equal(zmq_connect(s, endpoint), 0);
+    char addr[256];
+    assert_int_equal(zmq_connect(s, peer_zmq_address(addr, sizeof addr, endpoint)), 0);
     static const uint8_t worker[1] = {0};
     for (int i = 0; i < n; i++) {
         char agent[32];

@@ -133,6 +133,19 @@ void rig_init_remote(rig *r, size_t block_size, size_t fw_count, size_t slots)
     r->cfg.abandon_timeout_ms = 10000;
 }
 
+const char *peer_zmq_address(char *buf, size_t cap, const char *endpoint)
+{
+    const char *lane = strstr(endpoint, "#lane=");
+    snprintf(buf, cap, "%.*s", lane ? (int)(lane - endpoint) : (int)strlen(endpoint), endpoint);
+    return buf;
+}
+
+uint16_t peer_lane_port(const char *endpoint)
+{
+    const char *lane = strstr(endpoint, "#lane=");
+    return lane ? (uint16_t)atoi(lane + strlen("#lane=")) : 0;
+}
+
 uint16_t peer_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -128,6 +128,13 @@ peer_pull_stats peer_pull_stats_get(peer *p);
 /* A free TCP port on 127.0.0.1 (for a restart at the same address). */
 uint16_t peer_free_port(void);
 
+/* A control endpoint's ZeroMQ address: the endpoint without "#lane=<port>",
+ * for a test that speaks ZeroMQ to an instance (into buf). */
+const char *peer_zmq_address(char *buf, size_t cap, const char *endpoint);
+
+/* The port of an endpoint's control lane, 0 when it offers none. */
+uint16_t peer_lane_port(const char *endpoint);
+
 /* "k<i>" into buf. */
 const char *peer_key(char *buf, size_t cap, uint32_t i);
 /* What a peer publishing KV events says of block "k<i>" at its deposit:

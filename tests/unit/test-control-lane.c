@@ -1,0 +1,502 @@
+/* The control lane on 127.0.0.1 (net/lane.h), then through the control
+ * channel (ctl_open_lane): messages both ways over the dialled connection,
+ * answers only to a name vouched for, frames split across reads, the max of
+ * lane_recv, junk and oversized frames refused and counted, the send queue's
+ * bound, forgetting, and endpoints with "#lane=". Every wait is bounded. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvcr/error.h"
+#include "net/control.h"
+#include "net/lane.h"
+
+#define HOST "127.0.0.1"
+#define MAX_MESSAGE 4096
+#define WAIT_MS 5000
+
+typedef struct inbox {
+    size_t n;
+    size_t lens[64];
+    uint8_t data[64][MAX_MESSAGE];
+} inbox;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void collect(void *ud, const void *data, size_t len)
+{
+    inbox *in = ud;
+    if (in->n < 64 && len <= MAX_MESSAGE) {
+        memcpy(in->data[in->n], data, len);
+        in->lens[in->n] = len;
+    }
+    in->n++;
+}
+
+/* Names starting "good" are vouched for, whatever the address. */
+static bool vouch_good(void *ud, const char *name, const struct sockaddr *peer, socklen_t len)
+{
+    (void)ud, (void)peer, (void)len;
+    return strncmp(name, "good", 4) == 0;
+}
+
+static lane *open_lane(const char *name)
+{
+    lane *l = NULL;
+    assert_int_equal(lane_open(HOST, 0, MAX_MESSAGE, vouch_good, NULL, NULL, &l), 0);
+    assert_int_equal(lane_set_name(l, name), 0);
+    return l;
+}
+
+/* Turns every lane (NULL-terminated) until in has want messages or ms
+ * passed, sleeping in poll() on the lanes' fds in between. */
+static void pump(lane **ls, inbox *in, size_t want, size_t max, int ms)
+{
+    uint64_t deadline = now_ms() + (uint64_t)ms;
+    while (in->n < want) {
+        size_t got = 0;
+        for (lane **l = ls; *l; l++) got += lane_recv(*l, max, collect, in);
+        if (got > 0 || in->n >= want) continue;
+        uint64_t t = now_ms();
+        if (t >= deadline) fail_msg("%zu of %zu messages after %d ms", in->n, want, ms);
+        struct pollfd p[4];
+        nfds_t n = 0;
+        for (lane **l = ls; *l && n < 4; l++) p[n++] = (struct pollfd){lane_fd(*l), POLLIN, 0};
+        poll(p, n, 20);
+    }
+}
+
+/* Turns the lanes for ms, whatever arrives. */
+static void turn_for(lane **ls, inbox *in, int ms)
+{
+    uint64_t deadline = now_ms() + (uint64_t)ms;
+    while (now_ms() < deadline) {
+        for (lane **l = ls; *l; l++) lane_recv(*l, 64, collect, in);
+        struct pollfd p = {lane_fd(ls[0]), POLLIN, 0};
+        poll(&p, 1, 5);
+    }
+}
+
+static uint64_t taken(lane *l)
+{
+    const char *why;
+    uint64_t n = lane_take_refused(l, &why);
+    assert_true(n == 0 ? why == NULL : why != NULL && why[0] != '\0');
+    return n;
+}
+
+/* A TCP port on HOST where nothing listens (bound, then closed). */
+static uint16_t dead_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sl), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &sl), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* A raw TCP connection to port on HOST. */
+static int raw_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+static void test_answers_come_back_over_the_dialled_connection(void **state)
+{
+    (void)state;
+    lane *a = open_lane("good-a"), *b = open_lane("b");
+    lane *both[] = {a, b, NULL};
+    inbox *in = calloc(1, sizeof *in);
+    /* a's name points at a port where nothing listens: an answer can only
+     * come back over the connection a dialled. */
+    uint16_t nowhere = dead_port();
+    for (int i = 0; i < 3; i++) {
+        char msg[16];
+        int n = snprintf(msg, sizeof msg, "ask-%d", i);
+        assert_int_equal(lane_send(a, "b", HOST, lane_port(b), msg, (size_t)n), 0);
+    }
+    assert_true(lane_has(a, "b"));
+    pump(both, in, 3, 64, WAIT_MS);
+    for (int i = 0; i < 3; i++) {
+        char msg[16];
+        int n = snprintf(msg, sizeof msg, "ask-%d", i);
+        assert_int_equal(in->lens[i], (size_t)n);
+        assert_memory_equal(in->data[i], msg, (size_t)n);
+    }
+    assert_true(lane_has(b, "good-a")); /* vouched: b answers over it */
+    assert_int_equal(lane_send(b, "good-a", HOST, nowhere, "answer", 6), 0);
+    pump(both, in, 4, 64, WAIT_MS);
+    assert_int_equal(in->lens[3], 6);
+    assert_memory_equal(in->data[3], "answer", 6);
+    assert_int_equal(taken(a) + taken(b), 0);
+    lane_close(a);
+    lane_close(b);
+    free(in);
+}
+
+static void test_a_name_not_vouched_for_gets_no_answers_over_its_connection(void **state)
+{
+    (void)state;
+    lane *a = open_lane("claimed-a"), *b = open_lane("b");
+    lane *both[] = {a, b, NULL};
+    inbox *in = calloc(1, sizeof *in);
+    assert_int_equal(lane_send(a, "b", HOST, lane_port(b), "hello", 5), 0);
+    pump(both, in, 1, 64, WAIT_MS); /* its messages still arrive */
+    assert_false(lane_has(b, "claimed-a"));
+    /* b dials the name's own address instead: nothing listens there. */
+    uint16_t nowhere = dead_port();
+    int rc = lane_send(b, "claimed-a", HOST, nowhere, "answer", 6);
+    assert_true(rc == 0 || rc == KVCR_ESYS);
+    turn_for(both, in, 300);
+    assert_int_equal(in->n, 1);
+    assert_false(lane_has(b, "claimed-a")); /* the refused dial was closed */
+    lane_close(a);
+    lane_close(b);
+    free(in);
+}
+
+static void test_frames_split_across_reads_arrive_whole(void **state)
+{
+    (void)state;
+    lane *b = open_lane("b");
+    lane *one[] = {b, NULL};
+    inbox *in = calloc(1, sizeof *in);
+    uint8_t stream[4 + 6 + 4 + 1000];
+    put_u32(stream, 6);
+    memcpy(stream + 4, "good-x", 6);
+    put_u32(stream + 10, 1000);
+    for (int i = 0; i < 1000; i++) stream[14 + i] = (uint8_t)(i * 7);
+    int fd = raw_connect(lane_port(b));
+    for (size_t off = 0; off < sizeof stream;) {
+        size_t n = off < 20 ? 1 : 333; /* the header and name a byte at a time */
+        if (n > sizeof stream - off) n = sizeof stream - off;
+        assert_int_equal(write(fd, stream + off, n), (ssize_t)n);
+        off += n;
+        turn_for(one, in, 2);
+    }
+    pump(one, in, 1, 64, WAIT_MS);
+    assert_int_equal(in->lens[0], 1000);
+    assert_memory_equal(in->data[0], stream + 14, 1000);
+    assert_true(lane_has(b, "good-x"));
+    assert_int_equal(taken(b), 0);
+    close(fd);
+    lane_close(b);
+    free(in);
+}
+
+static void test_recv_hands_over_at_most_max(void **state)
+{
+    (void)state;
+    lane *a = open_lane("good-a"), *b = open_lane("b");
+    inbox *in = calloc(1, sizeof *in);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(lane_send(a, "b", HOST, lane_port(b), &i, sizeof i), 0);
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (in->n < 10 && now_ms() < deadline) {
+        lane_recv(a, 64, collect, in);
+        size_t before = in->n;
+        lane_recv(b, 3, collect, in);
+        assert_true(in->n - before <= 3);
+        struct pollfd p[2] = {{lane_fd(a), POLLIN, 0}, {lane_fd(b), POLLIN, 0}};
+        poll(p, 2, 5);
+    }
+    assert_int_equal(in->n, 10);
+    for (int i = 0; i < 10; i++) assert_memory_equal(in->data[i], &i, sizeof i);
+    lane_close(a);
+    lane_close(b);
+    free(in);
+}
+
+/* Each kind of junk closes its connection, is counted once, and changes
+ * nothing for a real peer. */
+static void test_junk_is_refused_and_counted(void **state)
+{
+    (void)state;
+    lane *a = open_lane("good-a"), *b = open_lane("b");
+    lane *both[] = {a, b, NULL};
+    inbox *in = calloc(1, sizeof *in);
+    uint8_t bad_name[4 + 3] = {0, 0, 0, 3, 'a', 0x01, 'b'};
+    uint8_t oversize[4 + 6 + 4];
+    put_u32(oversize, 6);
+    memcpy(oversize + 4, "good-y", 6);
+    put_u32(oversize + 10, MAX_MESSAGE + 1);
+    struct {
+        const void *bytes;
+        size_t len;
+    } junk[] = {
+        {"GET / HTTP/1.1\r\n\r\n", 18}, /* a length far past a name */
+        {bad_name, sizeof bad_name},    /* a name with a control byte */
+        {"\0\0\0\0", 4},                /* an empty frame */
+        {oversize, sizeof oversize},    /* a message over max_message */
+        {"\xff\0\0\0\0\0\0\0\x01\x7f", 10}, /* a ZeroMQ greeting */
+    };
+    size_t n_junk = sizeof junk / sizeof junk[0];
+    for (size_t i = 0; i < n_junk; i++) {
+        int fd = raw_connect(lane_port(b));
+        assert_int_equal(write(fd, junk[i].bytes, junk[i].len), (ssize_t)junk[i].len);
+        /* the lane closes it: read sees the end (or a reset) */
+        uint64_t deadline = now_ms() + WAIT_MS;
+        char c;
+        ssize_t rd;
+        do {
+            turn_for(both, in, 5);
+            rd = recv(fd, &c, 1, MSG_DONTWAIT);
+        } while (rd < 0 && errno == EAGAIN && now_ms() < deadline);
+        assert_true(rd == 0 || (rd < 0 && errno == ECONNRESET));
+        close(fd);
+    }
+    assert_int_equal(taken(b), n_junk);
+    assert_int_equal(taken(b), 0); /* taken */
+    /* A connection that closes without a byte is no junk. */
+    close(raw_connect(lane_port(b)));
+    turn_for(both, in, 50);
+    assert_int_equal(taken(b), 0);
+    assert_int_equal(in->n, 0);
+    assert_int_equal(lane_send(a, "b", HOST, lane_port(b), "real", 4), 0);
+    pump(both, in, 1, 64, WAIT_MS);
+    assert_memory_equal(in->data[0], "real", 4);
+    lane_close(a);
+    lane_close(b);
+    free(in);
+}
+
+/* A peer that never reads: the queue fills to LANE_TXQ_MAX, then the send
+ * fails and the connection is closed; nothing blocks. */
+static void test_the_send_queue_is_bounded(void **state)
+{
+    (void)state;
+    int listener = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof addr;
+    assert_int_equal(bind(listener, (struct sockaddr *)&addr, sl), 0);
+    assert_int_equal(listen(listener, 4), 0);
+    assert_int_equal(getsockname(listener, (struct sockaddr *)&addr, &sl), 0);
+    lane *a = open_lane("good-a");
+    static uint8_t msg[MAX_MESSAGE];
+    int rc = 0;
+    size_t sent = 0;
+    uint64_t t0 = now_ms();
+    for (; sent < 4 * (LANE_TXQ_MAX / MAX_MESSAGE) && rc == 0; sent++)
+        rc = lane_send(a, "sink", HOST, ntohs(addr.sin_port), msg, sizeof msg);
+    assert_int_equal(rc, KVCR_ESYS);
+    assert_non_null(strstr(kvcr_last_error(), "queue full"));
+    /* it held them all, after the hello */
+    assert_true(LANE_HEADER + strlen("good-a") + sent * (MAX_MESSAGE + LANE_HEADER) > LANE_TXQ_MAX);
+    assert_false(lane_has(a, "sink"));
+    assert_true(now_ms() - t0 < WAIT_MS); /* never blocked for long */
+    lane_close(a);
+    close(listener);
+}
+
+static void test_forget_closes_and_the_next_send_dials_again(void **state)
+{
+    (void)state;
+    lane *a = open_lane("good-a"), *b = open_lane("b");
+    lane *both[] = {a, b, NULL};
+    inbox *in = calloc(1, sizeof *in);
+    assert_int_equal(lane_send(a, "b", HOST, lane_port(b), "one", 3), 0);
+    pump(both, in, 1, 64, WAIT_MS);
+    lane_forget(a, "b");
+    assert_false(lane_has(a, "b"));
+    assert_int_equal(lane_send(a, "b", HOST, lane_port(b), "two", 3), 0);
+    pump(both, in, 2, 64, WAIT_MS);
+    assert_memory_equal(in->data[1], "two", 3);
+    /* a dial to nothing ends closed */
+    int rc = lane_send(a, "gone", HOST, dead_port(), "x", 1);
+    assert_true(rc == 0 || rc == KVCR_ESYS);
+    turn_for(both, in, 200);
+    assert_false(lane_has(a, "gone"));
+    lane_close(a);
+    lane_close(b);
+    free(in);
+}
+
+static void test_bad_arguments_change_nothing(void **state)
+{
+    (void)state;
+    lane *l = NULL;
+    assert_int_equal(lane_open("localhost", 0, MAX_MESSAGE, NULL, NULL, NULL, &l), KVCR_EINVAL);
+    assert_null(l);
+    assert_int_equal(lane_open(HOST, 0, 0, NULL, NULL, NULL, &l), KVCR_EINVAL);
+    l = open_lane("good-a");
+    assert_int_equal(lane_set_name(l, "has space"), KVCR_EINVAL);
+    assert_int_equal(lane_send(l, "b", HOST, 1, "x", 0), KVCR_EINVAL);
+    assert_int_equal(lane_send(l, "b", HOST, 1, "x", MAX_MESSAGE + 1), KVCR_EINVAL);
+    assert_int_equal(lane_send(l, "b", "not-an-ip", 1, "x", 1), KVCR_EINVAL);
+    assert_false(lane_has(l, "b"));
+    const uint8_t *p;
+    size_t plen;
+    assert_int_equal(lane_frame((const uint8_t *)"\0\0\0\2ab", 6, 8, &p, &plen), 6);
+    assert_int_equal(plen, 2);
+    assert_int_equal(lane_frame((const uint8_t *)"\0\0\0\2a", 5, 8, &p, &plen), 0);
+    assert_int_equal(lane_frame((const uint8_t *)"\0\0\0\x09", 4, 8, &p, &plen), -1);
+    lane_close(l);
+}
+
+/* ---- through the control channel ------------------------------------------- */
+
+typedef struct ctl_inbox {
+    size_t n;
+    char last[64];
+} ctl_inbox;
+
+static void ctl_collect(void *ud, const void *data, size_t len, const char *key)
+{
+    ctl_inbox *in = ud;
+    assert_null(key);
+    snprintf(in->last, sizeof in->last, "%.*s", (int)len, (const char *)data);
+    in->n++;
+}
+
+static size_t junk_seen;
+static void count_junk(void *ud, ctl_drop cause)
+{
+    (void)ud;
+    assert_int_equal(cause, CTL_DROP_HANDSHAKE);
+    junk_seen++;
+}
+
+static void ctl_pump(ctl_channel **cs, ctl_inbox *in, size_t want)
+{
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (in->n < want && now_ms() < deadline) {
+        for (ctl_channel **c = cs; *c; c++) {
+            ctl_recv(*c, 64, ctl_collect, in);
+            ctl_serve_handshakes(*c, 64, count_junk, NULL);
+        }
+        struct pollfd p[4] = {{ctl_fd(cs[0]), POLLIN, 0}, {ctl_lane_fd(cs[0]), POLLIN, 0},
+                              {ctl_fd(cs[1]), POLLIN, 0}, {ctl_lane_fd(cs[1]), POLLIN, 0}};
+        poll(p, 4, 5);
+    }
+    assert_int_equal(in->n, want);
+}
+
+static ctl_channel *open_ctl(bool with_lane)
+{
+    ctl_channel *c = NULL;
+    assert_int_equal(ctl_open(HOST, 0, -1, HOST, MAX_MESSAGE, NULL, NULL, &c), 0);
+    if (with_lane) assert_int_equal(ctl_open_lane(c), 0);
+    return c;
+}
+
+static void test_channels_with_lanes_talk_over_them_and_to_those_without(void **state)
+{
+    (void)state;
+    ctl_channel *a = open_ctl(true), *b = open_ctl(true), *z = open_ctl(false);
+    assert_non_null(strstr(ctl_endpoint(a), CTL_LANE_TAG));
+    assert_null(strstr(ctl_endpoint(z), "#"));
+    assert_int_equal(ctl_check_endpoint(ctl_endpoint(a)), 0);
+    ctl_inbox in = {0};
+    ctl_channel *ab[] = {a, b, NULL};
+    assert_int_equal(ctl_send(a, ctl_endpoint(b), "a to b", 6), 0);
+    ctl_pump(ab, &in, 1);
+    assert_string_equal(in.last, "a to b");
+    assert_true(ctl_connected(b, ctl_endpoint(a))); /* a's connection, vouched for */
+    assert_int_equal(ctl_send(b, ctl_endpoint(a), "b to a", 6), 0);
+    ctl_pump(ab, &in, 2);
+    assert_string_equal(in.last, "b to a");
+    /* Without a lane, z reaches a's ZeroMQ socket at the same address. */
+    ctl_channel *za[] = {z, a, NULL};
+    assert_int_equal(ctl_send(z, ctl_endpoint(a), "z to a", 6), 0);
+    ctl_pump(za, &in, 3);
+    assert_string_equal(in.last, "z to a");
+    /* Junk at a's lane is a failed handshake. */
+    const char *tag = strstr(ctl_endpoint(a), CTL_LANE_TAG);
+    int fd = raw_connect((uint16_t)atoi(tag + strlen(CTL_LANE_TAG)));
+    assert_int_equal(write(fd, "junk junk junk", 14), 14);
+    junk_seen = 0;
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (junk_seen == 0 && now_ms() < deadline) {
+        ctl_recv(a, 64, ctl_collect, &in);
+        ctl_serve_handshakes(a, 64, count_junk, NULL);
+        poll(&(struct pollfd){ctl_lane_fd(a), POLLIN, 0}, 1, 5);
+    }
+    assert_int_equal(junk_seen, 1);
+    close(fd);
+    ctl_close(a);
+    ctl_close(b);
+    ctl_close(z);
+}
+
+static void test_lane_endpoints_are_checked_and_the_lane_refused_where_it_cannot_work(void **state)
+{
+    (void)state;
+    assert_int_equal(ctl_check_endpoint("tcp://1.2.3.4:5#lane=6"), 0);
+    assert_int_equal(ctl_check_endpoint("tcp://1.2.3.4:5#lane="), KVCR_EINVAL);
+    assert_int_equal(ctl_check_endpoint("tcp://1.2.3.4:5#lane=0"), KVCR_EINVAL);
+    assert_int_equal(ctl_check_endpoint("tcp://1.2.3.4:5#lane=65536"), KVCR_EINVAL);
+    assert_int_equal(ctl_check_endpoint("tcp://1.2.3.4:5#lane=6#lane=7"), KVCR_EINVAL);
+    ctl_channel *c = NULL;
+    assert_int_equal(ctl_open(HOST, 0, -1, "localhost", MAX_MESSAGE, NULL, NULL, &c), 0);
+    char before[CTL_MAX_ENDPOINT + 1];
+    snprintf(before, sizeof before, "%s", ctl_endpoint(c));
+    assert_int_equal(ctl_open_lane(c), KVCR_EINVAL); /* a host name is advertised */
+    assert_string_equal(ctl_endpoint(c), before);
+    assert_int_equal(ctl_lane_fd(c), -1);
+    ctl_close(c);
+}
+
+/* A fixed control port keeps the endpoint across restarts: the lane takes
+ * the next port (when that one is free), not one of the system's choice. */
+static void test_a_fixed_control_port_puts_the_lane_on_the_next(void **state)
+{
+    (void)state;
+    uint16_t port = 0;
+    for (int i = 0; i < 20 && (port == 0 || port == 65535); i++) port = dead_port();
+    ctl_channel *c = NULL;
+    assert_int_equal(ctl_open(HOST, port, -1, HOST, MAX_MESSAGE, NULL, NULL, &c), 0);
+    char want[CTL_MAX_ENDPOINT + 1];
+    snprintf(want, sizeof want, "tcp://" HOST ":%u" CTL_LANE_TAG "%u", (unsigned)port,
+             (unsigned)port + 1);
+    int rc = ctl_open_lane(c);
+    if (rc == 0) {
+        assert_string_equal(ctl_endpoint(c), want);
+    } else { /* the next port was taken: no lane, the endpoint as it was */
+        assert_int_equal(rc, KVCR_ESYS);
+        assert_int_equal(ctl_lane_fd(c), -1);
+        assert_null(strchr(ctl_endpoint(c), '#'));
+    }
+    ctl_close(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_answers_come_back_over_the_dialled_connection),
+        cmocka_unit_test(test_a_name_not_vouched_for_gets_no_answers_over_its_connection),
+        cmocka_unit_test(test_frames_split_across_reads_arrive_whole),
+        cmocka_unit_test(test_recv_hands_over_at_most_max),
+        cmocka_unit_test(test_junk_is_refused_and_counted),
+        cmocka_unit_test(test_the_send_queue_is_bounded),
+        cmocka_unit_test(test_forget_closes_and_the_next_send_dials_again),
+        cmocka_unit_test(test_bad_arguments_change_nothing),
+        cmocka_unit_test(test_channels_with_lanes_talk_over_them_and_to_those_without),
+        cmocka_unit_test(test_lane_endpoints_are_checked_and_the_lane_refused_where_it_cannot_work),
+        cmocka_unit_test(test_a_fixed_control_port_puts_the_lane_on_the_next),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
