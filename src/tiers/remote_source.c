@@ -578,8 +578,12 @@ static void on_probe(remote *r, const wire_msg *m)
             if (st->sw == NULL && st->ended_ns == 0) st->ended_ns = kvcr_now_ns();
         }
     }
+    /* Terminal: never posted to UCX, or over in UCX (ended_ns is set only
+     * once its completion came). A write whose write_done was lost (a
+     * connection that failed with it queued) is over too: without this its
+     * target's memory would wait for the UCX endpoint to die. */
     wire_msg ack = {.type = WIRE_WRITE_PROBE_ACK, .has_op = true, .op = m->op,
-                    .terminal = ours && (st == NULL || !st->submitted)};
+                    .terminal = ours && (st == NULL || !st->submitted || st->ended_ns != 0)};
     if (!ours && host_retired(r->kv, m->expected_inc.data, m->expected_inc.len)) {
         ack.has_dead_inc = true;
         ack.dead_inc = m->expected_inc;
