@@ -43,6 +43,7 @@
 
 #include "kvcr/error.h"
 #include "net/lane.h"
+#include "util/clock.h"
 
 #define CTL_MAX_PEERS 256 /* two fds each; beyond, the least recently used is closed */
 #define CTL_SNDHWM 1000   /* messages queued for one peer before sends fail */
@@ -58,6 +59,12 @@
  * comes back is tried within 0.75 s (1.5 s with a 1 s pause: most of the
  * 2 s in which pulls must work again after an outage). */
 #define CTL_RECONNECT_MAX_MS 250
+/* A peer whose lane refused a dial (restarted with another lane port: its
+ * endpoint named by a router before the restart) is reached over ZeroMQ at
+ * its address for this long, then its lane is tried again; this many such
+ * peers are remembered at once. */
+#define CTL_LANELESS_MS 10000
+#define CTL_LANELESS 16
 #define TCP "tcp://"
 /* The longest host that leaves room for "tcp://" and ":65535". */
 #define CTL_MAX_HOST (CTL_MAX_ENDPOINT - (sizeof TCP - 1) - 6)
@@ -103,11 +110,15 @@ struct ctl_channel {
     /* the lane (ctl_open_lane), NULL without */
     lane *lane;
     bool adopted;          /* bound on a listener handed over: see ctl_open_lane */
-    uint16_t fixed_port;   /* the port asked for, 0 for any */
     size_t max_message;
     char bind_host[CTL_MAX_HOST + 1], advertise_host[CTL_MAX_HOST + 1];
     ctl_recv_cb *lane_cb;  /* ctl_recv's, while it reads the lane */
     void *lane_ud;
+    /* endpoints whose lane refused a dial, sent to over ZeroMQ until then */
+    struct laneless {
+        char endpoint[CTL_MAX_ENDPOINT + 1];
+        uint64_t until_ns;
+    } laneless[CTL_LANELESS];
 };
 
 /* ---- endpoint strings -------------------------------------------------------- */
@@ -351,6 +362,15 @@ static bool numeric_host(const char *host)
     return inet_pton(AF_INET, host, &a) == 1 || inet_pton(AF_INET6, host, &a) == 1;
 }
 
+static bool laneless(const ctl_channel *c, const char *endpoint)
+{
+    uint64_t now = kvcr_now_ns();
+    for (size_t i = 0; i < CTL_LANELESS; i++)
+        if (c->laneless[i].until_ns > now && strcmp(c->laneless[i].endpoint, endpoint) == 0)
+            return true;
+    return false;
+}
+
 /* Whether messages to endpoint (checked) go over the lane: this channel
  * has one and the endpoint offers one at a numeric host; ip and port
  * then say where. */
@@ -358,7 +378,7 @@ static bool lane_route(const ctl_channel *c, const char *endpoint, char *ip, siz
                        uint16_t *port)
 {
     const char *tag = c->lane ? lane_tag(endpoint) : NULL;
-    if (tag == NULL) return false;
+    if (tag == NULL || laneless(c, endpoint)) return false;
     endpoint_host(endpoint, ip, cap);
     *port = (uint16_t)strtoul(tag + sizeof CTL_LANE_TAG - 1, NULL, 10);
     return numeric_host(ip);
@@ -385,6 +405,26 @@ static bool vouch(void *ud, const char *name, const struct sockaddr *from, sockl
     return false;
 }
 
+static int zmq_send_to(ctl_channel *c, const char *endpoint, const void *data, size_t len);
+
+/* The lane's refused hook: the peer is reached over ZeroMQ for a while
+ * (the oldest mark makes room), this message first. */
+static void lane_refused(void *ud, const char *name, const void *data, size_t len)
+{
+    ctl_channel *c = ud;
+    uint64_t now = kvcr_now_ns();
+    if (!laneless(c, name)) {
+        struct laneless *slot = &c->laneless[0];
+        for (size_t i = 1; i < CTL_LANELESS; i++)
+            if (c->laneless[i].until_ns < slot->until_ns) slot = &c->laneless[i];
+        snprintf(slot->endpoint, sizeof slot->endpoint, "%s", name);
+        slot->until_ns = now + CTL_LANELESS_MS * 1000000ull;
+        CTL_DEBUG(c, "control: %s refused its lane; ZeroMQ at its address for %d ms", name,
+                  CTL_LANELESS_MS);
+    }
+    zmq_send_to(c, name, data, len);
+}
+
 int ctl_open_lane(ctl_channel *c)
 {
     if (c->lane) return 0;
@@ -401,13 +441,8 @@ int ctl_open_lane(ctl_channel *c)
     size_t n = strlen(c->endpoint);
     if (n + sizeof CTL_LANE_TAG - 1 + 5 > CTL_MAX_ENDPOINT)
         return kvcr_fail(KVCR_EINVAL, "control endpoint too long for " CTL_LANE_TAG "<port>");
-    /* A fixed control port keeps its endpoint across restarts: so must the
-     * lane's port, the next one. */
-    if (c->fixed_port == 65535)
-        return kvcr_fail(KVCR_EINVAL, "the control lane takes the port after control_port, "
-                                      "and 65535 has none");
-    uint16_t port = c->fixed_port ? (uint16_t)(c->fixed_port + 1) : 0;
-    int rc = lane_open(bind, port, c->max_message, vouch, c, c->log, &c->lane);
+    lane_hooks hooks = {vouch, lane_refused, c};
+    int rc = lane_open(bind, c->max_message, &hooks, c->log, &c->lane);
     if (rc != 0) return rc;
     snprintf(c->endpoint + n, sizeof c->endpoint - n, CTL_LANE_TAG "%u",
              (unsigned)lane_port(c->lane));
@@ -443,6 +478,13 @@ int ctl_send(ctl_channel *c, const char *endpoint, const void *data, size_t len)
     uint16_t port;
     if (lane_route(c, endpoint, ip, sizeof ip, &port))
         return lane_send(c->lane, endpoint, ip, port, data, len);
+    return zmq_send_to(c, endpoint, data, len);
+}
+
+/* ctl_send over ZeroMQ (endpoint checked). */
+static int zmq_send_to(ctl_channel *c, const char *endpoint, const void *data, size_t len)
+{
+    int rc;
     peer *p = find_peer(c, endpoint);
     if (p == NULL && (rc = open_peer(c, endpoint, &p)) != 0) return rc;
     p->used = ++c->tick;
@@ -581,7 +623,6 @@ static int open_channel(const char *bind_host, uint16_t port, int *listener,
     c->log = log;
     c->max_message = max_message;
     c->adopted = *listener >= 0;
-    c->fixed_port = port;
     snprintf(c->bind_host, sizeof c->bind_host, "%s", bind_host);
     snprintf(c->advertise_host, sizeof c->advertise_host, "%s", advertise_host);
     c->zap_fd = -1;

@@ -62,13 +62,14 @@ void ctl_close(ctl_channel *c);
  * or "#lane=<port>" with the lane. */
 const char *ctl_endpoint(const ctl_channel *c);
 
-/* Opens the channel's lane (net/lane.h) on the bind host, at the port
- * after the channel's when that was given (an endpoint that outlives a
- * restart), otherwise at one the system chooses, and adds "#lane=<port>"
- * to the endpoint: from then on
+/* Opens the channel's lane (net/lane.h) on the bind host, at a port the
+ * system chooses, and adds "#lane=<port>" to the endpoint: from then on
  * messages to every endpoint that offers a lane go over it, both ways,
  * and the others over ZeroMQ. Peers without the lane still reach this
- * channel's PULL socket at the address. KVCR_EINVAL (nothing changed)
+ * channel's PULL socket at the address; a peer whose lane refuses a dial
+ * (restarted: its lane port is another, its address the same when
+ * control_port was fixed) is sent to there for CTL_LANELESS_MS (control.c),
+ * the refused messages first. KVCR_EINVAL (nothing changed)
  * with CURVE (the lane is plaintext), on a listener handed over by the
  * KVCR service (the lane's port would not outlive this process), or when
  * the bind or advertise host is not a numeric IP address ("*" binds

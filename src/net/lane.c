@@ -47,8 +47,7 @@ struct lane {
     int listen_fd, ep;
     uint16_t port;
     size_t max_message;
-    lane_vouch_cb *vouch;
-    void *vouch_ud;
+    lane_hooks hooks;
     const kvcr_logger *log;
     char name[LANE_MAX_NAME + 1];
     conn conns[LANE_MAX_CONNS];
@@ -304,7 +303,8 @@ static int dial(lane *l, const char *name, const char *ip, uint16_t port, conn *
     bool made = rc == 0 && connect(fd, (struct sockaddr *)&ss, sl) == 0;
     if (rc == 0 && !made && errno != EINPROGRESS) rc = -1;
     if (rc != 0) {
-        rc = kvcr_fail(KVCR_ESYS, "lane: cannot dial %s: %s", name, strerror(errno));
+        rc = kvcr_fail(errno == ECONNREFUSED ? KVCR_EREFUSED : KVCR_ESYS,
+                       "lane: cannot dial %s: %s", name, strerror(errno));
         close(fd);
         return rc;
     }
@@ -339,6 +339,10 @@ int lane_send(lane *l, const char *name, const char *ip, uint16_t port, const vo
                          l->max_message);
     conn *c = find(l, name);
     int rc = c ? 0 : dial(l, name, ip, port, &c);
+    if (rc == KVCR_EREFUSED && l->hooks.refused) {
+        l->hooks.refused(l->hooks.ud, name, data, len);
+        return 0;
+    }
     if (rc != 0) return rc;
     c->used = ++l->tick;
     rc = put_frame(l, c, data, len);
@@ -379,8 +383,8 @@ static void on_frame(lane *l, conn *c, const uint8_t *p, size_t n, lane_recv_cb 
     c->named = true;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    c->vouched = getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0 && l->vouch &&
-                 l->vouch(l->vouch_ud, c->name, (struct sockaddr *)&ss, sl);
+    c->vouched = getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0 && l->hooks.vouch &&
+                 l->hooks.vouch(l->hooks.ud, c->name, (struct sockaddr *)&ss, sl);
     LANE_DEBUG(l, "lane: %s connected%s", c->name,
                c->vouched ? "" : " (its name is not its address: no answers over it)");
 }
@@ -468,12 +472,39 @@ static void readable(lane *l, conn *c)
     }
 }
 
+/* A dial the peer refused: closed, and every message queued on it (the
+ * frames after the hello) handed to the refused hook. */
+static void hand_back(lane *l, conn *c)
+{
+    char name[LANE_MAX_NAME + 1];
+    memcpy(name, c->name, sizeof name);
+    size_t len = c->tx_len;
+    uint8_t *q = len ? malloc(len) : NULL;
+    if (q) memcpy(q, c->tx + c->tx_head, len);
+    close_conn(l, c, "refused");
+    size_t off = 0;
+    bool hello = true;
+    for (const uint8_t *p; q && off < len;) {
+        size_t n;
+        ptrdiff_t got = lane_frame(q + off, len - off, SIZE_MAX, &p, &n);
+        if (got <= 0) break;
+        off += (size_t)got;
+        if (!hello && l->hooks.refused) l->hooks.refused(l->hooks.ud, name, p, n);
+        hello = false;
+    }
+    free(q);
+}
+
 static void writable(lane *l, conn *c)
 {
     if (c->connecting) {
         int err = 0;
         socklen_t sl = sizeof err;
         if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0) err = errno;
+        if (err == ECONNREFUSED) {
+            hand_back(l, c);
+            return;
+        }
         if (err != 0) {
             close_conn(l, c, strerror(err));
             return;
@@ -550,14 +581,14 @@ uint64_t lane_take_refused(lane *l, const char **why)
 
 /* ---- the lane -------------------------------------------------------------------- */
 
-int lane_open(const char *ip, uint16_t port, size_t max_message, lane_vouch_cb *vouch,
-              void *vouch_ud, const kvcr_logger *log, lane **out)
+int lane_open(const char *ip, size_t max_message, const lane_hooks *hooks,
+              const kvcr_logger *log, lane **out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "lane_open: out is NULL");
     *out = NULL;
     struct sockaddr_storage ss;
     socklen_t sl;
-    if (ip == NULL || !numeric_addr(ip, port, &ss, &sl))
+    if (ip == NULL || !numeric_addr(ip, 0, &ss, &sl))
         return kvcr_fail(KVCR_EINVAL, "control lane: '%s' is not a numeric IP address",
                          ip ? ip : "(null)");
     if (max_message == 0 || max_message > UINT32_MAX)
@@ -566,8 +597,7 @@ int lane_open(const char *ip, uint16_t port, size_t max_message, lane_vouch_cb *
     if (l == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
     for (size_t i = 0; i < LANE_MAX_CONNS; i++) l->conns[i].fd = -1;
     l->max_message = max_message;
-    l->vouch = vouch;
-    l->vouch_ud = vouch_ud;
+    if (hooks) l->hooks = *hooks;
     l->log = log;
     l->ep = epoll_create1(EPOLL_CLOEXEC);
     l->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -578,8 +608,7 @@ int lane_open(const char *ip, uint16_t port, size_t max_message, lane_vouch_cb *
         bind(l->listen_fd, (struct sockaddr *)&ss, sl) != 0 || listen(l->listen_fd, 128) != 0 ||
         getsockname(l->listen_fd, (struct sockaddr *)&ss, &sl) != 0 ||
         epoll_ctl(l->ep, EPOLL_CTL_ADD, l->listen_fd, &ev) != 0) {
-        int rc = kvcr_fail(KVCR_ESYS, "control lane: cannot listen on %s port %u: %s", ip,
-                           (unsigned)port, strerror(errno));
+        int rc = kvcr_fail(KVCR_ESYS, "control lane: cannot listen on %s: %s", ip, strerror(errno));
         lane_close(l);
         return rc;
     }

@@ -55,11 +55,23 @@ typedef struct lane lane;
 typedef bool lane_vouch_cb(void *ud, const char *name, const struct sockaddr *peer,
                            socklen_t peer_len);
 
-/* Binds a TCP listener on ip (a numeric IPv4 or IPv6 address) and port (0:
- * one the system chooses). KVCR_EINVAL for an ip that is not numeric or a
+/* A message sent to name on a dial the peer refused (nothing listens at
+ * its lane port: a peer restarted with another one), handed back unsent so
+ * that its user can send it another way. */
+typedef void lane_refused_cb(void *ud, const char *name, const void *data, size_t len);
+
+/* The callbacks of a lane; ud is passed to both. */
+typedef struct lane_hooks {
+    lane_vouch_cb *vouch;
+    lane_refused_cb *refused;
+    void *ud;
+} lane_hooks;
+
+/* Binds a TCP listener on ip (a numeric IPv4 or IPv6 address), at a port
+ * the system chooses. KVCR_EINVAL for an ip that is not numeric or a
  * max_message outside 1..UINT32_MAX, KVCR_ESYS with the reason otherwise. */
-int lane_open(const char *ip, uint16_t port, size_t max_message, lane_vouch_cb *vouch,
-              void *vouch_ud, const kvcr_logger *log, lane **out);
+int lane_open(const char *ip, size_t max_message, const lane_hooks *hooks,
+              const kvcr_logger *log, lane **out);
 void lane_close(lane *l);
 
 uint16_t lane_port(const lane *l);
@@ -74,7 +86,9 @@ int lane_fd(const lane *l);
 
 /* Queues one message to name, over a connection that carries messages to
  * it, or a new one dialled to ip:port (numeric). Never blocks. 0, or a
- * negative code with the reason (the connection, if any, is closed). */
+ * negative code with the reason (the connection, if any, is closed). When
+ * the peer refuses the dial, now or later, the messages queued on it go to
+ * the refused hook. */
 int lane_send(lane *l, const char *name, const char *ip, uint16_t port, const void *data,
               size_t len);
 
