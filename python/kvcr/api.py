@@ -612,10 +612,8 @@ class KVCR:
             self._poll = native.poll
             self._endpoint = native.endpoint()
             control = bindings.framework_control
-            if (isinstance(control, ZmqPeerControlChannel) and control.bind_port == 0
-                    and self._endpoint is not None):
-                # "tcp://host:port", then "#curve=<key>" with CURVE ('#' is never in a host)
-                control._bound(int(self._endpoint.partition("#")[0].rpartition(":")[2]))
+            if isinstance(control, ZmqPeerControlChannel) and self._endpoint is not None:
+                control._bound(self._endpoint)
             g3 = backend_configs.g3
             if g3 is not None and g3.backend_options:
                 logger.warning("KVCR G3 backend_options %s are ignored: libkvcr serves G3 "

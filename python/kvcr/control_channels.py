@@ -49,8 +49,9 @@ class KVCRGuardProtocolError(KVCRServiceError):
 
 class ZmqPeerControlChannel:
     """`bind_port` 0 lets KVCR pick a free port; once a KVCR has bound it,
-    `bind_port` and `endpoint` name the port chosen (as does
-    `KVCR.control_endpoint`)."""
+    `bind_port` names the port chosen and `endpoint` is
+    `KVCR.control_endpoint` (with the control lane's port, "#lane=<port>",
+    or the CURVE key)."""
 
     def __init__(self, bind_host: str, bind_port: int, advertise_host: "str | None" = None) -> None:
         if not isinstance(bind_host, str) or not bind_host:
@@ -72,10 +73,12 @@ class ZmqPeerControlChannel:
             host = f"[{host}]"  # IPv6
         return f"tcp://{host}:{port}"
 
-    def _bound(self, port: int) -> None:
-        """KVCR bound the channel on `port` (the one chosen for port 0)."""
-        self.bind_port = port
-        self.endpoint = self._endpoint(port)
+    def _bound(self, endpoint: str) -> None:
+        """KVCR bound the channel: `endpoint` is what it tells peers, the port
+        chosen for port 0, plus "#lane=<port>" (its control lane) or
+        "#curve=<key>" ('#' is never in a host)."""
+        self.bind_port = int(endpoint.partition("#")[0].rpartition(":")[2])
+        self.endpoint = endpoint
 
     def initialize(self) -> None:
         """Nothing to set up: libkvcr binds the endpoint when KVCR starts."""

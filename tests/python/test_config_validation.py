@@ -455,5 +455,5 @@ def test_control_channel_stand_in():
             kvcr.ZmqPeerControlChannel("0.0.0.0", port)
     any_port = kvcr.ZmqPeerControlChannel("127.0.0.1", 0)  # 0: KVCR picks a free port
     assert any_port.endpoint == "tcp://127.0.0.1:0"
-    any_port._bound(7009)
-    assert (any_port.bind_port, any_port.endpoint) == (7009, "tcp://127.0.0.1:7009")
+    any_port._bound("tcp://127.0.0.1:7009#lane=7500")  # what libkvcr bound and tells peers
+    assert (any_port.bind_port, any_port.endpoint) == (7009, "tcp://127.0.0.1:7009#lane=7500")

@@ -120,7 +120,7 @@ def test_hinted_keys_are_pulled_from_a_peers_kvcr_dram_with_exact_bytes(peers, t
     assert src.endpoint.startswith("tcp://127.0.0.1:")
     t = targets(slots=8)
     assert t.kv.control_endpoint.startswith("tcp://127.0.0.1:")
-    assert t.control.bind_port == int(t.kv.control_endpoint.rpartition(":")[2]) != 0
+    assert t.control.bind_port == int(t.kv.control_endpoint.partition("#")[0].rpartition(":")[2]) != 0
     t.kv.submit_hint(envelope(src.endpoint, list(range(8)) + [100]), request_id="req-1")
 
     fetchable = (QueryStatus.FETCHABLE, CacheTier.REMOTE_G2)
@@ -563,7 +563,8 @@ def test_a_framework_control_of_another_type_is_bound_at_its_endpoint():
                    kvcr.KVCRBackendConfigs(local_dram=kvcr.LocalDramOptions(
                        pools=[("", address_of(pool), BLOCK)])))
     try:
-        assert kv.control_endpoint == f"tcp://127.0.0.1:{port}"
+        # bound at its address; "#lane=<port>" names the control lane
+        assert kv.control_endpoint.partition("#lane=")[0] == f"tcp://127.0.0.1:{port}"
     finally:
         kv.close()
         pool.close()
