@@ -227,10 +227,14 @@ static conn *find(const lane *l, const char *name)
 
 /* ---- sending -------------------------------------------------------------------- */
 
-/* Appends bytes to c's queue (within LANE_TXQ_MAX). */
-static int enqueue(conn *c, const void *data, size_t len)
+/* Appends bytes to c's queue: within LANE_TXQ_MAX, or one message of
+ * max_message bytes (with its header) when that is more. */
+static int enqueue(const lane *l, conn *c, const void *data, size_t len)
 {
-    if (c->tx_len + len > LANE_TXQ_MAX) return kvcr_fail(KVCR_ESYS, "queue full");
+    size_t max = LANE_TXQ_MAX > l->max_message + 2 * LANE_HEADER + LANE_MAX_NAME
+                     ? LANE_TXQ_MAX
+                     : l->max_message + 2 * LANE_HEADER + LANE_MAX_NAME;
+    if (c->tx_len + len > max) return kvcr_fail(KVCR_ESYS, "queue full");
     if (c->tx_head > 0 && c->tx_head + c->tx_len + len > c->tx_cap) {
         memmove(c->tx, c->tx + c->tx_head, c->tx_len);
         c->tx_head = 0;
@@ -282,9 +286,9 @@ static int put_frame(lane *l, conn *c, const void *data, size_t len)
         sent = n > 0 ? (size_t)n : 0;
     }
     int rc = 0;
-    if (sent < sizeof hdr) rc = enqueue(c, hdr + sent, sizeof hdr - sent);
+    if (sent < sizeof hdr) rc = enqueue(l, c, hdr + sent, sizeof hdr - sent);
     size_t off = sent > sizeof hdr ? sent - sizeof hdr : 0;
-    if (rc == 0 && off < len) rc = enqueue(c, (const uint8_t *)data + off, len - off);
+    if (rc == 0 && off < len) rc = enqueue(l, c, (const uint8_t *)data + off, len - off);
     if (rc == 0) want_out(l, c);
     return rc;
 }

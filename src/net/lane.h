@@ -21,7 +21,8 @@
  *
  * Bounds: at most LANE_MAX_CONNS connections; beyond, the idlest is closed,
  * those that never named themselves first. At most LANE_TXQ_MAX bytes wait
- * to be sent on one connection: beyond, it is closed and the send fails.
+ * to be sent on one connection (or a hello and one message of max_message
+ * bytes, when that is more): beyond, it is closed and the send fails.
  * A dial not made within LANE_CONNECT_MS is given up, an accepted
  * connection that has not named itself within LANE_HELLO_MS is closed, and
  * bytes unacknowledged for LANE_MAXRT_MS close theirs (TCP_USER_TIMEOUT):
