@@ -225,7 +225,9 @@ static void lane_frame_of(mp *m, uint8_t *frame, size_t *n)
     *n = 4 + m->n;
 }
 
-static int lane_connect(uint16_t port)
+/* A TCP connection to port on 127.0.0.1, its reads and writes bounded in
+ * time; -1 when it cannot be made. */
+static int tcp_connect(uint16_t port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -240,9 +242,9 @@ static int lane_connect(uint16_t port)
     return fd;
 }
 
-/* The end of a lane sender: its side shut, then what the instance sends
- * read until it hangs up (every frame was taken by then). */
-static int lane_finish(int fd)
+/* The end of a junk connection: its side shut, then what the instance
+ * sends read until it hangs up (every byte was taken, and counted, by then). */
+static int hang_up(int fd)
 {
     int err = shutdown(fd, SHUT_WR) != 0 ? errno : 0;
     char buf[256];
@@ -260,7 +262,7 @@ static void *framed_main(void *arg)
     int fd = -1;
     if (f->lane_port) {
         static const uint8_t hello[] = "\0\0\0\x11" STRANGER;
-        if ((fd = lane_connect(f->lane_port)) < 0 ||
+        if ((fd = tcp_connect(f->lane_port)) < 0 ||
             send(fd, hello, sizeof hello - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof hello - 1))
             f->failed = errno ? errno : EIO;
     } else {
@@ -287,7 +289,7 @@ static void *framed_main(void *arg)
             f->sent[cause]++;
     }
     if (fd >= 0) {
-        int err = lane_finish(fd);
+        int err = hang_up(fd);
         if (!f->failed) f->failed = err;
         return NULL;
     }
@@ -321,20 +323,14 @@ static size_t bad_mechanism(uint8_t *b)
  * every connection has ended, and been counted, before the next starts. */
 static int raw_connection(uint16_t port, const void *bytes, size_t n)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0), err = 0;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {WAIT_MS / 2000, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        send(fd, bytes, n, MSG_NOSIGNAL) != (ssize_t)n || shutdown(fd, SHUT_WR) != 0)
-        err = errno;
-    char buf[256];
-    ssize_t got;
-    while (!err && (got = recv(fd, buf, sizeof buf, 0)) != 0)
-        if (got < 0) err = errno;
-    close(fd);
-    return err;
+    int fd = tcp_connect(port);
+    if (fd < 0) return errno ? errno : EIO;
+    if (send(fd, bytes, n, MSG_NOSIGNAL) != (ssize_t)n) {
+        int err = errno ? errno : EIO;
+        close(fd);
+        return err;
+    }
+    return hang_up(fd);
 }
 
 /* One message over max_control_message_bytes from a PUSH socket of its
