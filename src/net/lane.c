@@ -212,7 +212,9 @@ static conn *take_slot(lane *l, int fd, bool dialled)
     return c;
 }
 
-/* The connection carrying messages to name, preferring one made. */
+/* The connection carrying messages to name: one made rather than one
+ * being made, then the newest (after an outage a peer's old connection
+ * may be dead at its end; its new one is not). */
 static conn *find(const lane *l, const char *name)
 {
     const conn *best = NULL;
@@ -220,7 +222,9 @@ static conn *find(const lane *l, const char *name)
         const conn *c = &l->conns[i];
         if (c->fd < 0 || c->doomed || !(c->dialled || c->vouched)) continue;
         if (strcmp(c->name, name) != 0) continue;
-        if (best == NULL || (best->connecting && !c->connecting)) best = c;
+        if (best == NULL || (best->connecting && !c->connecting) ||
+            (best->connecting == c->connecting && c->born_ns > best->born_ns))
+            best = c;
     }
     return (conn *)best; /* the table is the lane's own */
 }
