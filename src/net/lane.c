@@ -36,6 +36,8 @@ typedef struct conn {
     bool dialled, connecting, named, vouched, want_out, delivering, doomed;
     bool got_bytes; /* accepted: something arrived (a silent close is no junk) */
     char name[LANE_MAX_NAME + 1];
+    struct sockaddr_storage addr; /* dialled: where */
+    socklen_t addr_len;
     uint64_t born_ns, used;
     uint8_t *rx;
     size_t rx_len, rx_cap;
@@ -297,6 +299,25 @@ static int put_frame(lane *l, conn *c, const void *data, size_t len)
     return rc;
 }
 
+/* A non-blocking socket connecting to ss (*made: connected already); -1
+ * with the reason (KVCR_EREFUSED when the peer refused at once). */
+static int connect_to(const struct sockaddr_storage *ss, socklen_t sl, const char *name,
+                      bool *made)
+{
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return kvcr_fail(KVCR_ESYS, "lane socket: %s", strerror(errno));
+    int rc = tune(fd);
+    *made = rc == 0 && connect(fd, (const struct sockaddr *)ss, sl) == 0;
+    if (rc == 0 && !*made && errno != EINPROGRESS) rc = -1;
+    if (rc != 0) {
+        rc = kvcr_fail(errno == ECONNREFUSED ? KVCR_EREFUSED : KVCR_ESYS,
+                       "lane: cannot dial %s: %s", name, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
 static int dial(lane *l, const char *name, const char *ip, uint16_t port, conn **out)
 {
     struct sockaddr_storage ss;
@@ -305,23 +326,17 @@ static int dial(lane *l, const char *name, const char *ip, uint16_t port, conn *
         return kvcr_fail(KVCR_EINVAL, "lane: cannot dial %s at %s port %u", name, ip,
                          (unsigned)port);
     if (l->name[0] == '\0') return kvcr_fail(KVCR_EINVAL, "lane: no name set to announce");
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return kvcr_fail(KVCR_ESYS, "lane socket: %s", strerror(errno));
-    int rc = tune(fd);
-    bool made = rc == 0 && connect(fd, (struct sockaddr *)&ss, sl) == 0;
-    if (rc == 0 && !made && errno != EINPROGRESS) rc = -1;
-    if (rc != 0) {
-        rc = kvcr_fail(errno == ECONNREFUSED ? KVCR_EREFUSED : KVCR_ESYS,
-                       "lane: cannot dial %s: %s", name, strerror(errno));
-        close(fd);
-        return rc;
-    }
+    bool made;
+    int rc, fd = connect_to(&ss, sl, name, &made);
+    if (fd < 0) return fd;
     conn *c = take_slot(l, fd, true);
     if (c == NULL) {
         close(fd);
         return kvcr_fail(KVCR_ESYS, "lane: every connection busy");
     }
     snprintf(c->name, sizeof c->name, "%s", name);
+    c->addr = ss;
+    c->addr_len = sl;
     c->connecting = c->want_out = !made;
     if (watch(l, c, EPOLL_CTL_ADD) != 0 || put_frame(l, c, l->name, strlen(l->name)) != 0) {
         rc = kvcr_fail(KVCR_ESYS, "lane: cannot dial %s: %s", name, strerror(errno));
@@ -537,7 +552,29 @@ static void accept_all(lane *l)
     }
 }
 
-/* Dials past LANE_CONNECT_MS and silent accepted connections past
+/* A dial not made within LANE_CONNECT_MS (its SYN or the answer lost, or
+ * the peer unreachable): dialled again with a new socket, keeping its
+ * queue, whose messages never reached the wire. A lost SYN would otherwise
+ * cost the first messages to a peer (the kernel tries again only after a
+ * second), and a pull whose start_write never left knows no incarnation
+ * to take proof of quiet from. */
+static void redial(lane *l, conn *c, uint64_t now)
+{
+    bool made;
+    int fd = connect_to(&c->addr, c->addr_len, c->name, &made);
+    if (fd < 0) {
+        close_conn(l, c, "cannot dial again");
+        return;
+    }
+    close(c->fd);
+    c->fd = fd;
+    c->gen++; /* events of the old socket are stale */
+    c->born_ns = now;
+    c->connecting = c->want_out = !made;
+    if (watch(l, c, EPOLL_CTL_ADD) != 0) close_conn(l, c, "cannot watch");
+}
+
+/* Dials past LANE_CONNECT_MS, and silent accepted connections past
  * LANE_HELLO_MS. */
 static void expire(lane *l, uint64_t now)
 {
@@ -545,7 +582,7 @@ static void expire(lane *l, uint64_t now)
         conn *c = &l->conns[i];
         if (c->fd < 0) continue;
         if (c->connecting && now - c->born_ns > LANE_CONNECT_MS * MS)
-            close_conn(l, c, "not connected in time");
+            redial(l, c, now);
         else if (!c->dialled && !c->named && now - c->born_ns > LANE_HELLO_MS * MS)
             refuse(l, c, "no name in time");
     }

@@ -23,7 +23,8 @@
  * those that never named themselves first. At most LANE_TXQ_MAX bytes wait
  * to be sent on one connection (or a hello and one message of max_message
  * bytes, when that is more): beyond, it is closed and the send fails.
- * A dial not made within LANE_CONNECT_MS is given up, an accepted
+ * A dial not made within LANE_CONNECT_MS is made again (its queue kept:
+ * none of it reached the wire), an accepted
  * connection that has not named itself within LANE_HELLO_MS is closed, and
  * bytes unacknowledged for LANE_MAXRT_MS close theirs (TCP_USER_TIMEOUT):
  * after an outage the next send dials anew instead of waiting out the

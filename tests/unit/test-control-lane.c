@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* accept4 */
 /* The control lane on 127.0.0.1 (net/lane.h), then through the control
  * channel (ctl_open_lane): messages both ways over the dialled connection,
  * answers only to a name vouched for, frames split across reads, the max of
@@ -331,6 +332,57 @@ static void test_the_send_queue_is_bounded(void **state)
     close(listener);
 }
 
+/* A dial whose SYN goes unanswered (the listener's accept queue is full,
+ * so the kernel drops it) is made again after LANE_CONNECT_MS with its
+ * queue: once there is room, the hello and the message arrive whole. */
+static void test_an_unanswered_dial_is_made_again_with_its_queue(void **state)
+{
+    (void)state;
+    int listener = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof addr;
+    assert_int_equal(bind(listener, (struct sockaddr *)&addr, sl), 0);
+    assert_int_equal(listen(listener, 0), 0);
+    assert_int_equal(getsockname(listener, (struct sockaddr *)&addr, &sl), 0);
+    uint16_t port = ntohs(addr.sin_port);
+    /* Fill the accept queue (backlog 0 holds one) with connections nobody
+     * accepts; later SYNs are dropped. */
+    int filler[2];
+    for (int i = 0; i < 2; i++) {
+        filler[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        addr.sin_port = htons(port);
+        connect(filler[i], (struct sockaddr *)&addr, sizeof addr);
+    }
+    lane *a = open_lane("good-a");
+    lane *one[] = {a, NULL};
+    inbox *in = calloc(1, sizeof *in);
+    assert_int_equal(lane_send(a, "sink", HOST, port, "kept", 4), 0);
+    turn_for(one, in, LANE_CONNECT_MS + 300); /* one dial given up and made again */
+    assert_true(lane_has(a, "sink"));
+    /* Room: accept everything (fillers and the lane's connection) until one
+     * of them brings the lane's bytes. */
+    uint64_t deadline = now_ms() + WAIT_MS;
+    uint8_t got[64];
+    size_t n = 0;
+    int fds[8], n_fds = 0;
+    while (n < 4 + 6 + 4 + 4 && now_ms() < deadline) {
+        turn_for(one, in, 20);
+        int c = accept4(listener, NULL, NULL, SOCK_NONBLOCK);
+        if (c >= 0 && n_fds < 8) fds[n_fds++] = c;
+        for (int i = 0; i < n_fds && n < sizeof got; i++) {
+            ssize_t r = recv(fds[i], got + n, sizeof got - n, MSG_DONTWAIT);
+            if (r > 0) n += (size_t)r;
+        }
+    }
+    assert_int_equal(n, 4 + 6 + 4 + 4);
+    assert_memory_equal(got, "\0\0\0\6good-a\0\0\0\4kept", n);
+    for (int i = 0; i < n_fds; i++) close(fds[i]);
+    for (int i = 0; i < 2; i++) close(filler[i]);
+    close(listener);
+    lane_close(a);
+    free(in);
+}
+
 static void test_forget_closes_and_the_next_send_dials_again(void **state)
 {
     (void)state;
@@ -411,9 +463,13 @@ static void ctl_pump(ctl_channel **cs, ctl_inbox *in, size_t want)
             ctl_recv(*c, 64, ctl_collect, in);
             ctl_serve_handshakes(*c, 64, count_junk, NULL);
         }
-        struct pollfd p[4] = {{ctl_fd(cs[0]), POLLIN, 0}, {ctl_lane_fd(cs[0]), POLLIN, 0},
-                              {ctl_fd(cs[1]), POLLIN, 0}, {ctl_lane_fd(cs[1]), POLLIN, 0}};
-        poll(p, 4, 5);
+        struct pollfd p[4];
+        nfds_t n = 0;
+        for (ctl_channel **c = cs; *c && n < 4; c++) {
+            p[n++] = (struct pollfd){ctl_fd(*c), POLLIN, 0};
+            p[n++] = (struct pollfd){ctl_lane_fd(*c), POLLIN, 0};
+        }
+        poll(p, n, 5);
     }
     assert_int_equal(in->n, want);
 }
@@ -506,6 +562,45 @@ static void test_a_refused_lane_falls_back_to_zeromq_at_the_address(void **state
     ctl_close(b);
 }
 
+/* A raw connection to port that names itself name, then sends one
+ * message; the caller closes it. */
+static int claim(uint16_t port, const char *name, const char *msg)
+{
+    uint8_t buf[512];
+    size_t n = strlen(name), m = strlen(msg);
+    put_u32(buf, (uint32_t)n);
+    memcpy(buf + 4, name, n);
+    put_u32(buf + 4 + n, (uint32_t)m);
+    memcpy(buf + 8 + n, msg, m);
+    int fd = raw_connect(port);
+    assert_int_equal(write(fd, buf, 8 + n + m), (ssize_t)(8 + n + m));
+    return fd;
+}
+
+/* The channel answers over a connection only when the name it gave is an
+ * endpoint whose host is the connection's own address (127.0.0.1 here). */
+static void test_the_channel_vouches_only_for_a_name_at_the_connections_address(void **state)
+{
+    (void)state;
+    ctl_channel *a = open_ctl(true);
+    uint16_t port = (uint16_t)atoi(strstr(ctl_endpoint(a), CTL_LANE_TAG) + strlen(CTL_LANE_TAG));
+    const char *elsewhere = "tcp://127.0.0.2:9" CTL_LANE_TAG "9";
+    const char *here = "tcp://127.0.0.1:9" CTL_LANE_TAG "9";
+    ctl_inbox in = {0};
+    ctl_channel *one[] = {a, NULL};
+    int f1 = claim(port, elsewhere, "from a stranger");
+    ctl_pump(one, &in, 1);
+    assert_string_equal(in.last, "from a stranger"); /* delivered: plaintext speaks for nobody */
+    assert_false(ctl_connected(a, elsewhere));
+    int f2 = claim(port, here, "from here");
+    ctl_pump(one, &in, 2);
+    assert_string_equal(in.last, "from here");
+    assert_true(ctl_connected(a, here));
+    close(f1);
+    close(f2);
+    ctl_close(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -515,11 +610,13 @@ int main(void)
         cmocka_unit_test(test_recv_hands_over_at_most_max),
         cmocka_unit_test(test_junk_is_refused_and_counted),
         cmocka_unit_test(test_the_send_queue_is_bounded),
+        cmocka_unit_test(test_an_unanswered_dial_is_made_again_with_its_queue),
         cmocka_unit_test(test_forget_closes_and_the_next_send_dials_again),
         cmocka_unit_test(test_bad_arguments_change_nothing),
         cmocka_unit_test(test_channels_with_lanes_talk_over_them_and_to_those_without),
         cmocka_unit_test(test_lane_endpoints_are_checked_and_the_lane_refused_where_it_cannot_work),
         cmocka_unit_test(test_a_refused_lane_falls_back_to_zeromq_at_the_address),
+        cmocka_unit_test(test_the_channel_vouches_only_for_a_name_at_the_connections_address),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
