@@ -126,6 +126,20 @@ static uint16_t dead_port(void)
     return ntohs(a.sin_port);
 }
 
+/* A listener on HOST (backlog as given) that the test never accepts from
+ * unless it says so; *port gets its port. */
+static int quiet_listener(int backlog, uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sl), 0);
+    assert_int_equal(listen(fd, backlog), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &sl), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
 /* A raw TCP connection to port on HOST. */
 static int raw_connect(uint16_t port)
 {
@@ -309,19 +323,15 @@ static void test_junk_is_refused_and_counted(void **state)
 static void test_the_send_queue_is_bounded(void **state)
 {
     (void)state;
-    int listener = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof addr;
-    assert_int_equal(bind(listener, (struct sockaddr *)&addr, sl), 0);
-    assert_int_equal(listen(listener, 4), 0);
-    assert_int_equal(getsockname(listener, (struct sockaddr *)&addr, &sl), 0);
+    uint16_t port;
+    int listener = quiet_listener(4, &port);
     lane *a = open_lane("good-a");
     static uint8_t msg[MAX_MESSAGE];
     int rc = 0;
     size_t sent = 0;
     uint64_t t0 = now_ms();
     for (; sent < 4 * (LANE_TXQ_MAX / MAX_MESSAGE) && rc == 0; sent++)
-        rc = lane_send(a, "sink", HOST, ntohs(addr.sin_port), msg, sizeof msg);
+        rc = lane_send(a, "sink", HOST, port, msg, sizeof msg);
     assert_int_equal(rc, KVCR_ESYS);
     assert_non_null(strstr(kvcr_last_error(), "queue full"));
     /* it held them all, after the hello */
@@ -338,19 +348,15 @@ static void test_the_send_queue_is_bounded(void **state)
 static void test_an_unanswered_dial_is_made_again_with_its_queue(void **state)
 {
     (void)state;
-    int listener = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof addr;
-    assert_int_equal(bind(listener, (struct sockaddr *)&addr, sl), 0);
-    assert_int_equal(listen(listener, 0), 0);
-    assert_int_equal(getsockname(listener, (struct sockaddr *)&addr, &sl), 0);
-    uint16_t port = ntohs(addr.sin_port);
+    uint16_t port;
+    int listener = quiet_listener(0, &port);
     /* Fill the accept queue (backlog 0 holds one) with connections nobody
      * accepts; later SYNs are dropped. */
     int filler[2];
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     for (int i = 0; i < 2; i++) {
         filler[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-        addr.sin_port = htons(port);
         connect(filler[i], (struct sockaddr *)&addr, sizeof addr);
     }
     lane *a = open_lane("good-a");
