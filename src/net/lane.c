@@ -570,7 +570,8 @@ static void redial(lane *l, conn *c, uint64_t now)
     c->fd = fd;
     c->gen++; /* events of the old socket are stale */
     c->born_ns = now;
-    c->connecting = c->want_out = !made;
+    c->connecting = !made;
+    c->want_out = true; /* connecting, or the queue to send */
     if (watch(l, c, EPOLL_CTL_ADD) != 0) close_conn(l, c, "cannot watch");
 }
 
