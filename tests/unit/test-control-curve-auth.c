@@ -75,8 +75,8 @@ static double wait_count(rig *r, const char *gauge, double want)
 }
 
 /* A write_done for an operation nobody started, from agent "raw", naming
- * from as the place for replies. */
-static void send_stray_done(ctl_channel *c, const char *to, const char *from)
+ * from as the place for replies: ctl_send's result. */
+static int try_stray_done(ctl_channel *c, const char *to, const char *from)
 {
     static const uint8_t inc[WIRE_INCARNATION_LEN] = {1, 2, 3};
     wire_msg m = {.type = WIRE_WRITE_DONE, .agent = {(const uint8_t *)"raw", 3},
@@ -87,8 +87,25 @@ static void send_stray_done(ctl_channel *c, const char *to, const char *from)
     void *buf;
     size_t len;
     assert_int_equal(wire_encode(&m, &buf, &len), 0);
-    assert_int_equal(ctl_send(c, to, buf, len), 0);
+    int rc = ctl_send(c, to, buf, len);
     free(buf);
+    return rc;
+}
+
+/* The same, to a peer that admits it: the send must be taken. */
+static void send_stray_done(ctl_channel *c, const char *to, const char *from)
+{
+    assert_int_equal(try_stray_done(c, to, from), 0);
+}
+
+/* The same, to a peer whose handshake refuses it: once libzmq has seen a
+ * refusal its socket may have no connection to queue on for a moment
+ * (EAGAIN until it dials again), so a send may fail; what counts is that
+ * nothing is processed. */
+static void send_refused_stray_done(ctl_channel *c, const char *to, const char *from)
+{
+    int rc = try_stray_done(c, to, from);
+    assert_true(rc == 0 || rc == KVCR_ESYS);
 }
 
 /* A raw control channel on 127.0.0.1 (CURVE with k when k is not NULL). */
@@ -209,7 +226,7 @@ static void test_plaintext_and_misdialled_peers_get_nothing_processed(void **sta
     address_of(ep, addr, sizeof addr);
 
     ctl_channel *plain = raw_channel(NULL, NULL, 0);
-    for (int i = 0; i < 5; i++) send_stray_done(plain, addr, ctl_endpoint(plain));
+    for (int i = 0; i < 5; i++) send_refused_stray_done(plain, addr, ctl_endpoint(plain));
     assert_true(wait_count(&a, "control_auth_refused_connections", 1) >= 1);
     poll(NULL, 0, QUIET_MS);
     assert_int_equal(dropped(&a), 0);
@@ -220,7 +237,7 @@ static void test_plaintext_and_misdialled_peers_get_nothing_processed(void **sta
     char wrong[2 * CTL_MAX_ENDPOINT];
     snprintf(wrong, sizeof wrong, "%s" CTL_CURVE_TAG "%s", addr, kw.pub);
     double before = rig_stat(&a, "control_auth_refused_connections", NULL);
-    send_stray_done(misdial, wrong, ctl_endpoint(misdial));
+    send_refused_stray_done(misdial, wrong, ctl_endpoint(misdial));
     assert_true(wait_count(&a, "control_auth_refused_connections", before + 1) >= before + 1);
     ctl_close(misdial);
     poll(NULL, 0, QUIET_MS);
