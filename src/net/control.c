@@ -31,9 +31,7 @@
  * cannot be counted). */
 #include "net/control.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -356,12 +354,6 @@ static void endpoint_host(const char *endpoint, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)n, host);
 }
 
-static bool numeric_host(const char *host)
-{
-    struct in6_addr a;
-    return inet_pton(AF_INET, host, &a) == 1 || inet_pton(AF_INET6, host, &a) == 1;
-}
-
 static bool laneless(const ctl_channel *c, const char *endpoint)
 {
     uint64_t now = kvcr_now_ns();
@@ -381,7 +373,7 @@ static bool lane_route(const ctl_channel *c, const char *endpoint, char *ip, siz
     if (tag == NULL || laneless(c, endpoint)) return false;
     endpoint_host(endpoint, ip, cap);
     *port = (uint16_t)strtoul(tag + sizeof CTL_LANE_TAG - 1, NULL, 10);
-    return numeric_host(ip);
+    return lane_ip_ok(ip);
 }
 
 /* The lane's vouch: a connection from peer may carry messages to name when
@@ -392,17 +384,7 @@ static bool vouch(void *ud, const char *name, const struct sockaddr *from, sockl
     char host[CTL_MAX_ENDPOINT + 1];
     if (ctl_check_endpoint(name) != 0) return false;
     endpoint_host(name, host, sizeof host);
-    if (from->sa_family == AF_INET && from_len >= sizeof(struct sockaddr_in)) {
-        struct in_addr a;
-        return inet_pton(AF_INET, host, &a) == 1 &&
-               memcmp(&a, &((const struct sockaddr_in *)from)->sin_addr, sizeof a) == 0;
-    }
-    if (from->sa_family == AF_INET6 && from_len >= sizeof(struct sockaddr_in6)) {
-        struct in6_addr a;
-        return inet_pton(AF_INET6, host, &a) == 1 &&
-               memcmp(&a, &((const struct sockaddr_in6 *)from)->sin6_addr, sizeof a) == 0;
-    }
-    return false;
+    return lane_ip_is(host, from, from_len);
 }
 
 static int zmq_send_to(ctl_channel *c, const char *endpoint, const void *data, size_t len);
@@ -434,7 +416,7 @@ int ctl_open_lane(ctl_channel *c)
         return kvcr_fail(KVCR_EINVAL, "the control lane is off on an endpoint handed over by "
                                       "the KVCR service (its port would not outlive this process)");
     const char *bind = strcmp(c->bind_host, "*") == 0 ? "0.0.0.0" : c->bind_host;
-    if (!numeric_host(bind) || !numeric_host(c->advertise_host))
+    if (!lane_ip_ok(bind) || !lane_ip_ok(c->advertise_host))
         return kvcr_fail(KVCR_EINVAL, "the control lane needs numeric IP addresses to bind and "
                                       "advertise (control_host '%s', advertise_host '%s')",
                          c->bind_host, c->advertise_host);

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "kvcr/error.h"
+#include "util/bytes.h"
 #include "util/clock.h"
 
 #define MS 1000000ull
@@ -49,6 +50,7 @@ struct lane {
     int listen_fd, ep;
     uint16_t port;
     size_t max_message;
+    size_t txq_max; /* bytes queued on one connection: see enqueue */
     lane_hooks hooks;
     const kvcr_logger *log;
     char name[LANE_MAX_NAME + 1];
@@ -68,7 +70,7 @@ ptrdiff_t lane_frame(const uint8_t *buf, size_t len, size_t max, const uint8_t *
                      size_t *plen)
 {
     if (len < LANE_HEADER) return 0;
-    uint32_t n = (uint32_t)buf[0] << 24 | (uint32_t)buf[1] << 16 | (uint32_t)buf[2] << 8 | buf[3];
+    uint32_t n = get32be(buf);
     if (n == 0 || n > max) return -1;
     if (len - LANE_HEADER < n) return 0;
     *payload = buf + LANE_HEADER;
@@ -107,6 +109,27 @@ static bool numeric_addr(const char *ip, uint16_t port, struct sockaddr_storage 
         return true;
     }
     return false;
+}
+
+bool lane_ip_ok(const char *ip)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    return ip != NULL && numeric_addr(ip, 0, &ss, &sl);
+}
+
+bool lane_ip_is(const char *ip, const struct sockaddr *sa, socklen_t sa_len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    if (ip == NULL || !numeric_addr(ip, 0, &ss, &sl) || sa->sa_family != ss.ss_family ||
+        sa_len < sl)
+        return false;
+    if (ss.ss_family == AF_INET)
+        return memcmp(&((const struct sockaddr_in *)sa)->sin_addr,
+                      &((struct sockaddr_in *)&ss)->sin_addr, sizeof(struct in_addr)) == 0;
+    return memcmp(&((const struct sockaddr_in6 *)sa)->sin6_addr,
+                  &((struct sockaddr_in6 *)&ss)->sin6_addr, sizeof(struct in6_addr)) == 0;
 }
 
 /* Low latency (no Nagle), and a connection whose bytes stay unacknowledged
@@ -153,6 +176,15 @@ static void free_buffers(conn *c)
     c->rx_len = c->rx_cap = c->tx_head = c->tx_len = c->tx_cap = 0;
 }
 
+/* Frees c's slot (its socket closed already); events still queued for it
+ * are stale from here on. */
+static void release_slot(conn *c)
+{
+    free_buffers(c);
+    c->fd = -1;
+    c->gen++;
+}
+
 /* Closes c; a connection whose message is being handed over keeps its
  * receive buffer (and its slot) until the handler returns. */
 static void close_conn(lane *l, conn *c, const char *why)
@@ -161,13 +193,10 @@ static void close_conn(lane *l, conn *c, const char *why)
     LANE_DEBUG(l, "lane: closing a connection %s %s: %s", c->dialled ? "to" : "from",
                c->named || c->dialled ? c->name : "(unnamed)", why);
     close(c->fd); /* also leaves the epoll set */
-    if (c->delivering) {
+    if (c->delivering)
         c->doomed = true;
-        return;
-    }
-    free_buffers(c);
-    c->fd = -1;
-    c->gen++;
+    else
+        release_slot(c);
 }
 
 /* A junk connection: closed and counted (the channel logs it). */
@@ -237,10 +266,7 @@ static conn *find(const lane *l, const char *name)
  * max_message bytes (with its header) when that is more. */
 static int enqueue(const lane *l, conn *c, const void *data, size_t len)
 {
-    size_t max = LANE_TXQ_MAX > l->max_message + 2 * LANE_HEADER + LANE_MAX_NAME
-                     ? LANE_TXQ_MAX
-                     : l->max_message + 2 * LANE_HEADER + LANE_MAX_NAME;
-    if (c->tx_len + len > max) return kvcr_fail(KVCR_ESYS, "queue full");
+    if (c->tx_len + len > l->txq_max) return kvcr_fail(KVCR_ESYS, "queue full");
     if (c->tx_head > 0 && c->tx_head + c->tx_len + len > c->tx_cap) {
         memmove(c->tx, c->tx + c->tx_head, c->tx_len);
         c->tx_head = 0;
@@ -278,8 +304,8 @@ static int flush(lane *l, conn *c)
  * otherwise (or for what the socket did not take). */
 static int put_frame(lane *l, conn *c, const void *data, size_t len)
 {
-    uint8_t hdr[LANE_HEADER] = {(uint8_t)(len >> 24), (uint8_t)(len >> 16), (uint8_t)(len >> 8),
-                                (uint8_t)len};
+    uint8_t hdr[LANE_HEADER];
+    put32be(hdr, (uint32_t)len);
     size_t sent = 0;
     if (!c->connecting && c->tx_len == 0) {
         struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)data, len}};
@@ -440,9 +466,7 @@ static size_t deliver(lane *l, conn *c, size_t max, lane_recv_cb *cb, void *ud)
     c->delivering = false;
     if (c->doomed) {
         c->doomed = false;
-        free_buffers(c);
-        c->fd = -1;
-        c->gen++;
+        release_slot(c);
     } else if (c->fd >= 0 && off > 0) {
         memmove(c->rx, c->rx + off, c->rx_len - off);
         c->rx_len -= off;
@@ -455,8 +479,7 @@ static int rx_room(lane *l, conn *c)
 {
     size_t need = RX_MIN;
     if (c->rx_len >= LANE_HEADER) {
-        const uint8_t *b = c->rx;
-        size_t n = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+        size_t n = get32be(c->rx);
         if (n > frame_max(l, c)) return 0; /* deliver refuses it */
         need = LANE_HEADER + n > need ? LANE_HEADER + n : need;
     }
@@ -501,19 +524,18 @@ static void hand_back(lane *l, conn *c)
 {
     char name[LANE_MAX_NAME + 1];
     memcpy(name, c->name, sizeof name);
-    size_t len = c->tx_len;
-    uint8_t *q = len ? malloc(len) : NULL;
-    if (q) memcpy(q, c->tx + c->tx_head, len);
+    uint8_t *q = c->tx; /* the queue outlives the connection */
+    size_t off = c->tx_head, end = c->tx_head + c->tx_len;
+    c->tx = NULL;
+    c->tx_head = c->tx_len = c->tx_cap = 0;
     close_conn(l, c, "refused");
-    size_t off = 0;
-    bool hello = true;
-    for (const uint8_t *p; q && off < len;) {
+    for (bool hello = true; off < end; hello = false) {
+        const uint8_t *p;
         size_t n;
-        ptrdiff_t got = lane_frame(q + off, len - off, SIZE_MAX, &p, &n);
+        ptrdiff_t got = lane_frame(q + off, end - off, SIZE_MAX, &p, &n);
         if (got <= 0) break;
         off += (size_t)got;
         if (!hello && l->hooks.refused) l->hooks.refused(l->hooks.ud, name, p, n);
-        hello = false;
     }
     free(q);
 }
@@ -543,12 +565,10 @@ static void accept_all(lane *l)
         int fd = accept4(l->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
         conn *c = tune(fd) == 0 ? take_slot(l, fd, false) : NULL;
-        if (c != NULL && watch(l, c, EPOLL_CTL_ADD) == 0) continue;
-        if (c != NULL) {
-            c->fd = -1;
-            c->gen++;
-        }
-        close(fd);
+        if (c == NULL)
+            close(fd);
+        else if (watch(l, c, EPOLL_CTL_ADD) != 0)
+            close_conn(l, c, "cannot watch");
     }
 }
 
@@ -643,6 +663,8 @@ int lane_open(const char *ip, size_t max_message, const lane_hooks *hooks,
     if (l == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
     for (size_t i = 0; i < LANE_MAX_CONNS; i++) l->conns[i].fd = -1;
     l->max_message = max_message;
+    size_t one_message = max_message + 2 * LANE_HEADER + LANE_MAX_NAME; /* and a hello */
+    l->txq_max = one_message > LANE_TXQ_MAX ? one_message : LANE_TXQ_MAX;
     if (hooks) l->hooks = *hooks;
     l->log = log;
     l->ep = epoll_create1(EPOLL_CLOEXEC);

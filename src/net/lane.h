@@ -130,4 +130,11 @@ ptrdiff_t lane_frame(const uint8_t *buf, size_t len, size_t max, const uint8_t *
 /* A name: 1..LANE_MAX_NAME bytes of printable ASCII without spaces. */
 bool lane_name_ok(const void *s, size_t n);
 
+/* Whether ip is a numeric IPv4 or IPv6 address (what a lane binds and
+ * dials: no name is ever resolved on its thread). */
+bool lane_ip_ok(const char *ip);
+
+/* Whether ip (numeric) is the address of sa (a vouch hook's peer). */
+bool lane_ip_is(const char *ip, const struct sockaddr *sa, socklen_t sa_len);
+
 #endif

@@ -27,6 +27,7 @@
 
 #include "net/mpmap.h"
 #include "util/log.h"
+#include "util/bytes.h"
 
 /* ---- field tables -------------------------------------------------------- */
 
@@ -482,8 +483,8 @@ int svc_send_frame(int sock, const uint8_t *payload, size_t len, const int *fds,
     if (n_fds > SVC_MAX_FDS || (n_fds > 0 && fds == NULL))
         return kvcr_fail(KVCR_EINVAL, "%zu descriptors, a frame carries at most %d", n_fds,
                          SVC_MAX_FDS);
-    uint8_t head[4] = {(uint8_t)(len >> 24), (uint8_t)(len >> 16), (uint8_t)(len >> 8),
-                       (uint8_t)len};
+    uint8_t head[4];
+    put32be(head, (uint32_t)len);
     ctrl_buf ctrl;
     memset(&ctrl, 0, sizeof ctrl);
     size_t total = sizeof head + len, sent = 0;
@@ -643,7 +644,7 @@ int svc_recv_frame(int sock, uint8_t **payload, size_t *len, int *fds, size_t ma
     uint32_t n = 0;
     int rc = rx_read(&r, head, sizeof head);
     if (rc == 0) {
-        n = (uint32_t)head[0] << 24 | (uint32_t)head[1] << 16 | (uint32_t)head[2] << 8 | head[3];
+        n = get32be(head);
         if (n < 1 || n > SVC_FRAME_MAX)
             rc = kvcr_fail(KVCR_EPROTO, "claim socket: frame length %u not 1..%u", n,
                            SVC_FRAME_MAX);

@@ -1,5 +1,7 @@
 /* Little-endian fields in byte buffers (on-disk records, shared-memory
- * frames): memcpy, so any alignment is fine. */
+ * frames), and the big-endian 32-bit length that prefixes a frame on a
+ * stream socket (the claim socket, the control lane): memcpy, so any
+ * alignment is fine. */
 #ifndef KVCR_UTIL_BYTES_H
 #define KVCR_UTIL_BYTES_H
 
@@ -44,6 +46,19 @@ static inline void put64(uint8_t *p, uint64_t v)
 {
     v = htole64(v);
     memcpy(p, &v, 8);
+}
+
+static inline uint32_t get32be(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return be32toh(v);
+}
+
+static inline void put32be(uint8_t *p, uint32_t v)
+{
+    v = htobe32(v);
+    memcpy(p, &v, 4);
 }
 
 #endif

@@ -19,6 +19,7 @@
 #include "kvcr/error.h"
 #include "net/control.h"
 #include "net/lane.h"
+#include "util/bytes.h"
 
 #define HOST "127.0.0.1"
 #define MAX_MESSAGE 4096
@@ -150,11 +151,6 @@ static int raw_connect(uint16_t port)
     return fd;
 }
 
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
-}
-
 static void test_answers_come_back_over_the_dialled_connection(void **state)
 {
     (void)state;
@@ -220,9 +216,9 @@ static void test_frames_split_across_reads_arrive_whole(void **state)
     lane *one[] = {b, NULL};
     inbox *in = calloc(1, sizeof *in);
     uint8_t stream[4 + 6 + 4 + 1000];
-    put_u32(stream, 6);
+    put32be(stream, 6);
     memcpy(stream + 4, "good-x", 6);
-    put_u32(stream + 10, 1000);
+    put32be(stream + 10, 1000);
     for (int i = 0; i < 1000; i++) stream[14 + i] = (uint8_t)(i * 7);
     int fd = raw_connect(lane_port(b));
     for (size_t off = 0; off < sizeof stream;) {
@@ -275,9 +271,9 @@ static void test_junk_is_refused_and_counted(void **state)
     inbox *in = calloc(1, sizeof *in);
     uint8_t bad_name[4 + 3] = {0, 0, 0, 3, 'a', 0x01, 'b'};
     uint8_t oversize[4 + 6 + 4];
-    put_u32(oversize, 6);
+    put32be(oversize, 6);
     memcpy(oversize + 4, "good-y", 6);
-    put_u32(oversize + 10, MAX_MESSAGE + 1);
+    put32be(oversize + 10, MAX_MESSAGE + 1);
     struct {
         const void *bytes;
         size_t len;
@@ -574,9 +570,9 @@ static int claim(uint16_t port, const char *name, const char *msg)
 {
     uint8_t buf[512];
     size_t n = strlen(name), m = strlen(msg);
-    put_u32(buf, (uint32_t)n);
+    put32be(buf, (uint32_t)n);
     memcpy(buf + 4, name, n);
-    put_u32(buf + 4 + n, (uint32_t)m);
+    put32be(buf + 4 + n, (uint32_t)m);
     memcpy(buf + 8 + n, msg, m);
     int fd = raw_connect(port);
     assert_int_equal(write(fd, buf, 8 + n + m), (ssize_t)(8 + n + m));
