@@ -295,7 +295,7 @@ struct remote {
     wire_region *md_regions;
     wire_metadata md;
     region_geom *own_geom;        /* md's regions as core/conf.h's resolver sees them */
-    ctl_channel *ctl;
+    ctl_channel *ctl;             /* also a caller's, locked (target_end) */
     route *routes;
     route *replaced_routes;       /* still used by writes that will fail */
     swrite *ucx_done;             /* finished in UCX, to settle under the lock */

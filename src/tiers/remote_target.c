@@ -1,6 +1,7 @@
 /* Target side of the peer tier: pulls. A pull is built on the caller's
  * thread under the lock (the core's begin/read/end of core/tier.h), sent as
- * one start_write by the progress thread, and settled back on the caller's
+ * one start_write from there (by the progress thread when it was held),
+ * driven by the progress thread, and settled back on the caller's
  * thread in kvcr_poll() (the tier's settle). Its destinations (framework blocks of a deliver,
  * KVCR slots of a fetch) are never given back while the source may still
  * write them: past the deadline the pull waits for terminal evidence, past
@@ -166,7 +167,18 @@ static pull *pull_by_handle(remote *r, int64_t handle)
     return p;
 }
 
-/* Hands the pull to the progress thread (frees it when it has no keys). */
+static bool ask_inline(remote *r, const pull *p);
+static bool adopt(remote *r, pull *p, uint64_t now, uint64_t *next_ns);
+
+/* Hands the pull to the progress thread (frees it when it has no keys).
+ * A pull whose bytes come inline in its write_done is sent from here: on
+ * one host the hand-off to the progress thread was 15-20 us of a one-block
+ * deliver (docs/BENCHMARKS.md), and its answer wakes that thread anyway.
+ * Other pulls are sent by the progress thread: their bytes may come as
+ * puts our UCX worker copies into the destinations, within a ucx_progress
+ * call that began before a send from here. The network orders those copies
+ * after the caller's own writes, but a race detector sees only the lock,
+ * which the progress thread takes from us before it sends. */
 void target_end(remote *r, tier_batch *b)
 {
     pull *p = b->p;
@@ -182,6 +194,8 @@ void target_end(remote *r, tier_batch *b)
     r->pulls = p;
     index_add(r, p);
     r->n_pulls++;
+    uint64_t ignored = UINT64_MAX;
+    if (ask_inline(r, p) && adopt(r, p, kvcr_now_ns(), &ignored)) return;
     remote_wake(r);
 }
 
@@ -411,27 +425,34 @@ static pull *silent_source(remote *r, const pull *p)
  * deadline with nothing sent and its memory free. */
 #define HOLD_PROBE_MS 250u
 
+/* Sends a new pull's start_write, or holds it (false) while its source is
+ * silent. */
+static bool adopt(remote *r, pull *p, uint64_t now, uint64_t *next_ns)
+{
+    pull *q = now < p->deadline_ns ? silent_source(r, p) : NULL;
+    if (q == NULL) {
+        send_start_write(r, p, now);
+        return true;
+    }
+    if (!p->held) {
+        p->held = true;
+        r->pulls_held++;
+        kvcr_log_limited(host_logger(r->kv), &r->held_log, 1000,
+                         "pull %lld from %s waits: the source has not answered since an "
+                         "earlier pull's deadline",
+                         (long long)p->handle, p->source);
+    }
+    if (q->reprobe_ns > now + HOLD_PROBE_MS * MS) q->reprobe_ns = now + HOLD_PROBE_MS * MS;
+    next_at(next_ns, q->reprobe_ns);
+    next_at(next_ns, p->deadline_ns);
+    return false;
+}
+
+/* Pulls the callers left waiting (held) go once their source answers. */
 void target_adopt(remote *r, uint64_t now, uint64_t *next_ns)
 {
-    for (pull *p = r->pulls; p; p = p->next) {
-        if (p->state != PULL_START) continue;
-        pull *q = now < p->deadline_ns ? silent_source(r, p) : NULL;
-        if (q == NULL) {
-            send_start_write(r, p, now);
-            continue;
-        }
-        if (!p->held) {
-            p->held = true;
-            r->pulls_held++;
-            kvcr_log_limited(host_logger(r->kv), &r->held_log, 1000,
-                             "pull %lld from %s waits: the source has not answered since an "
-                             "earlier pull's deadline",
-                             (long long)p->handle, p->source);
-        }
-        if (q->reprobe_ns > now + HOLD_PROBE_MS * MS) q->reprobe_ns = now + HOLD_PROBE_MS * MS;
-        next_at(next_ns, q->reprobe_ns);
-        next_at(next_ns, p->deadline_ns);
-    }
+    for (pull *p = r->pulls; p; p = p->next)
+        if (p->state == PULL_START) adopt(r, p, now, next_ns);
 }
 
 static pull *find_pull(remote *r, const wire_msg *m)

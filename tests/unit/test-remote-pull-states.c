@@ -2,7 +2,8 @@
  * against a fake host (core/host.h), a fake send (the progress thread's
  * send_msg: every message sent is recorded) and an injected clock: no
  * processes, no sockets, no sleeps. A pull is built through the tier's
- * begin/read/end, sent by target_adopt, driven by target_on_message with
+ * begin/read/end, sent by target_end (target_adopt once a held pull may
+ * go), driven by target_on_message with
  * made-up decoded messages and by target_timers at made-up times, and
  * settled by target_main; the test checks its states, the messages it sent,
  * the tokens it settled (ok, reason) and the resilience events it raised. */
@@ -268,13 +269,11 @@ static int teardown(void **state)
     return 0;
 }
 
-/* A deliver (or fetch) of keys k0 and k1 for op 7, built as the core builds
- * it, and sent (known: its source's incarnation is known already): the
- * pull, in PULL_WAIT_DONE. */
-/* The same pull handed to the progress thread, not sent yet (PULL_START). */
-static pull *queue_pull(remote *r, bool fetch)
+/* A deliver (or fetch) of keys k0 and k1 for op 7, built and ended as the
+ * core does on the caller's thread: sent from there at once, or held
+ * (PULL_START) while its source is silent. */
+static pull *end_pull(remote *r, bool fetch)
 {
-    size_t wakes = net.n_wakes;
     tier_batch_info info = {"req", 7, fetch, 2, 2};
     tier_batch *b = target_begin(r, &info);
     assert_non_null(b);
@@ -288,18 +287,25 @@ static pull *queue_pull(remote *r, bool fetch)
         assert_int_equal(target_read(r, b, &rd), KVCR_REASON_NONE);
     }
     target_end(r, b);
-    assert_int_equal(net.n_wakes, wakes + 1); /* the progress thread hears of it */
     pull *p = r->pulls;
     assert_non_null(p);
-    assert_int_equal(p->state, PULL_START);
     return p;
 }
 
+/* The pull of end_pull, sent (known: its source's incarnation is known
+ * already): in PULL_WAIT_DONE. */
 static pull *start_pull_from(remote *r, bool fetch, bool known)
 {
-    pull *p = queue_pull(r, fetch);
-    target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
+    size_t wakes = net.n_wakes;
+    pull *p = end_pull(r, fetch);
+    /* Only a pull whose bytes come inline goes from the caller's thread;
+     * the progress thread hears of the others, and sends them. */
+    bool by_caller = p->state == PULL_WAIT_DONE;
+    assert_int_equal(net.n_wakes, wakes + !by_caller);
+    assert_int_equal(net.n, by_caller);
+    if (!by_caller) target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
     assert_int_equal(p->state, PULL_WAIT_DONE);
+    assert_int_equal(p->inline_asked, by_caller);
     assert_int_equal(net.n, 1);
     const sent *s = &net.msgs[0];
     assert_int_equal(s->type, WIRE_START_WRITE);
@@ -972,10 +978,13 @@ static pull *hold_behind_a_silent_source(remote *r, size_t *before)
     *before = net.n;
 
     clock_ns += MS;
-    pull *p = queue_pull(r, false);
+    size_t wakes = net.n_wakes;
+    pull *p = end_pull(r, false);
+    assert_int_equal(p->state, PULL_START); /* nothing sent */
+    assert_int_equal(net.n_wakes, wakes + 1);
     next = UINT64_MAX;
     target_adopt(r, clock_ns, &next);
-    assert_int_equal(p->state, PULL_START); /* nothing sent */
+    assert_int_equal(p->state, PULL_START); /* still nothing */
     assert_int_equal(net.n, *before);
     assert_int_equal(r->pulls_held, 1);
     /* The waiting fetch is probed again sooner than its backoff says. */
