@@ -569,6 +569,8 @@ static void accept_all(lane *l)
             close(fd);
         else if (watch(l, c, EPOLL_CTL_ADD) != 0)
             close_conn(l, c, "cannot watch");
+        else
+            readable(l, c); /* a dialler's first bytes may be here with its handshake */
     }
 }
 
