@@ -1036,6 +1036,26 @@ static void test_a_pull_held_to_its_deadline_fails_with_nothing_sent(void **stat
     assert_int_equal(net.n_events, 0); /* nothing was sent: nothing uncertain */
 }
 
+/* An inline pull to a silent source is held like any other: not sent from
+ * the caller's thread, and the progress thread woken to time it. It goes,
+ * still asking for its bytes inline, once the source answers. */
+static void test_an_inline_pull_to_a_silent_source_is_held_then_sent_inline(void **state)
+{
+    remote *r = *state;
+    publish_fw(r, 2 * ELEM);
+    size_t before;
+    pull *p = hold_behind_a_silent_source(r, &before);
+    peer_heard(r, SOURCE, strlen(SOURCE), clock_ns);
+    wire_msg running = from(SOURCE, WIRE_WRITE_PROBE_ACK, -7, INC_A);
+    target_on_message(r, &running);
+    target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
+    assert_int_equal(p->state, PULL_WAIT_DONE);
+    assert_int_equal(net.n, before + 1);
+    assert_int_equal(net.msgs[before].type, WIRE_START_WRITE);
+    assert_true(net.msgs[before].inline_write);
+    assert_true(p->inline_asked);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1048,6 +1068,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deadline_probes_and_a_terminal_answer_frees_a_fetch,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_pull_to_a_silent_source_waits_until_it_answers,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_an_inline_pull_to_a_silent_source_is_held_then_sent_inline,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_pull_held_to_its_deadline_fails_with_nothing_sent,
                                         setup, teardown),
