@@ -144,8 +144,9 @@ struct pull {
     bool am_seen;
     bool done_pending;  /* write_done came before all its bytes */
     uint64_t am_in, am_expect;
-    bool inline_asked;  /* its start_write asked for the bytes inline in write_done:
-                         * nothing but this process writes its destinations */
+    bool inline_asked;  /* its start_write asks for the bytes inline in write_done
+                         * (decided when the pull is ended): nothing but this
+                         * process writes its destinations */
     bool puts_agreed;   /* its start_write's put_min covers every destination piece:
                          * the source may put even over message lanes (net/ucx.h) */
 };

@@ -195,7 +195,8 @@ void target_end(remote *r, tier_batch *b)
     index_add(r, p);
     r->n_pulls++;
     uint64_t ignored = UINT64_MAX;
-    if (ask_inline(r, p) && adopt(r, p, kvcr_now_ns(), &ignored)) return;
+    p->inline_asked = ask_inline(r, p); /* fixed by the pull's destinations */
+    if (p->inline_asked && adopt(r, p, kvcr_now_ns(), &ignored)) return;
     remote_wake(r);
 }
 
@@ -374,7 +375,6 @@ static void send_start_write(remote *r, pull *p, uint64_t now)
     }
     if (rc == 0) {
         ref_off[p->n_keys] = p->n_refs;
-        p->inline_asked = ask_inline(r, p);
         bool put_min = !p->inline_asked && r->put_min > 0;
         p->puts_agreed = put_min && pieces_at_least(r, p, r->put_min);
         wire_msg m = {.type = WIRE_START_WRITE, .has_op = true, .op = p->handle,
