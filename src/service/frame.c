@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "net/mpmap.h"
-#include "util/log.h"
 #include "util/bytes.h"
+#include "util/log.h"
 
 /* ---- field tables -------------------------------------------------------- */
 
