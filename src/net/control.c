@@ -480,6 +480,16 @@ static int zmq_send_to(ctl_channel *c, const char *endpoint, const void *data, s
                      err == EAGAIN ? "queue full" : zmq_strerror(err));
 }
 
+void ctl_cork(ctl_channel *c)
+{
+    if (c->lane) lane_cork(c->lane);
+}
+
+void ctl_uncork(ctl_channel *c)
+{
+    if (c->lane) lane_uncork(c->lane);
+}
+
 void ctl_forget(ctl_channel *c, const char *endpoint)
 {
     if (endpoint && c->lane) lane_forget(c->lane, endpoint);

@@ -175,6 +175,11 @@ int ctl_connect(ctl_channel *c, const char *endpoint);
  * (the peer's socket is then closed and forgotten). */
 int ctl_send(ctl_channel *c, const char *endpoint, const void *data, size_t len);
 
+/* Holds the lane's messages until ctl_uncork, which sends each peer's in
+ * one write (lane_cork); ZeroMQ's go as before. No-ops without a lane. */
+void ctl_cork(ctl_channel *c);
+void ctl_uncork(ctl_channel *c);
+
 /* Whether a PUSH socket to endpoint is open (a send there opens no new
  * connection). */
 bool ctl_connected(const ctl_channel *c, const char *endpoint);

@@ -36,6 +36,7 @@ typedef struct conn {
     uint32_t gen;
     bool dialled, connecting, named, vouched, want_out, delivering, doomed;
     bool got_bytes; /* accepted: something arrived (a silent close is no junk) */
+    bool corked;    /* on the lane's corked list */
     char name[LANE_MAX_NAME + 1];
     struct sockaddr_storage addr; /* dialled: where */
     socklen_t addr_len;
@@ -55,6 +56,9 @@ struct lane {
     const kvcr_logger *log;
     char name[LANE_MAX_NAME + 1];
     conn conns[LANE_MAX_CONNS];
+    bool cork;
+    uint32_t n_corked;
+    uint32_t corked[LANE_MAX_CONNS]; /* slots with messages held by the cork */
     uint64_t tick, refused;
     const char *refused_why; /* the last refusal's reason: a static string */
 };
@@ -234,8 +238,10 @@ static conn *take_slot(lane *l, int fd, bool dialled)
     conn *c = free_slot(l);
     if (c == NULL) return NULL;
     uint32_t gen = c->gen;
+    bool corked = c->corked; /* the slot stays on the corked list once */
     memset(c, 0, sizeof *c);
     c->gen = gen;
+    c->corked = corked;
     c->fd = fd;
     c->dialled = dialled;
     c->born_ns = kvcr_now_ns();
@@ -307,7 +313,8 @@ static int put_frame(lane *l, conn *c, const void *data, size_t len)
     uint8_t hdr[LANE_HEADER];
     put32be(hdr, (uint32_t)len);
     size_t sent = 0;
-    if (!c->connecting && c->tx_len == 0) {
+    bool hold = l->cork && !c->connecting;
+    if (!hold && !c->connecting && c->tx_len == 0) {
         struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)data, len}};
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
         ssize_t n;
@@ -321,8 +328,31 @@ static int put_frame(lane *l, conn *c, const void *data, size_t len)
     if (sent < sizeof hdr) rc = enqueue(l, c, hdr + sent, sizeof hdr - sent);
     size_t off = sent > sizeof hdr ? sent - sizeof hdr : 0;
     if (rc == 0 && off < len) rc = enqueue(l, c, (const uint8_t *)data + off, len - off);
-    if (rc == 0) want_out(l, c);
+    if (rc == 0 && hold && !c->corked) {
+        c->corked = true;
+        l->corked[l->n_corked++] = (uint32_t)(c - l->conns);
+    } else if (rc == 0 && !hold) {
+        want_out(l, c);
+    }
     return rc;
+}
+
+void lane_cork(lane *l)
+{
+    l->cork = true;
+}
+
+/* A slot closed while corked (and perhaps taken again) is flushed like any
+ * other: flush sends whatever its connection has, if anything. */
+void lane_uncork(lane *l)
+{
+    l->cork = false;
+    for (uint32_t i = 0; i < l->n_corked; i++) {
+        conn *c = &l->conns[l->corked[i]];
+        c->corked = false;
+        if (c->fd >= 0 && !c->connecting && flush(l, c) != 0) close_conn(l, c, strerror(errno));
+    }
+    l->n_corked = 0;
 }
 
 /* A non-blocking socket connecting to ss (*made: connected already); -1
@@ -333,6 +363,12 @@ static int connect_to(const struct sockaddr_storage *ss, socklen_t sl, const cha
     int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return kvcr_fail(KVCR_ESYS, "lane socket: %s", strerror(errno));
     int rc = tune(fd);
+    /* The handshake's last ACK waits for our first bytes (the hello, sent
+     * as soon as the dial is made): the peer accepts and reads in one
+     * packet and one wake-up (docs/BENCHMARKS.md, "First contact"). An
+     * optimisation only, so a kernel without it changes nothing else. */
+    int one = 1;
+    if (rc == 0) (void)setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &one, sizeof one);
     *made = rc == 0 && connect(fd, (const struct sockaddr *)ss, sl) == 0;
     if (rc == 0 && !*made && errno != EINPROGRESS) rc = -1;
     if (rc != 0) {

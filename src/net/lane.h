@@ -31,7 +31,9 @@
  * kernel's retransmission backoff. A closed connection's unsent messages
  * are dropped; the protocol above recovers lost messages.
  *
- * A lane is used by one thread at a time (the progress thread). */
+ * A lane is used by one thread at a time: its user serializes the calls (the
+ * peer tier: the instance lock, held by the progress thread or by a caller
+ * sending an inline pull). */
 #ifndef KVCR_NET_LANE_H
 #define KVCR_NET_LANE_H
 
@@ -97,6 +99,14 @@ int lane_fd(const lane *l);
  * the refused hook. */
 int lane_send(lane *l, const char *name, const char *ip, uint16_t port, const void *data,
               size_t len);
+
+/* Between lane_cork and lane_uncork, messages to connections that are
+ * made wait in their queues; lane_uncork sends each connection's queue in
+ * one write. The messages a turn of the progress thread sends to one peer
+ * (an acknowledgement and the answer after it) then leave in one packet
+ * where the window lets them, and wake the peer once. */
+void lane_cork(lane *l);
+void lane_uncork(lane *l);
 
 /* Dials name at ip:port now, if no connection carries messages to it. */
 int lane_dial(lane *l, const char *name, const char *ip, uint16_t port);

@@ -13,6 +13,7 @@
 #define KVCR_TIERS_REMOTE_INT_H
 
 #include <pthread.h>
+#include <semaphore.h>
 
 #include "core/host.h"
 #include "core/tier.h"
@@ -57,7 +58,8 @@ typedef struct route {
     char agent[WIRE_MAX_NAME + 1]; /* the target's logical name */
     char key[CTL_KEY_LEN + 1];      /* the CURVE key it was announced with ("": none) */
     uint32_t users;                 /* source writes on it not ended yet (the per-peer limit) */
-    bool connect_due;               /* its endpoint is made at the end of the turn */
+    uint64_t connect_at;            /* its endpoint is made at the first turn end from
+                                     * this time on (0: not asked for) */
     uint32_t acks_due;              /* ... and then its metadata acknowledged to ack_to, */
     char ack_to[CTL_MAX_ENDPOINT + 1];   /* from ack_from (our address as the target */
     char ack_from[CTL_MAX_ENDPOINT + 1]; /* used it); unusable metadata is dropped */
@@ -285,6 +287,7 @@ struct remote {
     kvcr_t *kv;                   /* the instance, reached through core/host.h */
     pthread_t thread;
     bool thread_started;
+    sem_t thread_ready;           /* remote_start: posted once the thread touched its memory */
     int wake_fd;                  /* eventfd: work for the progress thread */
     bool stop;                    /* close asked the progress thread to finish */
     bool exited;
@@ -317,7 +320,8 @@ struct remote {
     uint64_t pulls_held;          /* pulls that waited for a silent source */
     kvcr_log_limit held_log;      /* and their log line, once a second */
 
-    bool connects_due;            /* a route's connect_due is set (progress only) */
+    uint64_t connect_next;        /* the earliest connect_at of a route, UINT64_MAX:
+                                   * none (progress only) */
     pull *pulls;                  /* every live pull */
     pull *pull_index[PULL_BUCKETS]; /* ... by handle (target_take_bytes, replies) */
     uint32_t inline_max;          /* pulls of at most this many bytes ask for them inline
@@ -374,9 +378,10 @@ int route_resolve(remote *r, const wire_msg *m, route **out);
  * with UCX, or metadata alone): an inline write needs none. 0, or the
  * error (the route stays, without an endpoint, to try again). */
 int route_connect(remote *r, route *rt);
-/* The same, at the end of this turn of the progress thread: after the
- * turn's replies went out, so that ucp_ep_create's CPU time delays none. */
-void route_connect_later(remote *r, route *rt);
+/* The same, at the end of a turn of the progress thread at least delay_ns
+ * from now: after the turn's replies went out, so that ucp_ep_create's CPU
+ * time delays none. */
+void route_connect_later(remote *r, route *rt, uint64_t delay_ns);
 /* Metadata m made or confirmed rt, which has no endpoint yet: the endpoint
  * is made at the end of the turn and m acknowledged only once it is (else
  * m is dropped as unusable). */

@@ -8,6 +8,7 @@
  * adopt new pulls, publish eager metadata and run the timers; then post the
  * source writes that became ready (unlocked) and sleep in poll() on the
  * wake eventfd, the ZeroMQ fd and the UCX fd until the next timer. */
+#define _GNU_SOURCE /* ppoll */
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -23,6 +24,7 @@
 #include "util/clock.h"
 #include "util/env.h"
 #include "util/event.h"
+#include "util/prefault.h"
 
 #define MSG_BATCH 64
 #define IDLE_WAIT_MS 20
@@ -122,11 +124,12 @@ int route_connect(remote *r, route *rt)
     return rc;
 }
 
-void route_connect_later(remote *r, route *rt)
+void route_connect_later(remote *r, route *rt, uint64_t delay_ns)
 {
     if (rt->peer != NULL) return;
-    rt->connect_due = true;
-    r->connects_due = true;
+    uint64_t at = kvcr_now_ns() + delay_ns;
+    if (rt->connect_at == 0 || at < rt->connect_at) rt->connect_at = at;
+    if (at < r->connect_next) r->connect_next = at;
 }
 
 void route_ack_later(remote *r, route *rt, const wire_msg *m)
@@ -134,21 +137,28 @@ void route_ack_later(remote *r, route *rt, const wire_msg *m)
     snprintf(rt->ack_to, sizeof rt->ack_to, "%.*s", (int)m->from.len, (const char *)m->from.data);
     snprintf(rt->ack_from, sizeof rt->ack_from, "%.*s", (int)m->to.len, (const char *)m->to.data);
     rt->acks_due++; /* each message is counted if unusable */
-    rt->connect_due = true;
-    r->connects_due = true;
+    route_connect_later(r, rt, 0);
 }
 
 /* Locked, progress thread, at the end of a turn: the endpoints asked for
- * during it (a route whose endpoint fails to be made keeps none, and the
+ * by now (a route whose endpoint fails to be made keeps none, and the
  * next write that needs one tries again), and the metadata waiting for
  * them acknowledged, or dropped as unusable. */
-static void connect_due(remote *r)
+static void connect_due(remote *r, uint64_t *next_ns)
 {
-    if (!r->connects_due) return;
-    r->connects_due = false;
+    uint64_t now = kvcr_now_ns();
+    if (r->connect_next > now) {
+        if (r->connect_next < *next_ns) *next_ns = r->connect_next;
+        return;
+    }
+    r->connect_next = UINT64_MAX;
     for (route *rt = r->routes; rt; rt = rt->next) {
-        if (!rt->connect_due) continue;
-        rt->connect_due = false;
+        if (rt->connect_at == 0) continue;
+        if (rt->connect_at > now) {
+            if (rt->connect_at < r->connect_next) r->connect_next = rt->connect_at;
+            continue;
+        }
+        rt->connect_at = 0;
         bool ok = route_connect(r, rt) == 0;
         if (!ok)
             kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "no UCX endpoint to %s yet: %s",
@@ -537,15 +547,19 @@ static void *progress_main(void *arg)
     remote *r = arg;
     kvcr_t *kv = r->kv;
     uint64_t give_up = 0, last_busy_ns = 0;
+    thread_prefault(); /* before a first contact has to wait for it */
+    sem_post(&r->thread_ready);
     r->last_turn_ns = kvcr_now_ns();
     for (;;) {
         bool busy = ucx_progress(r->ucx) > 0;
         uint64_t next_ns = kvcr_now_ns() + IDLE_WAIT_MS * MS;
         host_lock(kv);
         r->progress_locked = true;
+        ctl_cork(r->ctl); /* what this turn sends a peer leaves in one write */
         busy |= turn_locked(r, &next_ns);
         swrite *posts = source_take_posts(r);
-        connect_due(r);
+        ctl_uncork(r->ctl); /* before endpoints are made: they may take a while */
+        connect_due(r, &next_ns);
         bool transfers = posts != NULL || !source_idle(r) || target_moving(r);
         bool done = r->stop && target_idle(r) && source_idle(r);
         if (r->stop && give_up == 0)
@@ -567,33 +581,35 @@ static void *progress_main(void *arg)
             last_busy_ns = kvcr_now_ns();
             continue;
         }
-        int timeout;
+        struct timespec wait = {0, 0};
         if (transfers) {
             /* Active wait: on one host UCX moves a put in fragments that
              * only progress on both sides drives, and not every step
              * raises an fd event. A pull whose bytes come inline waits
              * only for a control message, in poll (target_moving): its
              * spin would take a CPU its source needs on a small host. */
-            timeout = 0;
+            if (kvcr_now_ns() - last_busy_ns >= ACTIVE_SPIN_NS) wait.tv_nsec = ACTIVE_WAIT_NS;
         } else {
             if (!ucx_arm(r->ucx)) continue;
             uint64_t now = kvcr_now_ns();
-            timeout = next_ns > now ? (int)((next_ns - now + MS - 1) / MS) : 0;
-            if (timeout > IDLE_WAIT_MS) timeout = IDLE_WAIT_MS;
+            uint64_t ns = next_ns > now ? next_ns - now : 0;
+            if (ns > IDLE_WAIT_MS * MS) ns = IDLE_WAIT_MS * MS;
+            wait = (struct timespec){(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
         }
         struct pollfd fds[6] = {{r->wake_fd, POLLIN, 0},         {ctl_fd(r->ctl), POLLIN, 0},
                                 {ucx_fd(r->ucx), POLLIN, 0},       {ctl_auth_fd(r->ctl), POLLIN, 0},
                                 {ctl_monitor_fd(r->ctl), POLLIN, 0}, {ctl_lane_fd(r->ctl), POLLIN, 0}};
-        int ready = poll(fds, 6, timeout); /* no ZAP handler or lane: fd -1, ignored */
+        /* A nap between two looks at UCX is a ppoll on the fds too: a
+         * control message (a write's answer) ends it at once instead of
+         * waiting out the nap and the kernel's timer slack (docs/BENCHMARKS.md,
+         * "Small blocks"). No ZAP handler or lane: fd -1, ignored. */
+        int ready = ppoll(fds, 6, &wait, NULL);
         if (ready > 0 && (fds[0].revents & POLLIN)) {
             uint64_t ticks;
             ssize_t rd = read(r->wake_fd, &ticks, sizeof ticks);
             (void)rd;
-        } else if (ready == 0 && transfers) {
-            if (kvcr_now_ns() - last_busy_ns < ACTIVE_SPIN_NS)
-                sched_yield();
-            else
-                nanosleep(&(struct timespec){0, ACTIVE_WAIT_NS}, NULL);
+        } else if (ready == 0 && transfers && wait.tv_nsec == 0) {
+            sched_yield();
         }
     }
     return NULL;
@@ -690,6 +706,23 @@ static int open_control(remote *r, int control_listener)
     return 0;
 }
 
+/* Starts the progress thread and waits until it has touched its memory
+ * (util/prefault.h): a pull right after kvcr_create does not pay that. */
+static int start_thread(remote *r)
+{
+    if (sem_init(&r->thread_ready, 0, 0) != 0)
+        return kvcr_fail(KVCR_ESYS, "sem_init failed: %s", strerror(errno));
+    int rc = 0;
+    if (pthread_create(&r->thread, NULL, progress_main, r) != 0) {
+        rc = kvcr_fail(KVCR_ESYS, "cannot start the progress thread");
+    } else {
+        r->thread_started = true;
+        while (sem_wait(&r->thread_ready) != 0 && errno == EINTR) continue;
+    }
+    sem_destroy(&r->thread_ready);
+    return rc;
+}
+
 int remote_start(kvcr_t *kv, int control_listener, remote **out)
 {
     remote *r = calloc(1, sizeof *r);
@@ -699,6 +732,7 @@ int remote_start(kvcr_t *kv, int control_listener, remote **out)
     }
     r->kv = kv;
     r->wake_fd = -1;
+    r->connect_next = UINT64_MAX;
     r->next_source_no = 1;
     r->next_pin_req = 1;
     host_incarnation(kv, r->inc);
@@ -715,12 +749,7 @@ int remote_start(kvcr_t *kv, int control_listener, remote **out)
         rc = open_control(r, control_listener);
     else if (control_listener >= 0)
         close(control_listener); /* taken over either way */
-    if (rc == 0) {
-        if (pthread_create(&r->thread, NULL, progress_main, r) != 0)
-            rc = kvcr_fail(KVCR_ESYS, "cannot start the progress thread");
-        else
-            r->thread_started = true;
-    }
+    if (rc == 0) rc = start_thread(r);
     if (rc != 0) {
         remote_destroy((tier *)r);
         return rc;

@@ -3,8 +3,8 @@
  * (remote_progress.c). Progress thread, locked.
  *
  * A route is reclaimable when no source write uses it and UCX runs nothing
- * on its endpoint, and it has no usable endpoint (failed, or none made:
- * metadata whose endpoint UCX refused, a target served inline only) or it
+ * on its endpoint, and it has no usable endpoint (failed, or none made
+ * for a target it served: metadata whose endpoint UCX refused) or it
  * was idle for config.peer_idle_ms: its endpoint is closed and it is
  * freed, by the sweep (failed or idle ones, at most once a second, a few
  * at a time: each close waits for UCX) or when a new target comes to a
@@ -23,14 +23,23 @@
 #define SWEEP_NS 1000000000ull /* the sweep runs at most once a second */
 #define SWEEP_ROUTES 8         /* endpoints it closes at most */
 
+/* Whether rt's endpoint is coming for a target it served inline
+ * (post_inline asks for it a little later): a real target's route, which
+ * ranks as one with its endpoint. Metadata alone, acknowledged once its
+ * endpoint is made, proves no target. */
+static bool endpoint_coming(const route *rt)
+{
+    return rt->connect_at != 0 && rt->acks_due == 0;
+}
+
 /* How cheaply a route no write uses goes: 0, at once (its endpoint
  * failed; or, when a new target needs the room, it has none: metadata
- * whose endpoint could not be made, or a target served inline only); 1,
- * once idle for peer_idle_ms; 2, not (in use, or not idle long enough). */
+ * whose endpoint could not be made or is not made yet); 1, once idle for
+ * peer_idle_ms; 2, not (in use, or not idle long enough). */
 static int reclaim_rank(const route *rt, uint64_t now, uint64_t idle, bool pressed)
 {
     if (rt->users > 0 || (rt->peer != NULL && ucx_peer_busy(rt->peer) > 0)) return 2;
-    if (rt->peer != NULL ? ucx_peer_failed(rt->peer) : pressed) return 0;
+    if (rt->peer != NULL ? ucx_peer_failed(rt->peer) : pressed && !endpoint_coming(rt)) return 0;
     return rt->last_ns <= now && now - rt->last_ns >= idle ? 1 : 2;
 }
 

@@ -612,13 +612,19 @@ static void account(remote *r, swrite *sw)
     if (sw->success) host_count(r->kv, "source_write", sw->n_blocks, sw->bytes);
 }
 
+/* docs/BENCHMARKS.md, "First contact": a first inline answer's tail. */
+#define INLINE_CONNECT_DELAY_MS 10
+
 /* Locked, progress thread: an inline write is over at once: its bytes go
  * in its write_done, nothing goes with UCX (so it is never "submitted": a
- * probe finds it terminal). The route's endpoint is made at the end of the
- * turn, for the writes that will need it, without delaying this one. */
+ * probe finds it terminal). The route's endpoint is made for the writes
+ * that will need it, INLINE_CONNECT_DELAY_MS later: an endpoint over TCP
+ * costs both hosts CPU time (the target's UCX answers its connection),
+ * which would compete with the target taking this answer. A write that
+ * needs the endpoint sooner makes it at once (on_start_write). */
 static void post_inline(remote *r, swrite *sw)
 {
-    route_connect_later(r, sw->route);
+    route_connect_later(r, sw->route, INLINE_CONNECT_DELAY_MS * 1000000ull);
     sw->success = send_done(r, sw, true, true);
     account(r, sw);
     sw_end(r, sw);

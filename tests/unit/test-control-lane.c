@@ -3,7 +3,7 @@
  * channel (ctl_open_lane): messages both ways over the dialled connection,
  * answers only to a name vouched for, frames split across reads, the max of
  * lane_recv, junk and oversized frames refused and counted, the send queue's
- * bound, forgetting, and endpoints with "#lane=". Every wait is bounded. */
+ * bound, corking, forgetting, and endpoints with "#lane=". Every wait is bounded. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -412,6 +412,68 @@ static void test_forget_closes_and_the_next_send_dials_again(void **state)
     free(in);
 }
 
+/* Reads n bytes from the raw peer fd into buf, turning the lanes while it
+ * waits; fails after WAIT_MS. 0 at once when the peer closed. */
+static size_t read_within(lane **ls, inbox *in, int fd, uint8_t *buf, size_t n)
+{
+    uint64_t deadline = now_ms() + WAIT_MS;
+    size_t got = 0;
+    while (got < n) {
+        turn_for(ls, in, 5);
+        ssize_t r = recv(fd, buf + got, n - got, MSG_DONTWAIT);
+        if (r == 0) break;
+        if (r > 0) got += (size_t)r;
+        if (now_ms() > deadline) fail_msg("%zu of %zu bytes after %d ms", got, n, WAIT_MS);
+    }
+    return got;
+}
+
+/* Corked, messages to a made connection wait in its queue however long
+ * the lane turns; uncorking sends them, in order. A connection forgotten
+ * while corked takes its messages with it, and the uncork that follows
+ * sends nothing. */
+static void test_corked_messages_wait_for_the_uncork(void **state)
+{
+    (void)state;
+    uint16_t port;
+    int listener = quiet_listener(4, &port);
+    lane *a = open_lane("good-a");
+    lane *one[] = {a, NULL};
+    inbox *in = calloc(1, sizeof *in);
+    assert_int_equal(lane_send(a, "sink", HOST, port, "m1", 2), 0);
+    int fd = -1;
+    for (uint64_t deadline = now_ms() + WAIT_MS; fd < 0 && now_ms() < deadline;) {
+        turn_for(one, in, 5);
+        fd = accept4(listener, NULL, NULL, 0);
+    }
+    assert_true(fd >= 0);
+    uint8_t got[64];
+    assert_int_equal(read_within(one, in, fd, got, 4 + 6 + 4 + 2), 4 + 6 + 4 + 2);
+    assert_memory_equal(got, "\0\0\0\6good-a\0\0\0\2m1", 16);
+
+    lane_cork(a);
+    assert_int_equal(lane_send(a, "sink", HOST, port, "m2", 2), 0);
+    assert_int_equal(lane_send(a, "sink", HOST, port, "m3", 2), 0);
+    turn_for(one, in, 100);
+    assert_int_equal(recv(fd, got, sizeof got, MSG_DONTWAIT), -1);
+    assert_int_equal(errno, EAGAIN);
+    lane_uncork(a);
+    assert_int_equal(read_within(one, in, fd, got, 12), 12);
+    assert_memory_equal(got, "\0\0\0\2m2\0\0\0\2m3", 12);
+
+    lane_cork(a);
+    assert_int_equal(lane_send(a, "sink", HOST, port, "m4", 2), 0);
+    lane_forget(a, "sink");
+    lane_uncork(a);
+    assert_int_equal(read_within(one, in, fd, got, sizeof got), 0); /* closed, m4 dropped */
+    assert_false(lane_has(a, "sink"));
+    assert_int_equal(in->n, 0);
+    close(fd);
+    close(listener);
+    lane_close(a);
+    free(in);
+}
+
 static void test_bad_arguments_change_nothing(void **state)
 {
     (void)state;
@@ -614,6 +676,7 @@ int main(void)
         cmocka_unit_test(test_the_send_queue_is_bounded),
         cmocka_unit_test(test_an_unanswered_dial_is_made_again_with_its_queue),
         cmocka_unit_test(test_forget_closes_and_the_next_send_dials_again),
+        cmocka_unit_test(test_corked_messages_wait_for_the_uncork),
         cmocka_unit_test(test_bad_arguments_change_nothing),
         cmocka_unit_test(test_channels_with_lanes_talk_over_them_and_to_those_without),
         cmocka_unit_test(test_lane_endpoints_are_checked_and_the_lane_refused_where_it_cannot_work),
