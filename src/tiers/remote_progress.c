@@ -347,7 +347,7 @@ void rcb_push(remote *r, rcb *cb)
     else
         r->cbs = cb;
     r->cbs_tail = cb;
-    host_wake(r->kv);
+    remote_owe_main(r);
 }
 
 void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
@@ -500,6 +500,22 @@ static void publish_eager(remote *r, uint64_t now, uint64_t *next_ns)
     }
 }
 
+void remote_owe_main(remote *r)
+{
+    if (r->progress_locked)
+        r->main_owed = true;
+    else
+        host_wake(r->kv);
+}
+
+/* Locked, progress thread: wakes the polling thread if the turn owes it. */
+static void wake_main_owed(remote *r)
+{
+    if (!r->main_owed) return;
+    r->main_owed = false;
+    host_wake(r->kv);
+}
+
 void remote_wake(remote *r)
 {
     event_signal(r->wake_fd);
@@ -559,6 +575,7 @@ static void *progress_main(void *arg)
         busy |= turn_locked(r, &next_ns);
         swrite *posts = source_take_posts(r);
         ctl_uncork(r->ctl); /* before endpoints are made: they may take a while */
+        wake_main_owed(r);
         connect_due(r, &next_ns);
         bool transfers = posts != NULL || !source_idle(r) || target_moving(r);
         bool done = r->stop && target_idle(r) && source_idle(r);
@@ -569,6 +586,7 @@ static void *progress_main(void *arg)
             done = true;
         }
         if (done) r->exited = true;
+        wake_main_owed(r);
         r->progress_locked = false;
         host_unlock(kv);
         for (swrite *sw = posts, *next; sw; sw = next) {

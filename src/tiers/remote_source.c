@@ -236,7 +236,7 @@ static void to_main(remote *r, swrite *sw)
     if (sw->on_main) return;
     sw->on_main = true;
     list_push(&r->sw_main, &r->sw_main_tail, sw);
-    host_wake(r->kv);
+    remote_owe_main(r);
 }
 
 static void to_post(remote *r, swrite *sw)

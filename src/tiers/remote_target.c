@@ -213,7 +213,7 @@ static void owe_main(remote *r, pull *p, uint8_t flag)
     else
         r->todo = p;
     r->todo_tail = p;
-    host_wake(r->kv);
+    remote_owe_main(r);
 }
 
 static void finish(remote *r, pull *p, bool success, kvcr_reason why)

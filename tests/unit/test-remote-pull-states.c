@@ -80,12 +80,6 @@ void host_unlock(kvcr_t *kv)
     assert_ptr_equal(kv, KV);
 }
 
-void host_wake(kvcr_t *kv)
-{
-    (void)kv;
-    host.n_wakes++;
-}
-
 void host_settle(kvcr_t *kv, tier_token tok, bool ok, kvcr_reason why)
 {
     (void)kv;
@@ -202,6 +196,12 @@ void remote_wake(remote *r)
 {
     (void)r;
     net.n_wakes++;
+}
+
+void remote_owe_main(remote *r)
+{
+    (void)r;
+    host.n_wakes++;
 }
 
 void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
