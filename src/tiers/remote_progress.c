@@ -864,6 +864,13 @@ void remote_hint_source(remote *r, const char *source)
     if (p == NULL || p->acked || p->eager) return;
     p->eager = true;
     p->eager_tries = 0;
+    /* The connection is dialled now, not when the progress thread gets to
+     * the metadata: a deliver right behind the hint finds its handshake
+     * under way (docs/BENCHMARKS.md, "First contact"). A dial that fails
+     * is made again by the metadata's send. */
+    if (ctl_connect(r->ctl, source) != 0)
+        kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "eager connect to %s: %s", source,
+                 kvcr_last_error());
     remote_wake(r);
 }
 
