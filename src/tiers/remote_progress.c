@@ -5,9 +5,12 @@
  *
  * One turn of the loop: drive UCX (unlocked), then under the instance lock
  * settle UCX completions, receive and dispatch up to 64 control messages,
- * adopt new pulls, publish eager metadata and run the timers; then post the
- * source writes that became ready (unlocked) and sleep in poll() on the
- * wake eventfd, the ZeroMQ fd and the UCX fd until the next timer. */
+ * adopt new pulls, publish eager metadata and run the timers, with the lane
+ * corked so that what the turn sends one peer leaves in one write; then wake
+ * the polling thread if the turn gave it work, make the UCX endpoints due,
+ * post the source writes that became ready (unlocked) and sleep in ppoll()
+ * on the wake eventfd, the ZeroMQ fd, the lane's and the UCX fd until the
+ * next timer. */
 #define _GNU_SOURCE /* ppoll */
 #include <errno.h>
 #include <poll.h>
