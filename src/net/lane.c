@@ -314,7 +314,7 @@ static int put_frame(lane *l, conn *c, const void *data, size_t len)
     put32be(hdr, (uint32_t)len);
     size_t sent = 0;
     bool hold = l->cork && !c->connecting;
-    if (!hold && !c->connecting && c->tx_len == 0) {
+    if (!l->cork && !c->connecting && c->tx_len == 0) {
         struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)data, len}};
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
         ssize_t n;
