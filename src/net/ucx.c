@@ -6,10 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <ucp/api/ucp.h>
+#include <ucs/algorithm/crc.h>
 
 #include "kvcr/error.h"
 #include "net/amhdr.h"
+#include "net/tcpreset.h"
 #include "util/clock.h"
 #include "util/env.h"
 
@@ -20,6 +24,9 @@
 #define ADDR_MAX 8192
 /* UCP_MAX_RESOURCES in UCX 1.13: more transport entries is not an address. */
 #define ADDR_MAX_TLS 128
+/* TCP interfaces of a peer remembered for ucx_peer_abort: one per network
+ * device it listens on; a host with more has them past this ignored. */
+#define PEER_TCP_MAX 8
 
 /* How long ucx_peer_close waits for the endpoint to close. */
 #define CLOSE_TIMEOUT_NS (2ull * 1000 * 1000 * 1000)
@@ -91,6 +98,10 @@ struct ucx_ctx {
     /* Writes posted as puts and as messages: counted by the progress
      * thread, read by any (ucx_writes_posted). */
     _Atomic uint64_t writes_put, writes_message;
+    /* Endpoints closed by force (ucx_peer_abort) and the TCP connections
+     * those aborts reset: counted by the progress thread, read by any
+     * (ucx_abort_counts). */
+    _Atomic uint64_t aborts, tcp_resets;
 };
 
 struct ucx_mem {
@@ -102,6 +113,26 @@ struct ucx_mem {
     size_t len;
 };
 
+/* Where a peer's TCP transport listens (from its worker address): the
+ * connections our endpoint opens to it go there. */
+typedef struct tcp_addrs {
+    struct sockaddr_storage at[PEER_TCP_MAX];
+    unsigned n;
+} tcp_addrs;
+
+/* One walk over an address: what it compares the address to, learns from
+ * it or collects from it, and where it is. */
+typedef struct walk {
+    addr_shape *learn;       /* records the transport entries (or NULL) */
+    const addr_shape *check; /* compares them to these (or NULL) */
+    tcp_addrs *tcp;          /* collects where the TCP transport listens (or NULL) */
+    uint16_t tcp_csum;       /* the TCP transport's name checksum */
+    unsigned n_tls;
+    const uint8_t *dev; /* the current device's address */
+    uint8_t dev_len;
+    const char *why; /* what is wrong, once a step failed */
+} walk;
+
 struct ucx_peer {
     ucx_ctx *c;
     ucp_ep_h ep;
@@ -109,6 +140,7 @@ struct ucx_peer {
     bool messages;  /* writes go as active messages (ucx_peer_messages) */
     bool by_lanes;  /* messages chosen by the lanes, not forced by KVCR_UCX_WRITES */
     uint32_t busy;  /* writes accepted and not yet reported */
+    tcp_addrs tcp;  /* reset by ucx_peer_abort */
 };
 
 struct ucx_rkey {
@@ -180,8 +212,7 @@ static unsigned report_done(ucx_ctx *c)
 
 /* ---- context -------------------------------------------------------------- */
 
-static int addr_walk(const uint8_t *a, size_t len, addr_shape *learn, const addr_shape *check,
-                     const char **why);
+static int addr_walk(const uint8_t *a, size_t len, walk *w);
 
 static int ctx_fail(ucx_ctx *c, const char *what, ucs_status_t st)
 {
@@ -289,12 +320,12 @@ static void learn_own_address(ucx_ctx *c)
 {
     const uint8_t *a = (const uint8_t *)c->addr;
     c->addr_version = a[0] & 0x0f;
-    const char *why = NULL;
-    c->shape_known = addr_walk(a, c->addr_len, &c->shape, NULL, &why) == 0;
+    walk w = {.learn = &c->shape};
+    c->shape_known = addr_walk(a, c->addr_len, &w) == 0;
     if (!c->shape_known)
         kvcr_log(c->log, KVCR_LOG_WARN,
                  "ucx: own worker address has an unknown layout (%s); peer addresses get only "
-                 "basic checks", why);
+                 "basic checks", w.why);
 }
 
 /* How many runs one write message may list: AMHDR_MAX_RUNS, or fewer if
@@ -512,12 +543,6 @@ void ucx_mem_deregister(ucx_mem *m)
 #define NULL_RESOURCE 0xff /* in place of the first device: there is none */
 #define TL_ATTR_LEN 16 /* overhead, bandwidth, latency (floats), prio and flags */
 
-static int bad(const char **why, const char *what)
-{
-    *why = what;
-    return -1;
-}
-
 typedef struct cursor {
     const uint8_t *p;
     size_t pos, len;
@@ -564,84 +589,126 @@ static const tl_shape *shape_find(const addr_shape *s, uint16_t csum)
     return NULL;
 }
 
-static int tl_entry(cursor *cu, unsigned *n_tls, addr_shape *learn, const addr_shape *check,
-                    bool *last, const char **why)
+static int bad(walk *w, const char *what)
 {
-    const uint8_t *b, *attr;
+    w->why = what;
+    return -1;
+}
+
+/* A TCP interface entry, in the layout UCX 1.13 emits: the device address
+ * is a flags byte, the socket family and the IP address (the loopback
+ * device, flag 1, carries a host identifier instead: its address is the
+ * loopback one); the interface address is the listening port in network
+ * order. An entry of another shape is left out: an abort cannot reset the
+ * connections to it (see reset_tcp). */
+#define TCP_DEV_LOOPBACK 0x1
+
+static void tcp_collect(walk *w, const uint8_t *iface, uint8_t iface_len)
+{
+    tcp_addrs *t = w->tcp;
+    const uint8_t *d = w->dev;
+    if (t->n == PEER_TCP_MAX || iface_len != sizeof(in_port_t) || w->dev_len < 2) return;
+    bool loopback = d[0] & TCP_DEV_LOOPBACK;
+    struct sockaddr_storage *ss = &t->at[t->n];
+    memset(ss, 0, sizeof *ss);
+    if (d[1] == AF_INET && (loopback || w->dev_len == 2 + sizeof(struct in_addr))) {
+        struct sockaddr_in *in = (struct sockaddr_in *)ss;
+        in->sin_family = AF_INET;
+        memcpy(&in->sin_port, iface, sizeof in->sin_port);
+        if (loopback) in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        else memcpy(&in->sin_addr, d + 2, sizeof in->sin_addr);
+    } else if (d[1] == AF_INET6 && (loopback || w->dev_len == 2 + sizeof(struct in6_addr))) {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+        in6->sin6_family = AF_INET6;
+        memcpy(&in6->sin6_port, iface, sizeof in6->sin6_port);
+        if (loopback) in6->sin6_addr = in6addr_loopback;
+        else memcpy(&in6->sin6_addr, d + 2, sizeof in6->sin6_addr);
+    } else {
+        return;
+    }
+    t->n++;
+}
+
+static int tl_entry(cursor *cu, walk *w, bool *last)
+{
+    const uint8_t *b, *attr, *iface;
     uint8_t flags;
-    if (++*n_tls > ADDR_MAX_TLS) return bad(why, "too many transports");
+    if (++w->n_tls > ADDR_MAX_TLS) return bad(w, "too many transports");
     if (!take(cu, 2, &b) || !take(cu, TL_ATTR_LEN, &attr) || !take_u8(cu, &flags))
-        return bad(why, "truncated transport entry");
+        return bad(w, "truncated transport entry");
     uint16_t csum;
     memcpy(&csum, b, sizeof csum);
-    if (!attrs_sane(attr)) return bad(why, "transport attributes out of range");
+    if (!attrs_sane(attr)) return bad(w, "transport attributes out of range");
     /* A worker address carries no endpoint addresses. */
-    if (flags & TL_HAS_EP_ADDR) return bad(why, "endpoint address in a worker address");
+    if (flags & TL_HAS_EP_ADDR) return bad(w, "endpoint address in a worker address");
     uint8_t iface_len = flags & TL_LEN_MASK;
-    if (!take(cu, iface_len, NULL)) return bad(why, "truncated interface address");
-    const tl_shape *mine = check ? shape_find(check, csum) : NULL;
+    if (!take(cu, iface_len, &iface)) return bad(w, "truncated interface address");
+    const tl_shape *mine = w->check ? shape_find(w->check, csum) : NULL;
     if (mine != NULL && mine->iface_len != iface_len)
-        return bad(why, "interface address length differs from this host's");
-    if (learn != NULL && shape_find(learn, csum) == NULL)
-        learn->tl[learn->n++] = (tl_shape){csum, iface_len};
+        return bad(w, "interface address length differs from this host's");
+    if (w->learn != NULL && shape_find(w->learn, csum) == NULL)
+        w->learn->tl[w->learn->n++] = (tl_shape){csum, iface_len};
+    if (w->tcp != NULL && csum == w->tcp_csum) tcp_collect(w, iface, iface_len);
     *last = flags & TL_LAST;
     return 0;
 }
 
-static int device(cursor *cu, unsigned *n_tls, addr_shape *learn, const addr_shape *check,
-                  bool *last, const char **why)
+static int device(cursor *cu, walk *w, bool *last)
 {
     uint8_t md, dev, v;
-    if (!take_u8(cu, &md) || !take_u8(cu, &dev)) return bad(why, "truncated device");
+    if (!take_u8(cu, &md) || !take_u8(cu, &dev)) return bad(w, "truncated device");
     if ((dev & DEV_NUM_PATHS) && (!take_u8(cu, &v) || v < 2))
-        return bad(why, "bad device path count");
-    if ((dev & DEV_SYS_DEVICE) && !take_u8(cu, &v)) return bad(why, "truncated device");
-    if (!take(cu, dev & DEV_LEN_MASK, NULL)) return bad(why, "truncated device address");
+        return bad(w, "bad device path count");
+    if ((dev & DEV_SYS_DEVICE) && !take_u8(cu, &v)) return bad(w, "truncated device");
+    w->dev_len = dev & DEV_LEN_MASK;
+    if (!take(cu, w->dev_len, &w->dev)) return bad(w, "truncated device address");
     *last = dev & DEV_LAST;
     bool last_tl = md & MD_EMPTY_DEV;
     while (!last_tl)
-        if (tl_entry(cu, n_tls, learn, check, &last_tl, why) != 0) return -1;
+        if (tl_entry(cu, w, &last_tl) != 0) return -1;
     return 0;
 }
 
-/* 0 if a[0..len) is a well-formed v1 worker address (see above). With
- * learn, records the transport entries; with check, compares to them. */
-static int addr_walk(const uint8_t *a, size_t len, addr_shape *learn, const addr_shape *check,
-                     const char **why)
+/* 0 if a[0..len) is a well-formed v1 worker address (see above), doing
+ * what w asks on the way; else -1 with w->why. */
+static int addr_walk(const uint8_t *a, size_t len, walk *w)
 {
     cursor cu = {a, 0, len};
     uint8_t hdr, v;
-    if (learn != NULL) learn->n = 0;
-    if (!take_u8(&cu, &hdr)) return bad(why, "empty");
-    if ((hdr & 0x0f) != ADDR_V1) return bad(why, "not a v1 address");
+    if (w->learn != NULL) w->learn->n = 0;
+    if (w->tcp != NULL) w->tcp->n = 0;
+    if (!take_u8(&cu, &hdr)) return bad(w, "empty");
+    if ((hdr & 0x0f) != ADDR_V1) return bad(w, "not a v1 address");
     /* v1 always carries the worker id, whatever the flags say. */
-    if (!take(&cu, 8, NULL)) return bad(why, "truncated header");
-    if (((hdr >> 4) & HDR_CLIENT_ID) && !take(&cu, 8, NULL)) return bad(why, "truncated header");
+    if (!take(&cu, 8, NULL)) return bad(w, "truncated header");
+    if (((hdr >> 4) & HDR_CLIENT_ID) && !take(&cu, 8, NULL)) return bad(w, "truncated header");
     if (((hdr >> 4) & HDR_DEBUG_INFO) && (!take_u8(&cu, &v) || !take(&cu, v, NULL)))
-        return bad(why, "truncated worker name");
+        return bad(w, "truncated worker name");
     /* Well formed, but nothing UCX could connect to: refused here. */
-    if (cu.pos < len && a[cu.pos] == NULL_RESOURCE) return bad(why, "no transports");
-    unsigned n_tls = 0;
+    if (cu.pos < len && a[cu.pos] == NULL_RESOURCE) return bad(w, "no transports");
     bool last = false;
     while (!last)
-        if (device(&cu, &n_tls, learn, check, &last, why) != 0) return -1;
-    if (n_tls == 0) return bad(why, "no transports");
-    if (cu.pos != len) return bad(why, "trailing bytes");
+        if (device(&cu, w, &last) != 0) return -1;
+    if (w->n_tls == 0) return bad(w, "no transports");
+    if (cu.pos != len) return bad(w, "trailing bytes");
     return 0;
 }
 
-/* 0, or KVCR_EINVAL naming what is wrong with a peer's worker address. */
-static int check_address(const ucx_ctx *c, const uint8_t *a, size_t len)
+/* 0, or KVCR_EINVAL naming what is wrong with a peer's worker address;
+ * fills tcp with where its TCP transport listens (none when our own
+ * address's layout is unknown: then it is not walked). */
+static int check_address(const ucx_ctx *c, const uint8_t *a, size_t len, tcp_addrs *tcp)
 {
+    tcp->n = 0;
     if (len < ADDR_MIN || len > ADDR_MAX)
         return kvcr_fail(KVCR_EINVAL, "malformed UCX worker address: %zu bytes", len);
     /* UCX aborts on an address version it does not know. */
     if ((a[0] & 0x0f) != c->addr_version)
         return kvcr_fail(KVCR_EINVAL, "UCX worker address version %u, this host uses %u",
                          a[0] & 0x0f, c->addr_version);
-    const char *why = NULL;
-    if (c->shape_known && addr_walk(a, len, NULL, &c->shape, &why) != 0)
-        return kvcr_fail(KVCR_EINVAL, "malformed UCX worker address: %s", why);
+    walk w = {.check = &c->shape, .tcp = tcp, .tcp_csum = ucs_crc16_string("tcp")};
+    if (c->shape_known && addr_walk(a, len, &w) != 0)
+        return kvcr_fail(KVCR_EINVAL, "malformed UCX worker address: %s", w.why);
     return 0;
 }
 
@@ -719,7 +786,8 @@ static bool lanes_all_tcp(const ucx_peer *p)
 int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer **out)
 {
     if (worker_addr == NULL) return kvcr_fail(KVCR_EINVAL, "malformed UCX worker address: none");
-    int rc = check_address(c, worker_addr, len);
+    tcp_addrs listens;
+    int rc = check_address(c, worker_addr, len, &listens);
     if (rc != 0) return rc;
     /* UCX reads it with aligned loads; wire bytes may sit anywhere. */
     void *addr = malloc(len);
@@ -731,6 +799,7 @@ int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer *
     }
     memcpy(addr, worker_addr, len);
     p->c = c;
+    p->tcp = listens;
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
@@ -822,13 +891,43 @@ void ucx_peer_close(ucx_peer *p)
     free(p);
 }
 
+/* A forced close alone does not stop what the endpoint's TCP connections
+ * still hold: UCX (or the kernel, once UCX closed the socket) sends it when
+ * the link comes back, and the peer's worker executes those puts then,
+ * after it was told that the writes ended (a test saw a partition's
+ * stranded puts land seconds after it healed). So the connections to the
+ * peer's TCP interfaces are reset first (net/tcpreset.h). Not found: a
+ * connection the peer opened to us that UCX chose to carry our writes
+ * too (both sides connecting at the same moment). */
+static void reset_tcp(ucx_peer *p)
+{
+    if (p->tcp.n == 0) return;
+    int n = tcp_reset_peers(p->tcp.at, p->tcp.n);
+    if (n > 0) atomic_fetch_add_explicit(&p->c->tcp_resets, (uint64_t)n, memory_order_relaxed);
+    if (n < 0)
+        kvcr_log(p->c->log, KVCR_LOG_ERROR,
+                 "ucx peer abort: its TCP connections could not be reset (%s): bytes they "
+                 "hold may still reach the peer",
+                 kvcr_last_error());
+    else if (n > 0)
+        kvcr_log(p->c->log, KVCR_LOG_INFO, "ucx peer abort: %d TCP connection(s) to it reset", n);
+}
+
 void ucx_peer_abort(ucx_peer *p)
 {
     if (p->ep == NULL) return;
     kvcr_log(p->c->log, KVCR_LOG_WARN,
              "ucx peer unanswering: endpoint closed by force, %u write(s) on it fail", p->busy);
     p->failed = true;
+    atomic_fetch_add_explicit(&p->c->aborts, 1, memory_order_relaxed);
+    reset_tcp(p);
     close_ep(p, true);
+}
+
+void ucx_abort_counts(const ucx_ctx *c, uint64_t *aborts, uint64_t *tcp_resets)
+{
+    *aborts = atomic_load_explicit(&c->aborts, memory_order_relaxed);
+    *tcp_resets = atomic_load_explicit(&c->tcp_resets, memory_order_relaxed);
 }
 
 int ucx_rkey_unpack(ucx_peer *p, const void *buf, size_t len, ucx_rkey **out)

@@ -115,8 +115,14 @@ void ucx_peer_close(ucx_peer *p);
 /* Gives up on a peer that stopped answering: its endpoint is closed by
  * force, which completes every write still running on it as failed (they
  * are reported by the next ucx_progress); UCX reads none of their sources
- * after that. The peer is failed from then on; ucx_peer_close frees it. */
+ * after that, and the TCP connections to the peer's listening interfaces
+ * are reset first, so that nothing they held reaches the peer later (see
+ * ucx.c, reset_tcp). The peer is failed from then on; ucx_peer_close
+ * frees it. */
 void ucx_peer_abort(ucx_peer *p);
+/* Endpoints aborted so far, and the TCP connections those aborts reset
+ * (any thread). */
+void ucx_abort_counts(const ucx_ctx *c, uint64_t *aborts, uint64_t *tcp_resets);
 
 /* buf is a packed rkey from ucx_mem_rkey on the peer; its layout is checked
  * before UCX reads it. */

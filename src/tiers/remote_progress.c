@@ -899,7 +899,8 @@ int remote_check_source(const remote *r, const char *source)
  * and the write messages from peers that the sink dropped (malformed, or
  * not for a pull waiting for them: ucx_sink_dropped, an atomic the
  * progress thread counts); the UCX writes this source posted as puts and
- * as messages (ucx_writes_posted, atomics too). */
+ * as messages (ucx_writes_posted, atomics too), and the endpoints it
+ * closed by force with the TCP connections that reset (ucx_abort_counts). */
 static void remote_gauges(tier *t, gauge_sink *s)
 {
     const remote *r = of(t);
@@ -927,6 +928,10 @@ static void remote_gauges(tier *t, gauge_sink *s)
     if (r->ucx) ucx_writes_posted(r->ucx, &puts, &messages);
     gauge_sink_add(s, "", "ucx_writes_as_puts", (double)puts);
     gauge_sink_add(s, "", "ucx_writes_as_messages", (double)messages);
+    uint64_t aborts = 0, resets = 0;
+    if (r->ucx) ucx_abort_counts(r->ucx, &aborts, &resets);
+    gauge_sink_add(s, "", "ucx_endpoints_aborted", (double)aborts);
+    gauge_sink_add(s, "", "ucx_tcp_connections_reset", (double)resets);
     gauge_sink_add(s, "", "pulls_held_for_silent_source", (double)r->pulls_held);
 }
 

@@ -23,7 +23,11 @@
  * (KVCR_INLINE_WRITE_MAX=0 and KVCR_TCP_PUT_MIN=BS: emulated puts, after
  * which a destination whose write outlived its deadline stays quarantined
  * until the source says it is quiet). The source's gauges confirm the way
- * taken. */
+ * taken, and that a source which gave up on an endpoint reset its TCP
+ * connections (net/tcpreset.h). The target keeps a deliver's framework
+ * blocks out of use from UNCERTAIN to QUIESCED, as an engine must, then
+ * holds them poisoned for WATCH_MS: a byte changed there was written after
+ * the quiet. */
 #define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
 #include <fcntl.h>
@@ -55,6 +59,11 @@
 #define SLACK_MS 1500
 #define BACK_WITHIN_MS 2000 /* pulls succeed again this soon after a fault ends */
 #define RETRY_MS 10         /* a slot whose operation failed starts its next this late */
+/* A deliver's framework blocks that a resilience event named UNCERTAIN are
+ * not reused until QUIESCED; then they hold POISON for WATCH_MS before they
+ * are reused, and a byte changed meanwhile is a write after the quiet. */
+#define WATCH_MS 2000
+#define POISON 0xA5
 
 /* How the source's bytes travel (see above), and the target's settings
  * that make them go so (NULL: unset). */
@@ -98,6 +107,11 @@ typedef struct report {
     /* gauges after the drain */
     double in_flight_ops, allocated_slots, evictable_slots, framework_pins, source_writes_held;
     double pulls_held; /* pulls that waited for a silent source */
+    /* the delivers' resilience events, counted per framework block */
+    uint64_t uncertain, quiesced;
+    uint64_t written_after_quiet;    /* watched blocks found changed */
+    uint64_t uncertain_after_reuse;  /* UNCERTAIN for a block a newer deliver already used */
+    uint64_t fw_held;                /* blocks still UNCERTAIN after the drain */
 } report;
 
 /* ---- the target, in a child on host 0 (no test runner there) --------------- */
@@ -111,10 +125,17 @@ typedef struct target_op {
     char req[24];
 } target_op;
 
+/* A framework block of the delivers, as resilience events leave it. */
+typedef struct fw_state {
+    bool held;          /* UNCERTAIN, not yet QUIESCED */
+    double watch_until; /* QUIESCED, holding POISON until then (0: not watched) */
+} fw_state;
+
 typedef struct target {
-    rig r;
+    rig r; /* first: the callbacks' ud is the rig */
     const char *source;
     target_op ops[N_DELIVERS + N_FETCHES];
+    fw_state fw[N_DELIVERS * PER_DELIVER];
     uint64_t n_deliver, n_fetch;
     double first_ok, last_ok, mark;
     bool stopping;
@@ -209,6 +230,57 @@ static void target_settle(target *t, const kvcr_op_result *res)
     }
 }
 
+static bool holds_poison(const uint8_t *b)
+{
+    for (size_t i = 0; i < BS; i++)
+        if (b[i] != POISON) return false;
+    return true;
+}
+
+/* The framework's side of a deliver that outlived its abandon deadline
+ * (kvcr.h, kvcr_resilience_event): its blocks are not reused until
+ * QUIESCED says nothing more reaches them; then they are watched. */
+static void target_resilience(void *ud, const kvcr_resilience_event *ev)
+{
+    target *t = ud; /* the rig is its first member */
+    if (ev->source_side) return;
+    for (size_t i = 0; i < ev->n_regions; i++) {
+        size_t b = (size_t)ev->regions[i].index;
+        if (b >= N_DELIVERS * PER_DELIVER) target_fail("resilience event names no deliver block");
+        const target_op *o = &t->ops[b / PER_DELIVER];
+        fw_state *f = &t->fw[b];
+        if (ev->state == KVCR_TRANSFER_UNCERTAIN) {
+            t->rep.uncertain++;
+            t->rep.uncertain_after_reuse += o->op != 0 && (uint64_t)o->op != ev->op;
+            f->held = true;
+        } else if (ev->state == KVCR_TRANSFER_QUIESCED && f->held) {
+            t->rep.quiesced++;
+            f->held = false;
+            memset(t->r.fw + b * BS, POISON, BS);
+            f->watch_until = now_ms() + WATCH_MS;
+        }
+    }
+}
+
+/* Ends block b's watch: a byte not POISON was written after the quiet. */
+static void end_watch(target *t, size_t b)
+{
+    t->rep.written_after_quiet += !holds_poison(t->r.fw + b * BS);
+    t->fw[b].watch_until = 0;
+}
+
+/* Whether deliver slot k's blocks may take a new deliver: none held, none
+ * watched (a watch past its time is ended here). */
+static bool blocks_free(target *t, size_t k, double now)
+{
+    bool free_ = true;
+    for (size_t b = k * PER_DELIVER; b < (k + 1) * PER_DELIVER; b++) {
+        if (t->fw[b].watch_until > 0 && now >= t->fw[b].watch_until) end_watch(t, b);
+        free_ &= !t->fw[b].held && t->fw[b].watch_until == 0;
+    }
+    return free_;
+}
+
 /* Polls once; true while an operation is in flight. */
 static bool target_poll(target *t)
 {
@@ -220,7 +292,8 @@ static bool target_poll(target *t)
     bool busy = false;
     double now = now_ms();
     for (size_t k = 0; k < N_DELIVERS + N_FETCHES; k++) {
-        if (t->ops[k].op == 0 && !t->stopping && now >= t->ops[k].not_before) target_start(t, k);
+        bool may = t->ops[k].op == 0 && !t->stopping && now >= t->ops[k].not_before;
+        if (may && (k >= N_DELIVERS || blocks_free(t, k, now))) target_start(t, k);
         busy |= t->ops[k].op != 0;
     }
     return busy;
@@ -244,6 +317,8 @@ static void target_command(target *t, int cmd)
 
 static void target_gauges(target *t)
 {
+    t->rep.fw_held = 0;
+    for (size_t b = 0; b < N_DELIVERS * PER_DELIVER; b++) t->rep.fw_held += t->fw[b].held;
     t->rep.in_flight_ops = rig_stat(&t->r, "in_flight_ops", NULL);
     t->rep.allocated_slots = rig_stat(&t->r, "local_g2_allocated_slots", NULL);
     t->rep.evictable_slots = rig_stat(&t->r, "local_g2_evictable_slots", NULL);
@@ -267,6 +342,7 @@ static _Noreturn void target_main(netrig *nr, const char *source, int cmd, int o
     t.r.cfg.operation_timeout_ms = OP_MS;
     t.r.cfg.abandon_timeout_ms = ABANDON_MS;
     t.r.cfg.enable_telemetry = true;
+    t.r.cfg.callbacks.resilience = target_resilience;
     rig_start(&t.r);
     t.source = source;
     t.rep.back_ms = -1;
@@ -293,8 +369,11 @@ static _Noreturn void target_main(netrig *nr, const char *source, int cmd, int o
     for (double quiet_by = now_ms() + ABANDON_MS;; usleep(10000)) {
         target_poll(&t);
         target_gauges(&t);
-        if (t.rep.allocated_slots == t.rep.evictable_slots || now_ms() > quiet_by) break;
+        bool quiet = t.rep.allocated_slots == t.rep.evictable_slots && t.rep.fw_held == 0;
+        if (quiet || now_ms() > quiet_by) break;
     }
+    for (size_t b = 0; b < N_DELIVERS * PER_DELIVER; b++)
+        if (t.fw[b].watch_until > 0) end_watch(&t, b);
     if (write(out, &t.rep, sizeof t.rep) != (ssize_t)sizeof t.rep) _exit(4);
     rig_stop(&t.r);
     _exit(0);
@@ -404,15 +483,20 @@ static report bench_down(bench *b, const char *name, bool source_alive)
                                    (unsigned long long)rep.by_reason[i]);
     printf("%s, %s: %.1f s; %llu ops (%llu whole), %llu entries right, %llu failed (by reason:%s), "
            "longest op %.0f ms (%llu past %d ms), longest gap %.0f ms, back after %.0f ms; "
-           "slots %.0f allocated, %.0f evictable; %.0f pulls held for a silent source\n",
+           "slots %.0f allocated, %.0f evictable; %.0f pulls held for a silent source; deliver "
+           "blocks: %llu uncertain, %llu quiesced, %llu still held, %llu written after the quiet\n",
            name, path->name, (now_ms() - b->t0) / 1000, (unsigned long long)rep.done,
            (unsigned long long)rep.ok_ops, (unsigned long long)rep.ok_entries,
            (unsigned long long)rep.failed_entries, reasons, rep.max_op_ms,
            (unsigned long long)rep.late, ABANDON_MS, rep.max_gap_ms,
-           rep.back_ms, rep.allocated_slots, rep.evictable_slots, rep.pulls_held);
+           rep.back_ms, rep.allocated_slots, rep.evictable_slots, rep.pulls_held,
+           (unsigned long long)rep.uncertain, (unsigned long long)rep.quiesced,
+           (unsigned long long)rep.fw_held, (unsigned long long)rep.written_after_quiet);
     assert_int_equal(rep.done, rep.started);
     assert_true(rep.ok_entries > 0);
     assert_int_equal(rep.bad_bytes, 0);
+    assert_int_equal(rep.written_after_quiet, 0);
+    assert_int_equal(rep.uncertain_after_reuse, 0);
     assert_int_equal(rep.no_reason, 0);
     assert_true(rep.max_op_ms <= ABANDON_MS + SLACK_MS);
     assert_int_equal(rep.in_flight_ops, 0);
@@ -420,8 +504,14 @@ static report bench_down(bench *b, const char *name, bool source_alive)
     assert_int_equal(rep.source_writes_held, 0);
     assert_true(rep.allocated_slots >= 0 && rep.allocated_slots <= TARGET_SLOTS);
     if (source_alive) { /* the way the source's bytes went */
-        printf("  source: %llu UCX writes as puts, %llu as messages\n",
-               (unsigned long long)c.writes_as_puts, (unsigned long long)c.writes_as_messages);
+        printf("  source: %llu UCX writes as puts, %llu as messages; %llu endpoint(s) aborted, "
+               "%llu TCP connection(s) reset\n",
+               (unsigned long long)c.writes_as_puts, (unsigned long long)c.writes_as_messages,
+               (unsigned long long)c.endpoints_aborted, (unsigned long long)c.tcp_resets);
+        /* An endpoint given up on takes its connections down with it:
+         * nothing they held reaches the target after the source said its
+         * writes ended (net/tcpreset.h). */
+        if (c.endpoints_aborted > 0) assert_true(c.tcp_resets > 0);
         switch (path->via) {
         case VIA_INLINE: assert_true(c.writes_as_puts + c.writes_as_messages == 0); break;
         case VIA_MESSAGES: assert_true(c.writes_as_messages > 0 && c.writes_as_puts == 0); break;
@@ -432,10 +522,11 @@ static report bench_down(bench *b, const char *name, bool source_alive)
 }
 
 /* Every KVCR slot of the target holds a block it may evict: none is
- * claimed, being filled, or quarantined for a source that may still write. */
+ * claimed, being filled, or quarantined for a source that may still write;
+ * and no deliver's framework block is still UNCERTAIN. */
 static bool nothing_held(const report *rep)
 {
-    return rep->allocated_slots == rep->evictable_slots;
+    return rep->allocated_slots == rep->evictable_slots && rep->fw_held == 0;
 }
 
 /* The fault has ended: pulls succeed again within BACK_WITHIN_MS. */

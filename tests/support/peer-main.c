@@ -448,6 +448,8 @@ static _Noreturn void child_main(const peer_opts *o, int cmd, int out)
             c.counts.inventory_added = (uint64_t)c.r.inventory_added;
             c.counts.writes_as_puts = (uint64_t)rig_stat(&c.r, "ucx_writes_as_puts", NULL);
             c.counts.writes_as_messages = (uint64_t)rig_stat(&c.r, "ucx_writes_as_messages", NULL);
+            c.counts.endpoints_aborted = (uint64_t)rig_stat(&c.r, "ucx_endpoints_aborted", NULL);
+            c.counts.tcp_resets = (uint64_t)rig_stat(&c.r, "ucx_tcp_connections_reset", NULL);
             if (write(out, &c.counts, sizeof c.counts) != (ssize_t)sizeof c.counts) _exit(3);
         } else {
             int rc = kvcr_close(c.r.kv);

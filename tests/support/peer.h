@@ -55,6 +55,9 @@ typedef struct peer_counts {
     /* As a source: UCX writes sent as puts + flush, and as messages (the
      * gauges ucx_writes_as_puts and ucx_writes_as_messages). */
     uint64_t writes_as_puts, writes_as_messages;
+    /* endpoints it closed by force, and the TCP connections those reset
+     * (gauges ucx_endpoints_aborted and ucx_tcp_connections_reset) */
+    uint64_t endpoints_aborted, tcp_resets;
 } peer_counts;
 
 /* What PEER_CMD_VERIFY found among k0..k<n-1>: how many are HIT in KVCR
