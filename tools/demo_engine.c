@@ -1,12 +1,15 @@
 /* kvcr demo: one engine process. Its "GPU KV buffer" is host memory
- * (DEMO_MAX_BLOCKS blocks, registered as framework memory); its KVCR
+ * (FW_ELEMENTS blocks, registered as framework memory); its KVCR
  * instance owns `slots` blocks of DRAM and, unless --local-only, runs the
  * peer tier on 127.0.0.1 (--hosts: on its rig host's address). For each
  * request the router forwards it asks KVCR where every block is, delivers
  * what KVCR has (its own DRAM, or a peer's through the router's hint),
  * verifies every delivered byte, "recomputes" the rest at a modelled cost,
  * and deposits what it computed or pulled so that other engines can pull
- * it from here.
+ * it from here. A block a failed deliver may still write (UNCERTAIN) sits
+ * out until KVCR says it is quiet (QUIESCED), as an engine must keep it:
+ * the buffer has room for two requests' blocks, and each request takes
+ * free ones.
  *
  * With --chaos its KVCR DRAM is a pool group of the driver's KVCR service
  * (guard mode: group = engine number) and its evictions spill to its own
@@ -26,6 +29,9 @@
 #include "kvcr/kvcr.h"
 
 #define OP_TIMEOUT_MS 5000u
+/* Framework elements: a request's blocks twice over, so that those a failed
+ * deliver may still write can sit out while requests go on. */
+#define FW_ELEMENTS (2 * DEMO_MAX_BLOCKS)
 #define ABANDON_TIMEOUT_MS 10000u
 /* Waits for our own operations: past KVCR's deadline, so a stuck transfer
  * is reported by KVCR with its reason rather than by us giving up; and past
@@ -50,6 +56,7 @@ typedef struct engine {
     uint8_t *fw, *pool;
     size_t bs;
     uint32_t resilience; /* events since the last request's report */
+    bool uncertain[FW_ELEMENTS]; /* named UNCERTAIN, not yet QUIESCED: not reused */
 } engine;
 
 static int fail(const engine *e, const char *what, int rc)
@@ -77,6 +84,9 @@ static void on_resilience(void *ud, const kvcr_resilience_event *ev)
     engine *e = ud;
     static const char *const state[] = {"uncertain", "quiesced", "source stalled"};
     if (ev->state != KVCR_TRANSFER_QUIESCED) e->resilience++;
+    for (size_t i = 0; !ev->source_side && i < ev->n_regions; i++)
+        if (ev->regions[i].index < FW_ELEMENTS && ev->state != KVCR_SOURCE_STALLED)
+            e->uncertain[ev->regions[i].index] = ev->state == KVCR_TRANSFER_UNCERTAIN;
     fprintf(stderr, "kvcr demo: engine %d: resilience event (%s, %s side): %s\n", e->idx,
             (unsigned)ev->state < 3 ? state[ev->state] : "?", ev->source_side ? "source" : "target",
             ev->message ? ev->message : "");
@@ -176,18 +186,18 @@ static void router_block(const kvcr_key *keys, uint32_t idx, uint32_t *tokens,
 }
 
 /* Submits a deliver (or deposit when deliver is false) of blocks listed by
- * index: key keys[idx[i]], framework element idx[i]. A deposit tells the
- * KV events each block's parent and tokens. */
-static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t *idx, size_t n,
-                  const char *rid, pending *p, kvcr_entry_status *st, kvcr_reason *why,
-                  const char *what)
+ * index: key keys[idx[i]], framework element el[idx[i]]. A deposit tells
+ * the KV events each block's parent and tokens. */
+static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t *el,
+                  const uint32_t *idx, size_t n, const char *rid, pending *p,
+                  kvcr_entry_status *st, kvcr_reason *why, const char *what)
 {
     *p = (pending){.n = n, .st = st, .why = why, .done = n == 0, .what = what, .t0 = tool_now()};
     if (n == 0) return 0;
     kvcr_mem_ref refs[DEMO_MAX_BLOCKS];
     kvcr_block b[DEMO_MAX_BLOCKS];
     for (size_t i = 0; i < n; i++) {
-        refs[i] = (kvcr_mem_ref){NULL, "", idx[i]};
+        refs[i] = (kvcr_mem_ref){NULL, "", el[idx[i]]};
         b[i] = (kvcr_block){keys[idx[i]], &refs[i], 1};
     }
     static uint32_t tokens[DEMO_MAX_BLOCKS][DEMO_BLOCK_TOKENS];
@@ -200,6 +210,59 @@ static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t 
 }
 
 /* ---- one request ---------------------------------------------------------------- */
+
+/* A framework element neither UNCERTAIN nor taken, lowest first. When
+ * none is, polls KVCR until a QUIESCED frees one (bounded); only called
+ * with none of our operations pending, so no result is lost. */
+static int free_element(engine *e, const bool *taken, uint32_t *out)
+{
+    double until = tool_now() + WAIT_LIMIT_S;
+    if (until > e->deadline) until = e->deadline;
+    for (;;) {
+        for (uint32_t x = 0; x < FW_ELEMENTS; x++)
+            if (!e->uncertain[x] && !taken[x]) {
+                *out = x;
+                return 0;
+            }
+        if (tool_now() > until) {
+            fprintf(stderr, "kvcr demo: engine %d: no framework block free: the rest are still "
+                            "UNCERTAIN (a failed deliver may still write them)\n", e->idx);
+            return 1;
+        }
+        kvcr_op_result *res;
+        size_t n_res;
+        int rc = kvcr_poll(e->kv, &res, &n_res);
+        if (rc != 0) return fail(e, "kvcr_poll", rc);
+        kvcr_results_free(res);
+        usleep(1000);
+    }
+}
+
+/* The framework elements of a request's n blocks (el[i] for block i). */
+static int take_elements(engine *e, uint32_t *el, size_t n)
+{
+    bool taken[FW_ELEMENTS] = {false};
+    for (size_t i = 0; i < n; i++) {
+        if (free_element(e, taken, &el[i]) != 0) return 1;
+        taken[el[i]] = true;
+    }
+    return 0;
+}
+
+/* Blocks listed in pos[0..n_pos) whose element a failed deliver left
+ * UNCERTAIN move to a free one before anything is written there. */
+static int move_off_uncertain(engine *e, uint32_t *el, size_t n, const uint32_t *pos,
+                              size_t n_pos)
+{
+    bool taken[FW_ELEMENTS] = {false};
+    for (size_t i = 0; i < n; i++) taken[el[i]] = true;
+    for (size_t i = 0; i < n_pos; i++) {
+        if (!e->uncertain[el[pos[i]]]) continue;
+        if (free_element(e, taken, &el[pos[i]]) != 0) return 1;
+        taken[el[pos[i]]] = true;
+    }
+    return 0;
+}
 
 /* The request's slowest operations, of p[0..n) (completed; n == 0 ones count 0 s). */
 static void timed(demo_result *out, const pending *p, int n)
@@ -220,8 +283,10 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     snprintf(rid, sizeof rid, "req-%" PRIu32, rq->req_no);
     *out = (demo_result){
         .req_no = rq->req_no, .engine = e->idx, .source = rq->source, .n_blocks = (uint32_t)n};
+    uint32_t el[DEMO_MAX_BLOCKS];
+    if (take_elements(e, el, n) != 0) return 1;
     /* Last request's blocks must not pass for this one's. */
-    memset(e->fw, 0xA5, n * bs);
+    for (size_t i = 0; i < n; i++) memset(e->fw + el[i] * bs, 0xA5, bs);
 
     int rc;
     if (rq->hint_len > 0 && (rc = kvcr_submit_hint(e->kv, rid, hint, rq->hint_len)) != 0) {
@@ -257,10 +322,11 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     kvcr_reason why[2][DEMO_MAX_BLOCKS];
     pending p[2];
     double r0 = tool_now();
-    if (submit(e, true, keys, rem, n_rem, rid, &p[0], st[0], why[0], "a deliver from a peer") != 0)
+    if (submit(e, true, keys, el, rem, n_rem, rid, &p[0], st[0], why[0],
+               "a deliver from a peer") != 0)
         return 1;
     double l0 = tool_now();
-    if (submit(e, true, keys, loc, n_loc, rid, &p[1], st[1], why[1],
+    if (submit(e, true, keys, el, loc, n_loc, rid, &p[1], st[1], why[1],
                "a deliver from KVCR DRAM and G3") != 0)
         return 1;
     if (wait_ops(e, p, 2) != 0) return 1;
@@ -300,7 +366,7 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
         const uint32_t *idx = k == 0 ? rem : loc;
         for (size_t i = 0; i < (k == 0 ? n_rem : n_loc); i++) {
             if (st[k][i] != KVCR_ENTRY_SUCCESS) continue;
-            uint64_t bad = demo_verify(e->fw + idx[i] * bs, bs, hashes[idx[i]]);
+            uint64_t bad = demo_verify(e->fw + el[idx[i]] * bs, bs, hashes[idx[i]]);
             out->verified_blocks++;
             out->wrong_bytes += bad;
             if (bad)
@@ -316,13 +382,14 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     }
     /* "Prefill": the KV of the blocks nobody had. Its cost is modelled by
      * the driver (prefill_ms per block), not slept. */
+    if (move_off_uncertain(e, el, n, redo, n_redo) != 0) return 1;
     for (size_t i = 0; i < n_redo; i++) {
-        demo_fill(e->fw + redo[i] * bs, bs, hashes[redo[i]]);
+        demo_fill(e->fw + el[redo[i]] * bs, bs, hashes[redo[i]]);
         keep[n_keep++] = redo[i];
     }
     out->recomputed = (uint32_t)n_redo;
 
-    if (submit(e, false, keys, keep, n_keep, NULL, &p[0], st[0], why[0], "a deposit") != 0)
+    if (submit(e, false, keys, el, keep, n_keep, NULL, &p[0], st[0], why[0], "a deposit") != 0)
         return 1;
     if (wait_ops(e, p, 1) != 0) return 1;
     timed(out, p, 1);
@@ -390,7 +457,7 @@ static int start(engine *e)
 {
     const demo_opts *o = e->o;
     e->bs = o->block_size;
-    size_t fw_bytes = e->bs * DEMO_MAX_BLOCKS;
+    size_t fw_bytes = e->bs * FW_ELEMENTS;
     size_t pool_bytes = o->chaos ? e->bs : e->bs * (size_t)o->slots; /* guard mode: unused */
     e->fw = aligned_alloc(4096, fw_bytes);
     e->pool = aligned_alloc(4096, pool_bytes);
@@ -406,7 +473,7 @@ static int start(engine *e)
     snprintf(name, sizeof name, "engine-%d", e->idx);
     kvcr_pool_layout layout = {"", e->bs};
     kvcr_dram_pool pool = {"", e->pool, pool_bytes};
-    kvcr_region fw = {.addr = e->fw, .element_size = e->bs, .count = DEMO_MAX_BLOCKS, .label = ""};
+    kvcr_region fw = {.addr = e->fw, .element_size = e->bs, .count = FW_ELEMENTS, .label = ""};
     kvcr_config cfg;
     kvcr_config_init(&cfg);
     cfg.agent_name = name;
