@@ -1,19 +1,17 @@
 #include "net/ucx.h"
 
-#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <ucp/api/ucp.h>
 #include <ucs/algorithm/crc.h>
 
 #include "kvcr/error.h"
 #include "net/amhdr.h"
 #include "net/tcpreset.h"
+#include "net/ucxaddr.h"
 #include "util/clock.h"
 #include "util/env.h"
 
@@ -22,11 +20,6 @@
  * and shared memory), a few KiB with many RDMA devices. */
 #define ADDR_MIN 10
 #define ADDR_MAX 8192
-/* UCP_MAX_RESOURCES in UCX 1.13: more transport entries is not an address. */
-#define ADDR_MAX_TLS 128
-/* TCP interfaces of a peer remembered for ucx_peer_abort: one per network
- * device it listens on; a host with more has them past this ignored. */
-#define PEER_TCP_MAX 8
 
 /* How long ucx_peer_close waits for the endpoint to close. */
 #define CLOSE_TIMEOUT_NS (2ull * 1000 * 1000 * 1000)
@@ -61,18 +54,6 @@
  * entry per run. */
 #define AM_HDR_BYTES(n) ((n) * (8 + AMHDR_RUN))
 
-/* What a transport entry of our own address looks like; a peer's entry for
- * the same transport (same name checksum) must look the same. */
-typedef struct tl_shape {
-    uint16_t csum;
-    uint8_t iface_len;
-} tl_shape;
-
-typedef struct addr_shape {
-    tl_shape tl[ADDR_MAX_TLS];
-    unsigned n;
-} addr_shape;
-
 typedef struct write_op write_op;
 
 struct ucx_ctx {
@@ -84,7 +65,7 @@ struct ucx_ctx {
     int efd;
     uint8_t addr_version;  /* low nibble of our own address's first byte */
     bool shape_known;      /* our own address parsed: peers' are checked deeply */
-    addr_shape shape;
+    ucxaddr_shape shape;
     write_op *done_head;   /* finished writes, reported by ucx_progress */
     write_op **done_tail;
     int writes_mode;       /* KVCR_UCX_WRITES: -1 puts, 1 messages, 0 by the lanes */
@@ -113,26 +94,6 @@ struct ucx_mem {
     size_t len;
 };
 
-/* Where a peer's TCP transport listens (from its worker address): the
- * connections our endpoint opens to it go there. */
-typedef struct tcp_addrs {
-    struct sockaddr_storage at[PEER_TCP_MAX];
-    unsigned n;
-} tcp_addrs;
-
-/* One walk over an address: what it compares the address to, learns from
- * it or collects from it, and where it is. */
-typedef struct walk {
-    addr_shape *learn;       /* records the transport entries (or NULL) */
-    const addr_shape *check; /* compares them to these (or NULL) */
-    tcp_addrs *tcp;          /* collects where the TCP transport listens (or NULL) */
-    uint16_t tcp_csum;       /* the TCP transport's name checksum */
-    unsigned n_tls;
-    const uint8_t *dev; /* the current device's address */
-    uint8_t dev_len;
-    const char *why; /* what is wrong, once a step failed */
-} walk;
-
 struct ucx_peer {
     ucx_ctx *c;
     ucp_ep_h ep;
@@ -140,7 +101,7 @@ struct ucx_peer {
     bool messages;  /* writes go as active messages (ucx_peer_messages) */
     bool by_lanes;  /* messages chosen by the lanes, not forced by KVCR_UCX_WRITES */
     uint32_t busy;  /* writes accepted and not yet reported */
-    tcp_addrs tcp;  /* reset by ucx_peer_abort */
+    ucxaddr_tcp tcp; /* where its TCP transport listens: reset by ucx_peer_abort */
 };
 
 struct ucx_rkey {
@@ -211,8 +172,6 @@ static unsigned report_done(ucx_ctx *c)
 }
 
 /* ---- context -------------------------------------------------------------- */
-
-static int addr_walk(const uint8_t *a, size_t len, walk *w);
 
 static int ctx_fail(ucx_ctx *c, const char *what, ucs_status_t st)
 {
@@ -320,8 +279,8 @@ static void learn_own_address(ucx_ctx *c)
 {
     const uint8_t *a = (const uint8_t *)c->addr;
     c->addr_version = a[0] & 0x0f;
-    walk w = {.learn = &c->shape};
-    c->shape_known = addr_walk(a, c->addr_len, &w) == 0;
+    ucxaddr_walk w = {.learn = &c->shape};
+    c->shape_known = ucxaddr_walk_address(a, c->addr_len, &w) == 0;
     if (!c->shape_known)
         kvcr_log(c->log, KVCR_LOG_WARN,
                  "ucx: own worker address has an unknown layout (%s); peer addresses get only "
@@ -502,202 +461,11 @@ void ucx_mem_deregister(ucx_mem *m)
 
 /* ---- peer addresses ------------------------------------------------------- */
 
-/* UCX 1.13 takes a worker address without its length and trusts every byte
- * of it: ucp_ep_create walks it by the lengths and flags it contains and
- * stops only at a "last" flag. Measured with ucp_ep_create on mutated
- * copies of a real 215-byte address, each in a fresh process:
- *   - random bytes: 250 of 300 abort() (an assert on the version nibble);
- *   - the address cut short: UCX reads on past the end (the outcome depends
- *     on the bytes that follow: 39 of 300 crashed with 0xff after it);
- *   - one byte changed: ~1% abort or SIGSEGV (a garbled float making a
- *     lane score negative, an interface address length of zero that the
- *     transport then dereferences).
- * ucp_worker_address_query is no help: it reads the same header and asserts
- * the same way. So the address is parsed here first, in the layout UCX 1.13
- * emits by default (address v1, not unified mode; learned from our own
- * address at start, and only basic checks if that does not parse), every
- * length checked against the buffer, and it must end exactly at len. The
- * costs of each transport entry must be finite and sane, and an entry for a
- * transport we have must carry an interface address of the length ours has
- * (device address lengths legitimately differ: IPv4 and IPv6).
- *
- * Residual risk: what is well formed but lies (the id of another shared
- * memory segment or process, another host's port, flags inside a
- * transport's own address) reaches UCX, which will try to attach or
- * connect to it: 1 of 2000 one-byte mutations that pass these checks still
- * made UCX abort (a flag inside the posix transport's address). Peers are
- * trusted to send their own address; this catches corruption and mix-ups,
- * it authenticates no one. */
-
-#define ADDR_V1 0
-#define HDR_DEBUG_INFO 0x1
-#define HDR_CLIENT_ID 0x4
-#define MD_EMPTY_DEV 0x80
-#define DEV_LAST 0x80
-#define DEV_NUM_PATHS 0x40
-#define DEV_SYS_DEVICE 0x20
-#define DEV_LEN_MASK 0x1f
-#define TL_LAST 0x80
-#define TL_HAS_EP_ADDR 0x40
-#define TL_LEN_MASK 0x3f
-#define NULL_RESOURCE 0xff /* in place of the first device: there is none */
-#define TL_ATTR_LEN 16 /* overhead, bandwidth, latency (floats), prio and flags */
-
-typedef struct cursor {
-    const uint8_t *p;
-    size_t pos, len;
-} cursor;
-
-static bool take(cursor *cu, size_t n, const uint8_t **out)
-{
-    if (n > cu->len - cu->pos) return false;
-    if (out != NULL) *out = cu->p + cu->pos;
-    cu->pos += n;
-    return true;
-}
-
-static bool take_u8(cursor *cu, uint8_t *v)
-{
-    const uint8_t *b;
-    if (!take(cu, 1, &b)) return false;
-    *v = *b;
-    return true;
-}
-
-static float float_at(const uint8_t *b)
-{
-    float f;
-    memcpy(&f, b, sizeof f);
-    return f;
-}
-
-/* The three costs UCX turns into a lane score: a NaN, a negative time or
- * a zero bandwidth makes it assert. */
-static bool attrs_sane(const uint8_t *attr)
-{
-    float overhead = float_at(attr), bandwidth = float_at(attr + 4), latency = float_at(attr + 8);
-    /* A negative bandwidth is how UCX <= 1.11 sent "dedicated - shared". */
-    return isfinite(overhead) && overhead >= 0 && overhead < 1 && isfinite(latency) &&
-           latency >= 0 && latency < 1 && isfinite(bandwidth) && fabsf(bandwidth) >= 1 &&
-           fabsf(bandwidth) < 1e15f;
-}
-
-static const tl_shape *shape_find(const addr_shape *s, uint16_t csum)
-{
-    for (unsigned i = 0; i < s->n; i++)
-        if (s->tl[i].csum == csum) return &s->tl[i];
-    return NULL;
-}
-
-static int bad(walk *w, const char *what)
-{
-    w->why = what;
-    return -1;
-}
-
-/* A TCP interface entry, in the layout UCX 1.13 emits: the device address
- * is a flags byte, the socket family and the IP address (the loopback
- * device, flag 1, carries a host identifier instead: its address is the
- * loopback one); the interface address is the listening port in network
- * order. An entry of another shape is left out: an abort cannot reset the
- * connections to it (see reset_tcp). */
-#define TCP_DEV_LOOPBACK 0x1
-
-static void tcp_collect(walk *w, const uint8_t *iface, uint8_t iface_len)
-{
-    tcp_addrs *t = w->tcp;
-    const uint8_t *d = w->dev;
-    if (t->n == PEER_TCP_MAX || iface_len != sizeof(in_port_t) || w->dev_len < 2) return;
-    bool loopback = d[0] & TCP_DEV_LOOPBACK;
-    struct sockaddr_storage *ss = &t->at[t->n];
-    memset(ss, 0, sizeof *ss);
-    if (d[1] == AF_INET && (loopback || w->dev_len == 2 + sizeof(struct in_addr))) {
-        struct sockaddr_in *in = (struct sockaddr_in *)ss;
-        in->sin_family = AF_INET;
-        memcpy(&in->sin_port, iface, sizeof in->sin_port);
-        if (loopback) in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        else memcpy(&in->sin_addr, d + 2, sizeof in->sin_addr);
-    } else if (d[1] == AF_INET6 && (loopback || w->dev_len == 2 + sizeof(struct in6_addr))) {
-        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-        in6->sin6_family = AF_INET6;
-        memcpy(&in6->sin6_port, iface, sizeof in6->sin6_port);
-        if (loopback) in6->sin6_addr = in6addr_loopback;
-        else memcpy(&in6->sin6_addr, d + 2, sizeof in6->sin6_addr);
-    } else {
-        return;
-    }
-    t->n++;
-}
-
-static int tl_entry(cursor *cu, walk *w, bool *last)
-{
-    const uint8_t *b, *attr, *iface;
-    uint8_t flags;
-    if (++w->n_tls > ADDR_MAX_TLS) return bad(w, "too many transports");
-    if (!take(cu, 2, &b) || !take(cu, TL_ATTR_LEN, &attr) || !take_u8(cu, &flags))
-        return bad(w, "truncated transport entry");
-    uint16_t csum;
-    memcpy(&csum, b, sizeof csum);
-    if (!attrs_sane(attr)) return bad(w, "transport attributes out of range");
-    /* A worker address carries no endpoint addresses. */
-    if (flags & TL_HAS_EP_ADDR) return bad(w, "endpoint address in a worker address");
-    uint8_t iface_len = flags & TL_LEN_MASK;
-    if (!take(cu, iface_len, &iface)) return bad(w, "truncated interface address");
-    const tl_shape *mine = w->check ? shape_find(w->check, csum) : NULL;
-    if (mine != NULL && mine->iface_len != iface_len)
-        return bad(w, "interface address length differs from this host's");
-    if (w->learn != NULL && shape_find(w->learn, csum) == NULL)
-        w->learn->tl[w->learn->n++] = (tl_shape){csum, iface_len};
-    if (w->tcp != NULL && csum == w->tcp_csum) tcp_collect(w, iface, iface_len);
-    *last = flags & TL_LAST;
-    return 0;
-}
-
-static int device(cursor *cu, walk *w, bool *last)
-{
-    uint8_t md, dev, v;
-    if (!take_u8(cu, &md) || !take_u8(cu, &dev)) return bad(w, "truncated device");
-    if ((dev & DEV_NUM_PATHS) && (!take_u8(cu, &v) || v < 2))
-        return bad(w, "bad device path count");
-    if ((dev & DEV_SYS_DEVICE) && !take_u8(cu, &v)) return bad(w, "truncated device");
-    w->dev_len = dev & DEV_LEN_MASK;
-    if (!take(cu, w->dev_len, &w->dev)) return bad(w, "truncated device address");
-    *last = dev & DEV_LAST;
-    bool last_tl = md & MD_EMPTY_DEV;
-    while (!last_tl)
-        if (tl_entry(cu, w, &last_tl) != 0) return -1;
-    return 0;
-}
-
-/* 0 if a[0..len) is a well-formed v1 worker address (see above), doing
- * what w asks on the way; else -1 with w->why. */
-static int addr_walk(const uint8_t *a, size_t len, walk *w)
-{
-    cursor cu = {a, 0, len};
-    uint8_t hdr, v;
-    if (w->learn != NULL) w->learn->n = 0;
-    if (w->tcp != NULL) w->tcp->n = 0;
-    if (!take_u8(&cu, &hdr)) return bad(w, "empty");
-    if ((hdr & 0x0f) != ADDR_V1) return bad(w, "not a v1 address");
-    /* v1 always carries the worker id, whatever the flags say. */
-    if (!take(&cu, 8, NULL)) return bad(w, "truncated header");
-    if (((hdr >> 4) & HDR_CLIENT_ID) && !take(&cu, 8, NULL)) return bad(w, "truncated header");
-    if (((hdr >> 4) & HDR_DEBUG_INFO) && (!take_u8(&cu, &v) || !take(&cu, v, NULL)))
-        return bad(w, "truncated worker name");
-    /* Well formed, but nothing UCX could connect to: refused here. */
-    if (cu.pos < len && a[cu.pos] == NULL_RESOURCE) return bad(w, "no transports");
-    bool last = false;
-    while (!last)
-        if (device(&cu, w, &last) != 0) return -1;
-    if (w->n_tls == 0) return bad(w, "no transports");
-    if (cu.pos != len) return bad(w, "trailing bytes");
-    return 0;
-}
-
-/* 0, or KVCR_EINVAL naming what is wrong with a peer's worker address;
+/* UCX trusts every byte of a worker address: net/ucxaddr.h walks it first.
+ * 0, or KVCR_EINVAL naming what is wrong with a peer's worker address;
  * fills tcp with where its TCP transport listens (none when our own
  * address's layout is unknown: then it is not walked). */
-static int check_address(const ucx_ctx *c, const uint8_t *a, size_t len, tcp_addrs *tcp)
+static int check_address(const ucx_ctx *c, const uint8_t *a, size_t len, ucxaddr_tcp *tcp)
 {
     tcp->n = 0;
     if (len < ADDR_MIN || len > ADDR_MAX)
@@ -706,8 +474,8 @@ static int check_address(const ucx_ctx *c, const uint8_t *a, size_t len, tcp_add
     if ((a[0] & 0x0f) != c->addr_version)
         return kvcr_fail(KVCR_EINVAL, "UCX worker address version %u, this host uses %u",
                          a[0] & 0x0f, c->addr_version);
-    walk w = {.check = &c->shape, .tcp = tcp, .tcp_csum = ucs_crc16_string("tcp")};
-    if (c->shape_known && addr_walk(a, len, &w) != 0)
+    ucxaddr_walk w = {.check = &c->shape, .tcp = tcp, .tcp_csum = ucs_crc16_string("tcp")};
+    if (c->shape_known && ucxaddr_walk_address(a, len, &w) != 0)
         return kvcr_fail(KVCR_EINVAL, "malformed UCX worker address: %s", w.why);
     return 0;
 }
@@ -786,7 +554,7 @@ static bool lanes_all_tcp(const ucx_peer *p)
 int ucx_peer_connect(ucx_ctx *c, const void *worker_addr, size_t len, ucx_peer **out)
 {
     if (worker_addr == NULL) return kvcr_fail(KVCR_EINVAL, "malformed UCX worker address: none");
-    tcp_addrs listens;
+    ucxaddr_tcp listens;
     int rc = check_address(c, worker_addr, len, &listens);
     if (rc != 0) return rc;
     /* UCX reads it with aligned loads; wire bytes may sit anywhere. */

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* accept4 */
-/* The control lane on 127.0.0.1 (net/lane.h), then through the control
+/* The control lane on a loopback address of its own (net/lane.h), then through the control
  * channel (ctl_open_lane): messages both ways over the dialled connection,
  * answers only to a name vouched for, frames split across reads, the max of
  * lane_recv, junk and oversized frames refused and counted, the send queue's
@@ -22,6 +22,13 @@
 #include "util/bytes.h"
 
 #define HOST "127.0.0.1"
+/* The lanes' own loopback address, private to this process (set in main):
+ * tests running beside this one dial ports of 127.0.0.1 they found free,
+ * and such a port may be the one a lane here got; their connections would
+ * count as refusals here. The control channel's tests keep HOST. */
+static char lane_host[32];
+static in_addr_t lane_addr;
+#define LANE_HOST lane_host
 #define MAX_MESSAGE 4096
 #define WAIT_MS 5000
 
@@ -73,7 +80,7 @@ static lane *open_lane(const char *name)
 {
     lane *l = NULL;
     lane_hooks hooks = {vouch_good, on_refused, NULL};
-    assert_int_equal(lane_open(HOST, MAX_MESSAGE, &hooks, NULL, &l), 0);
+    assert_int_equal(lane_open(LANE_HOST, MAX_MESSAGE, &hooks, NULL, &l), 0);
     assert_int_equal(lane_set_name(l, name), 0);
     return l;
 }
@@ -115,11 +122,11 @@ static uint64_t taken(lane *l)
     return n;
 }
 
-/* A TCP port on HOST where nothing listens (bound, then closed). */
-static uint16_t dead_port(void)
+/* A TCP port on addr where nothing listens (bound, then closed). */
+static uint16_t dead_port(in_addr_t addr)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = addr};
     socklen_t sl = sizeof a;
     assert_int_equal(bind(fd, (struct sockaddr *)&a, sl), 0);
     assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &sl), 0);
@@ -127,12 +134,12 @@ static uint16_t dead_port(void)
     return ntohs(a.sin_port);
 }
 
-/* A listener on HOST (backlog as given) that the test never accepts from
+/* A listener on LANE_HOST (backlog as given) that the test never accepts from
  * unless it says so; *port gets its port. */
 static int quiet_listener(int backlog, uint16_t *port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = lane_addr};
     socklen_t sl = sizeof a;
     assert_int_equal(bind(fd, (struct sockaddr *)&a, sl), 0);
     assert_int_equal(listen(fd, backlog), 0);
@@ -141,12 +148,12 @@ static int quiet_listener(int backlog, uint16_t *port)
     return fd;
 }
 
-/* A raw TCP connection to port on HOST. */
-static int raw_connect(uint16_t port)
+/* A raw TCP connection to port on addr. */
+static int raw_connect(in_addr_t addr, uint16_t port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+                            .sin_addr.s_addr = addr};
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     return fd;
 }
@@ -159,11 +166,11 @@ static void test_answers_come_back_over_the_dialled_connection(void **state)
     inbox *in = calloc(1, sizeof *in);
     /* a's name points at a port where nothing listens: an answer can only
      * come back over the connection a dialled. */
-    uint16_t nowhere = dead_port();
+    uint16_t nowhere = dead_port(lane_addr);
     for (int i = 0; i < 3; i++) {
         char msg[16];
         int n = snprintf(msg, sizeof msg, "ask-%d", i);
-        assert_int_equal(lane_send(a, "b", HOST, lane_port(b), msg, (size_t)n), 0);
+        assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), msg, (size_t)n), 0);
     }
     assert_true(lane_has(a, "b"));
     pump(both, in, 3, 64, WAIT_MS);
@@ -174,7 +181,7 @@ static void test_answers_come_back_over_the_dialled_connection(void **state)
         assert_memory_equal(in->data[i], msg, (size_t)n);
     }
     assert_true(lane_has(b, "good-a")); /* vouched: b answers over it */
-    assert_int_equal(lane_send(b, "good-a", HOST, nowhere, "answer", 6), 0);
+    assert_int_equal(lane_send(b, "good-a", LANE_HOST, nowhere, "answer", 6), 0);
     pump(both, in, 4, 64, WAIT_MS);
     assert_int_equal(in->lens[3], 6);
     assert_memory_equal(in->data[3], "answer", 6);
@@ -190,14 +197,14 @@ static void test_a_name_not_vouched_for_gets_no_answers_over_its_connection(void
     lane *a = open_lane("claimed-a"), *b = open_lane("b");
     lane *both[] = {a, b, NULL};
     inbox *in = calloc(1, sizeof *in);
-    assert_int_equal(lane_send(a, "b", HOST, lane_port(b), "hello", 5), 0);
+    assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), "hello", 5), 0);
     pump(both, in, 1, 64, WAIT_MS); /* its messages still arrive */
     assert_false(lane_has(b, "claimed-a"));
     /* b dials the name's own address instead: nothing listens there, and
      * the answer comes back to b, refused, never to a. */
-    uint16_t nowhere = dead_port();
+    uint16_t nowhere = dead_port(lane_addr);
     refused.n = 0;
-    assert_int_equal(lane_send(b, "claimed-a", HOST, nowhere, "answer", 6), 0);
+    assert_int_equal(lane_send(b, "claimed-a", LANE_HOST, nowhere, "answer", 6), 0);
     turn_for(both, in, 300);
     assert_int_equal(in->n, 1);
     assert_int_equal(refused.n, 1);
@@ -220,7 +227,7 @@ static void test_frames_split_across_reads_arrive_whole(void **state)
     memcpy(stream + 4, "good-x", 6);
     put32be(stream + 10, 1000);
     for (int i = 0; i < 1000; i++) stream[14 + i] = (uint8_t)(i * 7);
-    int fd = raw_connect(lane_port(b));
+    int fd = raw_connect(lane_addr, lane_port(b));
     for (size_t off = 0; off < sizeof stream;) {
         size_t n = off < 20 ? 1 : 333; /* the header and name a byte at a time */
         if (n > sizeof stream - off) n = sizeof stream - off;
@@ -244,7 +251,7 @@ static void test_recv_hands_over_at_most_max(void **state)
     lane *a = open_lane("good-a"), *b = open_lane("b");
     inbox *in = calloc(1, sizeof *in);
     for (int i = 0; i < 10; i++)
-        assert_int_equal(lane_send(a, "b", HOST, lane_port(b), &i, sizeof i), 0);
+        assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), &i, sizeof i), 0);
     uint64_t deadline = now_ms() + WAIT_MS;
     while (in->n < 10 && now_ms() < deadline) {
         lane_recv(a, 64, collect, in);
@@ -286,7 +293,7 @@ static void test_junk_is_refused_and_counted(void **state)
     };
     size_t n_junk = sizeof junk / sizeof junk[0];
     for (size_t i = 0; i < n_junk; i++) {
-        int fd = raw_connect(lane_port(b));
+        int fd = raw_connect(lane_addr, lane_port(b));
         assert_int_equal(write(fd, junk[i].bytes, junk[i].len), (ssize_t)junk[i].len);
         /* the lane closes it: read sees the end (or a reset) */
         uint64_t deadline = now_ms() + WAIT_MS;
@@ -302,11 +309,11 @@ static void test_junk_is_refused_and_counted(void **state)
     assert_int_equal(taken(b), n_junk);
     assert_int_equal(taken(b), 0); /* taken */
     /* A connection that closes without a byte is no junk. */
-    close(raw_connect(lane_port(b)));
+    close(raw_connect(lane_addr, lane_port(b)));
     turn_for(both, in, 50);
     assert_int_equal(taken(b), 0);
     assert_int_equal(in->n, 0);
-    assert_int_equal(lane_send(a, "b", HOST, lane_port(b), "real", 4), 0);
+    assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), "real", 4), 0);
     pump(both, in, 1, 64, WAIT_MS);
     assert_memory_equal(in->data[0], "real", 4);
     lane_close(a);
@@ -327,7 +334,7 @@ static void test_the_send_queue_is_bounded(void **state)
     size_t sent = 0;
     uint64_t t0 = now_ms();
     for (; sent < 4 * (LANE_TXQ_MAX / MAX_MESSAGE) && rc == 0; sent++)
-        rc = lane_send(a, "sink", HOST, port, msg, sizeof msg);
+        rc = lane_send(a, "sink", LANE_HOST, port, msg, sizeof msg);
     assert_int_equal(rc, KVCR_ESYS);
     assert_non_null(strstr(kvcr_last_error(), "queue full"));
     /* it held them all, after the hello */
@@ -350,7 +357,7 @@ static void test_an_unanswered_dial_is_made_again_with_its_queue(void **state)
      * accepts; later SYNs are dropped. */
     int filler[2];
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port),
-                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+                               .sin_addr.s_addr = lane_addr};
     for (int i = 0; i < 2; i++) {
         filler[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
         connect(filler[i], (struct sockaddr *)&addr, sizeof addr);
@@ -358,7 +365,7 @@ static void test_an_unanswered_dial_is_made_again_with_its_queue(void **state)
     lane *a = open_lane("good-a");
     lane *one[] = {a, NULL};
     inbox *in = calloc(1, sizeof *in);
-    assert_int_equal(lane_send(a, "sink", HOST, port, "kept", 4), 0);
+    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "kept", 4), 0);
     turn_for(one, in, LANE_CONNECT_MS + 300); /* one dial given up and made again */
     assert_true(lane_has(a, "sink"));
     /* Room: accept everything (fillers and the lane's connection) until one
@@ -391,18 +398,18 @@ static void test_forget_closes_and_the_next_send_dials_again(void **state)
     lane *a = open_lane("good-a"), *b = open_lane("b");
     lane *both[] = {a, b, NULL};
     inbox *in = calloc(1, sizeof *in);
-    assert_int_equal(lane_send(a, "b", HOST, lane_port(b), "one", 3), 0);
+    assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), "one", 3), 0);
     pump(both, in, 1, 64, WAIT_MS);
     lane_forget(a, "b");
     assert_false(lane_has(a, "b"));
-    assert_int_equal(lane_send(a, "b", HOST, lane_port(b), "two", 3), 0);
+    assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), "two", 3), 0);
     pump(both, in, 2, 64, WAIT_MS);
     assert_memory_equal(in->data[1], "two", 3);
     /* a dial to nothing ends closed, its messages handed back in order */
     refused.n = 0;
-    uint16_t nowhere = dead_port();
-    assert_int_equal(lane_send(a, "gone", HOST, nowhere, "x1", 2), 0);
-    if (refused.n == 0) assert_int_equal(lane_send(a, "gone", HOST, nowhere, "x2", 2), 0);
+    uint16_t nowhere = dead_port(lane_addr);
+    assert_int_equal(lane_send(a, "gone", LANE_HOST, nowhere, "x1", 2), 0);
+    if (refused.n == 0) assert_int_equal(lane_send(a, "gone", LANE_HOST, nowhere, "x2", 2), 0);
     turn_for(both, in, 200);
     assert_false(lane_has(a, "gone"));
     assert_true(refused.n >= 1 && refused.n <= 2);
@@ -440,7 +447,7 @@ static void test_corked_messages_wait_for_the_uncork(void **state)
     lane *a = open_lane("good-a");
     lane *one[] = {a, NULL};
     inbox *in = calloc(1, sizeof *in);
-    assert_int_equal(lane_send(a, "sink", HOST, port, "m1", 2), 0);
+    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "m1", 2), 0);
     int fd = -1;
     for (uint64_t deadline = now_ms() + WAIT_MS; fd < 0 && now_ms() < deadline;) {
         turn_for(one, in, 5);
@@ -452,8 +459,8 @@ static void test_corked_messages_wait_for_the_uncork(void **state)
     assert_memory_equal(got, "\0\0\0\6good-a\0\0\0\2m1", 16);
 
     lane_cork(a);
-    assert_int_equal(lane_send(a, "sink", HOST, port, "m2", 2), 0);
-    assert_int_equal(lane_send(a, "sink", HOST, port, "m3", 2), 0);
+    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "m2", 2), 0);
+    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "m3", 2), 0);
     turn_for(one, in, 100);
     assert_int_equal(recv(fd, got, sizeof got, MSG_DONTWAIT), -1);
     assert_int_equal(errno, EAGAIN);
@@ -462,7 +469,7 @@ static void test_corked_messages_wait_for_the_uncork(void **state)
     assert_memory_equal(got, "\0\0\0\2m2\0\0\0\2m3", 12);
 
     lane_cork(a);
-    assert_int_equal(lane_send(a, "sink", HOST, port, "m4", 2), 0);
+    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "m4", 2), 0);
     lane_forget(a, "sink");
     lane_uncork(a);
     assert_int_equal(read_within(one, in, fd, got, sizeof got), 0); /* closed, m4 dropped */
@@ -480,11 +487,11 @@ static void test_bad_arguments_change_nothing(void **state)
     lane *l = NULL;
     assert_int_equal(lane_open("localhost", MAX_MESSAGE, NULL, NULL, &l), KVCR_EINVAL);
     assert_null(l);
-    assert_int_equal(lane_open(HOST, 0, NULL, NULL, &l), KVCR_EINVAL);
+    assert_int_equal(lane_open(LANE_HOST, 0, NULL, NULL, &l), KVCR_EINVAL);
     l = open_lane("good-a");
     assert_int_equal(lane_set_name(l, "has space"), KVCR_EINVAL);
-    assert_int_equal(lane_send(l, "b", HOST, 1, "x", 0), KVCR_EINVAL);
-    assert_int_equal(lane_send(l, "b", HOST, 1, "x", MAX_MESSAGE + 1), KVCR_EINVAL);
+    assert_int_equal(lane_send(l, "b", LANE_HOST, 1, "x", 0), KVCR_EINVAL);
+    assert_int_equal(lane_send(l, "b", LANE_HOST, 1, "x", MAX_MESSAGE + 1), KVCR_EINVAL);
     assert_int_equal(lane_send(l, "b", "not-an-ip", 1, "x", 1), KVCR_EINVAL);
     assert_false(lane_has(l, "b"));
     const uint8_t *p;
@@ -569,7 +576,7 @@ static void test_channels_with_lanes_talk_over_them_and_to_those_without(void **
     assert_string_equal(in.last, "z to a");
     /* Junk at a's lane is a failed handshake. */
     const char *tag = strstr(ctl_endpoint(a), CTL_LANE_TAG);
-    int fd = raw_connect((uint16_t)atoi(tag + strlen(CTL_LANE_TAG)));
+    int fd = raw_connect(htonl(INADDR_LOOPBACK), (uint16_t)atoi(tag + strlen(CTL_LANE_TAG)));
     assert_int_equal(write(fd, "junk junk junk", 14), 14);
     junk_seen = 0;
     uint64_t deadline = now_ms() + WAIT_MS;
@@ -613,7 +620,7 @@ static void test_a_refused_lane_falls_back_to_zeromq_at_the_address(void **state
     char stale[CTL_MAX_ENDPOINT + 1];
     const char *tag = strstr(ctl_endpoint(b), CTL_LANE_TAG);
     snprintf(stale, sizeof stale, "%.*s" CTL_LANE_TAG "%u", (int)(tag - ctl_endpoint(b)),
-             ctl_endpoint(b), (unsigned)dead_port());
+             ctl_endpoint(b), (unsigned)dead_port(htonl(INADDR_LOOPBACK)));
     ctl_inbox in = {0};
     ctl_channel *ab[] = {a, b, NULL};
     assert_int_equal(ctl_send(a, stale, "first", 5), 0);
@@ -636,7 +643,7 @@ static int claim(uint16_t port, const char *name, const char *msg)
     memcpy(buf + 4, name, n);
     put32be(buf + 4 + n, (uint32_t)m);
     memcpy(buf + 8 + n, msg, m);
-    int fd = raw_connect(port);
+    int fd = raw_connect(htonl(INADDR_LOOPBACK), port);
     assert_int_equal(write(fd, buf, 8 + n + m), (ssize_t)(8 + n + m));
     return fd;
 }
@@ -667,6 +674,10 @@ static void test_the_channel_vouches_only_for_a_name_at_the_connections_address(
 
 int main(void)
 {
+    unsigned pid = (unsigned)getpid();
+    snprintf(lane_host, sizeof lane_host, "127.%u.%u.%u", 100 + (pid >> 16) % 100,
+             (pid >> 8) & 255, 2 + pid % 250);
+    lane_addr = inet_addr(lane_host);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_answers_come_back_over_the_dialled_connection),
         cmocka_unit_test(test_a_name_not_vouched_for_gets_no_answers_over_its_connection),
