@@ -660,24 +660,27 @@ void ucx_peer_close(ucx_peer *p)
 }
 
 /* A forced close alone does not stop what the endpoint's TCP connections
- * still hold: UCX (or the kernel, once UCX closed the socket) sends it when
- * the link comes back, and the peer's worker executes those puts then,
- * after it was told that the writes ended (a test saw a partition's
- * stranded puts land seconds after it healed). So the connections to the
- * peer's TCP interfaces are reset first (net/tcpreset.h). Not found: a
- * connection the peer opened to us that UCX chose to carry our writes
- * too (both sides connecting at the same moment). */
+ * still hold: UCX 1.13 ends a connection with a plain close(), and the
+ * kernel sends what the socket holds when the link comes back; the peer's
+ * worker executes those puts then, after it was told that the writes ended
+ * (`ss` showed a UCX connection holding 70 KB through a partition, sent
+ * when it healed; docs/RELIABILITY.md). So the connections to the peer's
+ * TCP interfaces are reset first (net/tcpreset.h). Not found: a connection
+ * the peer opened to us that UCX chose to carry our writes too (both sides
+ * connecting at the same moment). */
 static void reset_tcp(ucx_peer *p)
 {
     if (p->tcp.n == 0) return;
     int n = tcp_reset_peers(p->tcp.at, p->tcp.n);
-    if (n > 0) atomic_fetch_add_explicit(&p->c->tcp_resets, (uint64_t)n, memory_order_relaxed);
-    if (n < 0)
+    if (n < 0) {
         kvcr_log(p->c->log, KVCR_LOG_ERROR,
                  "ucx peer abort: its TCP connections could not be reset (%s): bytes they "
                  "hold may still reach the peer",
                  kvcr_last_error());
-    else if (n > 0)
+        return;
+    }
+    atomic_fetch_add_explicit(&p->c->tcp_resets, (uint64_t)n, memory_order_relaxed);
+    if (n > 0)
         kvcr_log(p->c->log, KVCR_LOG_INFO, "ucx peer abort: %d TCP connection(s) to it reset", n);
 }
 
