@@ -12,9 +12,10 @@
  * every write of that round is posted to a stopped process.
  *
  * Pinned: at the source's abandon deadline the endpoint is closed by force,
- * every write on it ends (reported UNCERTAIN, then QUIESCED), nothing stays
- * in flight; and the next target is served from the same memory, bytes
- * checked by the target. Before the force close such writes held their
+ * its TCP connections to the target reset first (so that nothing they hold
+ * reaches the target later: net/tcpreset.h), every write on it ends
+ * (reported UNCERTAIN, then QUIESCED), nothing stays in flight; and the
+ * next target is served from the same memory, bytes checked by the target. Before the force close such writes held their
  * memory until the target came back, which a killed target never does. */
 #include <signal.h>
 #include <stdio.h>
@@ -196,6 +197,8 @@ static void test_writes_to_a_stopped_target_end_at_the_abandon_deadline(void **s
     int quiesced = __atomic_load_n(&g_quiesced, __ATOMIC_RELAXED);
     assert_true(uncertain >= 1);
     assert_int_equal(quiesced, uncertain); /* every write reported uncertain is quiet now */
+    assert_true(rig_stat(&r, "ucx_endpoints_aborted", NULL) >= 1);
+    assert_true(rig_stat(&r, "ucx_tcp_connections_reset", NULL) >= 1);
     peer_kill(&t);
     g_stopped = -1;
 
