@@ -181,6 +181,7 @@ typedef struct framed {
     unsigned seed;
     uint64_t sent[N_CAUSES];
     int failed; /* errno of a send or connect that failed, 0 if none */
+    bool held_back; /* the instance took nothing for SNDTIMEO: the flood stopped there */
 } framed;
 
 /* Metadata whose worker address is one byte: no UCX address is that
@@ -268,7 +269,7 @@ static void *framed_main(void *arg)
     } else {
         char addr[256];
         ctx = zmq_ctx_new(), s = zmq_socket(ctx, ZMQ_PUSH);
-        int linger = WAIT_MS / 2, timeout = WAIT_MS / 2;
+        int linger = WAIT_MS, timeout = WAIT_MS / 2;
         zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
         if (zmq_connect(s, peer_zmq_address(addr, sizeof addr, f->endpoint)) != 0) f->failed = errno;
@@ -283,10 +284,18 @@ static void *framed_main(void *arg)
         int cause = framed_message(f, i, &m);
         size_t n;
         if (fd >= 0) lane_frame_of(&m, frame, &n);
-        if (fd >= 0 ? send(fd, frame, n, MSG_NOSIGNAL) != (ssize_t)n : zmq_send(s, m.b, m.n, 0) < 0)
-            f->failed = errno;
-        else
+        if (fd >= 0 ? send(fd, frame, n, MSG_NOSIGNAL) != (ssize_t)n : zmq_send(s, m.b, m.n, 0) < 0) {
+            /* A PUSH socket whose queue stayed full for SNDTIMEO met the
+             * instance's bounded queues (a sanitizer build on a loaded
+             * runner drains the flood slower than it comes): what it
+             * queued is still delivered within the linger and counted;
+             * it sends no more. Any other error fails the test. */
+            if (fd < 0 && errno == EAGAIN) f->held_back = true;
+            else f->failed = errno;
+            if (f->held_back) break;
+        } else {
             f->sent[cause]++;
+        }
     }
     if (fd >= 0) {
         int err = hang_up(fd);
@@ -520,14 +529,20 @@ static void test_junk_is_counted_by_cause_and_logged_once_a_second(void **state)
                      .lane = lane, .deadline_ms = start + JUNK_MS};
         assert_int_equal(pthread_create(&w[i].thread, NULL, raw_main, &w[i]), 0);
     }
+    /* Every sender joined before anything is asserted: a failed assertion
+     * leaves this frame, and no thread may still use it. */
+    for (int i = 0; i < FRAMED_SENDERS; i++) pthread_join(f[i].thread, NULL);
+    for (int i = 0; i < RAW_SENDERS; i++) pthread_join(w[i].thread, NULL);
     uint64_t want[N_CAUSES] = {0}, oversize = 0;
     for (int i = 0; i < FRAMED_SENDERS; i++) {
-        pthread_join(f[i].thread, NULL);
         assert_int_equal(f[i].failed, 0);
-        for (int c = 0; c < N_CAUSES; c++) want[c] += f[i].sent[c];
+        uint64_t sent = 0;
+        for (int c = 0; c < N_CAUSES; c++) want[c] += f[i].sent[c], sent += f[i].sent[c];
+        if (f[i].held_back)
+            print_message("framed sender %d: held back by the instance after %llu messages\n", i,
+                          (unsigned long long)sent);
     }
     for (int i = 0; i < RAW_SENDERS; i++) {
-        pthread_join(w[i].thread, NULL);
         assert_int_equal(w[i].failed, 0);
         want[HANDSHAKE] += w[i].handshakes;
         oversize += w[i].oversize;
