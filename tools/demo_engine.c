@@ -117,11 +117,18 @@ static void show_state(engine *e)
     kvcr_stats_free(s);
 }
 
+/* When a wait that starts now gives up: WAIT_LIMIT_S, or the engine's own
+ * deadline if sooner. */
+static double wait_until(const engine *e)
+{
+    double until = tool_now() + WAIT_LIMIT_S;
+    return until < e->deadline ? until : e->deadline;
+}
+
 /* Polls until every operation in p[0..n) completed (n may be 0). */
 static int wait_ops(engine *e, pending *p, int n)
 {
-    double until = tool_now() + WAIT_LIMIT_S;
-    if (until > e->deadline) until = e->deadline;
+    double until = wait_until(e);
     for (;;) {
         kvcr_op_result *res;
         size_t n_res;
@@ -216,8 +223,7 @@ static int submit(engine *e, bool deliver, const kvcr_key *keys, const uint32_t 
  * with none of our operations pending, so no result is lost. */
 static int free_element(engine *e, const bool *taken, uint32_t *out)
 {
-    double until = tool_now() + WAIT_LIMIT_S;
-    if (until > e->deadline) until = e->deadline;
+    double until = wait_until(e);
     for (;;) {
         for (uint32_t x = 0; x < FW_ELEMENTS; x++)
             if (!e->uncertain[x] && !taken[x]) {
