@@ -66,6 +66,7 @@ struct ucx_ctx {
     uint8_t addr_version;  /* low nibble of our own address's first byte */
     bool shape_known;      /* our own address parsed: peers' are checked deeply */
     ucxaddr_shape shape;
+    ucxaddr_tcp tcp;       /* where our own TCP transport listens (from our address) */
     write_op *done_head;   /* finished writes, reported by ucx_progress */
     write_op **done_tail;
     int writes_mode;       /* KVCR_UCX_WRITES: -1 puts, 1 messages, 0 by the lanes */
@@ -279,7 +280,7 @@ static void learn_own_address(ucx_ctx *c)
 {
     const uint8_t *a = (const uint8_t *)c->addr;
     c->addr_version = a[0] & 0x0f;
-    ucxaddr_walk w = {.learn = &c->shape};
+    ucxaddr_walk w = {.learn = &c->shape, .tcp = &c->tcp, .tcp_csum = ucs_crc16_string("tcp")};
     c->shape_known = ucxaddr_walk_address(a, c->addr_len, &w) == 0;
     if (!c->shape_known)
         kvcr_log(c->log, KVCR_LOG_WARN,
@@ -664,14 +665,15 @@ void ucx_peer_close(ucx_peer *p)
  * kernel sends what the socket holds when the link comes back; the peer's
  * worker executes those puts then, after it was told that the writes ended
  * (`ss` showed a UCX connection holding 70 KB through a partition, sent
- * when it healed; docs/RELIABILITY.md). So the connections to the peer's
- * TCP interfaces are reset first (net/tcpreset.h). Not found: a connection
- * the peer opened to us that UCX chose to carry our writes too (both sides
- * connecting at the same moment). */
+ * when it healed; docs/RELIABILITY.md). So the connections with the peer
+ * are reset first (net/tcpreset.h): those to where it listens, and those
+ * it opened to where we listen, which UCX uses for our writes too once the
+ * peer has an endpoint to us. */
 static void reset_tcp(ucx_peer *p)
 {
     if (p->tcp.n == 0) return;
-    int n = tcp_reset_peers(p->tcp.at, p->tcp.n);
+    tcp_ends ends = {p->tcp.at, p->tcp.n, p->c->tcp.at, p->c->tcp.n};
+    int n = tcp_reset_peer(&ends);
     if (n < 0) {
         kvcr_log(p->c->log, KVCR_LOG_ERROR,
                  "ucx peer abort: its TCP connections could not be reset (%s): bytes they "
@@ -681,7 +683,7 @@ static void reset_tcp(ucx_peer *p)
     }
     atomic_fetch_add_explicit(&p->c->tcp_resets, (uint64_t)n, memory_order_relaxed);
     if (n > 0)
-        kvcr_log(p->c->log, KVCR_LOG_INFO, "ucx peer abort: %d TCP connection(s) to it reset", n);
+        kvcr_log(p->c->log, KVCR_LOG_INFO, "ucx peer abort: %d TCP connection(s) with it reset", n);
 }
 
 void ucx_peer_abort(ucx_peer *p)

@@ -115,9 +115,9 @@ void ucx_peer_close(ucx_peer *p);
 /* Gives up on a peer that stopped answering: its endpoint is closed by
  * force, which completes every write still running on it as failed (they
  * are reported by the next ucx_progress); UCX reads none of their sources
- * after that, and the TCP connections to the peer's listening interfaces
- * are reset first, so that nothing they held reaches the peer later (see
- * ucx.c, reset_tcp). The peer is failed from then on; ucx_peer_close
+ * after that, and the process's TCP connections with the peer are reset
+ * first, so that nothing they held reaches the peer later (see ucx.c,
+ * reset_tcp). The peer is failed from then on; ucx_peer_close
  * frees it. */
 void ucx_peer_abort(ucx_peer *p);
 /* Endpoints aborted so far, and the TCP connections those aborts reset

@@ -306,6 +306,8 @@ struct remote {
     bool progress_locked;         /* the progress thread holds the lock: UCX calls made
                                    * under it (closing an endpoint) may run the sink */
     bool main_owed;               /* the polling thread is to be woken (remote_owe_main) */
+    bool ucx_fence;               /* a pull ended without its write: UCX runs again before
+                                   * the polling thread hears of it (target.c, finish) */
     uint64_t last_turn_ns;
 
     char endpoint[CTL_MAX_ENDPOINT + 1];

@@ -576,6 +576,10 @@ static void *progress_main(void *arg)
         r->progress_locked = true;
         ctl_cork(r->ctl); /* what this turn sends a peer leaves in one write */
         busy |= turn_locked(r, &next_ns);
+        if (r->ucx_fence) { /* under the lock: the polling thread waits for it */
+            r->ucx_fence = false;
+            busy |= ucx_progress(r->ucx) > 0;
+        }
         swrite *posts = source_take_posts(r);
         ctl_uncork(r->ctl); /* before endpoints are made: they may take a while */
         wake_main_owed(r);

@@ -216,8 +216,13 @@ static void owe_main(remote *r, pull *p, uint8_t flag)
     remote_owe_main(r);
 }
 
+/* A pull that ends without its write may still have its source's bytes
+ * unread in our UCX (a socket's receive queue, a shared-memory FIFO) when
+ * we were stopped and the answer came first: the progress thread runs UCX
+ * once more before the polling thread can reuse the blocks (ucx_fence). */
 static void finish(remote *r, pull *p, bool success, kvcr_reason why)
 {
+    if (!success) r->ucx_fence = true;
     p->state = PULL_FINISHED;
     p->success = success;
     p->fail_reason = (uint8_t)why;

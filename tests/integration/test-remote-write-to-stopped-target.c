@@ -112,10 +112,13 @@ static void source_start(rig *r)
     for (uint32_t i = 0; i < KEYS; i++) rig_pattern(r, i, i);
 }
 
-static void target_spawn(peer *t, const char *agent)
+/* serves: the target also answers pins from its framework blocks, so that
+ * this process can pull from it. */
+static void target_spawn(peer *t, const char *agent, bool serves)
 {
     peer_opts o;
     peer_opts_init(&o);
+    o.pins = serves;
     o.block_size = BS;
     o.slots = 0; /* delivers into framework memory */
     o.fw_n = KEYS;
@@ -173,14 +176,28 @@ static void stop_mid_write(rig *r, peer *t)
     answer_pins(r);
 }
 
-static void test_writes_to_a_stopped_target_end_at_the_abandon_deadline(void **state)
+/* This process pulls k0 from the target into its block 0 (the same bytes),
+ * so that the target's endpoint to us exists first: UCX then carries our
+ * writes to the target on the connection the target opened (one TCP
+ * connection for both directions), whose peer is the target's ephemeral
+ * port, not where it listens. */
+static void pull_from_target_first(rig *r, const peer *t)
 {
-    (void)state;
+    peer_hint_range(r, "first", t->endpoint, 0, 1);
+    kvcr_entry_status st[1];
+    assert_int_equal(rig_wait(r, peer_deliver_range(r, 0, 1, 0, "first"), st, NULL, NULL), 1);
+    assert_int_equal(st[0], KVCR_ENTRY_SUCCESS);
+    assert_true(rig_has_pattern(r, r->fw, 0));
+}
+
+static void writes_to_a_stopped_target(bool target_connected_first)
+{
     g_uncertain = g_quiesced = g_stalled = 0;
     rig r;
     source_start(&r);
     peer t;
-    target_spawn(&t, "stopped");
+    target_spawn(&t, "stopped", target_connected_first);
+    if (target_connected_first) pull_from_target_first(&r, &t);
     stop_mid_write(&r, &t);
     rig_pump(&r);
     assert_true(in_flight(&r) >= 1);
@@ -206,7 +223,7 @@ static void test_writes_to_a_stopped_target_end_at_the_abandon_deadline(void **s
      * a block per operation, so that each fits the deadline even under
      * valgrind */
     peer u;
-    target_spawn(&u, "next");
+    target_spawn(&u, "next", false);
     peer_pull p = all_keys(&r, 1);
     peer_pull_start(&u, &p);
     peer_pull_stats st = {0};
@@ -222,6 +239,20 @@ static void test_writes_to_a_stopped_target_end_at_the_abandon_deadline(void **s
     assert_int_equal(st.bad_bytes, 0);
     peer_stop(&u);
     rig_stop(&r);
+}
+
+static void test_writes_to_a_stopped_target_end_at_the_abandon_deadline(void **state)
+{
+    (void)state;
+    writes_to_a_stopped_target(false);
+}
+
+/* The same when the connection carrying the writes is one the target
+ * opened: the abort must find it too. */
+static void test_writes_on_the_targets_own_connection_are_reset_too(void **state)
+{
+    (void)state;
+    writes_to_a_stopped_target(true);
 }
 
 static int kill_stopped(void **state)
@@ -241,6 +272,8 @@ int main(void)
     setenv("UCX_TLS", "tcp", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_writes_to_a_stopped_target_end_at_the_abandon_deadline,
+                                  kill_stopped),
+        cmocka_unit_test_teardown(test_writes_on_the_targets_own_connection_are_reset_too,
                                   kill_stopped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
