@@ -1291,8 +1291,8 @@ static int netns_run(bench_out *o, bool quick)
     int rounds = quick ? 2 : 8;
     job big = {NULL, 2 * MIB, set / (2 * MIB), quick ? 2 : 16, rounds};
     job small = {NULL, 16 * 1024, set / (16 * 1024), 256, rounds};
-    double tcp = tcp_pair(&big).gbs, raw = 0;
-    const char *raw_best = "UCX's";
+    double tcp = tcp_pair(&big).gbs, best = 0;
+    job raw_job = big;
     for (size_t k = 0; k < sizeof g_raw_segs / sizeof *g_raw_segs; k++) {
         job r = big;
         r.seg = g_raw_segs[k];
@@ -1300,9 +1300,25 @@ static int netns_run(bench_out *o, bool quick)
         if (!o->json)
             fprintf(stderr, "  raw UCX, TCP segments %s: %.2f GB/s\n",
                     r.seg ? r.seg : "UCX's (8k,64k)", v);
-        if (v > raw) raw = v, raw_best = r.seg ? r.seg : "UCX's";
+        if (v > best) best = v, raw_job = r;
     }
-    double kv = kvcr_pair(&big).gbs, kv16 = kvcr_pair(&small).gbs;
+    /* The best of several single runs is that configuration's luckiest
+     * run: it is measured again, alternating with ours, and each side's
+     * median is its figure. */
+    enum { PAIRS_2M = 3 };
+    double raws[PAIRS_2M], kvs[PAIRS_2M];
+    int pairs = quick ? 1 : PAIRS_2M;
+    for (int p = 0; p < pairs; p++) {
+        kvs[p] = kvcr_pair(&big).gbs;
+        raws[p] = raw_pair(&raw_job);
+    }
+    qsort(kvs, (size_t)pairs, sizeof *kvs, cmp_double);
+    qsort(raws, (size_t)pairs, sizeof *raws, cmp_double);
+    double kv = kvs[pairs / 2], raw = raws[pairs / 2], kv16 = kvcr_pair(&small).gbs;
+    if (!o->json)
+        fprintf(stderr, "  %d alternated runs: ours %.2f-%.2f GB/s, raw UCX (segments %s) %.2f-%.2f\n",
+                pairs, kvs[0], kvs[pairs - 1], raw_job.seg ? raw_job.seg : "UCX's", raws[0],
+                raws[pairs - 1]);
     char g[64];
     bench_report(o, &(bench_figure){.name = "netns_2m", .value = kv, .unit = "GB/s",
                                     .baseline = "tcp", .baseline_value = tcp,
@@ -1324,7 +1340,6 @@ static int netns_run(bench_out *o, bool quick)
                                     .baseline = "netns_2m", .baseline_value = kv,
                                     .goal = goal(g, sizeof g, quick, ">= 0.5x",
                                                  kv16 >= 0.5 * kv)});
-    if (!o->json) fprintf(stderr, "  best raw UCX: TCP segments %s\n", raw_best);
     netrig_down(g_rig);
     g_rig = NULL;
     netns_rtts(o, quick);
