@@ -25,9 +25,9 @@
  * on host 1. Children there are this program again (--netns-child, with the
  * role, the job and their pipe descriptors as arguments), since the rig
  * starts programs, not functions. Baselines of the same run: a plain TCP
- * stream (a socket loop, blocking sends and MSG_WAITALL receives), the best
- * of several raw UCX configurations (UCX's TCP segment sizes and larger
- * ones), and pipelined Redis GETs from a redis-server on host 0. Without
+ * stream (a socket loop, blocking sends and MSG_WAITALL receives), raw UCX
+ * in the best of several configurations (then run alternating with ours),
+ * and pipelined Redis GETs from a redis-server on host 0. Without
  * root (or without the rig's tools) it says why and prints no figures. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -119,9 +119,8 @@ static const char *size_name(const job *j)
 
 /* ---- pipes ----------------------------------------------------------------- */
 
-/* Messages are a u32 length and that many bytes. */
-/* One write for the length and the bytes (as far as the pipe allows), so
- * a reader never sees a message's length without its bytes. */
+/* Messages are a u32 length and that many bytes, in one write (as far as
+ * the pipe allows): a reader never sees a length without its bytes. */
 static bool msg_send(int fd, const void *buf, uint32_t len)
 {
     uint8_t small[4 + 256];
@@ -708,6 +707,13 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* v[0..n) sorted, and its median. */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
 /* Each round: a hint for a fresh request id naming every block at the
  * source (untimed: the router's hint precedes the engine's request), then
  * the set delivered batch by batch into framework memory, timed from the
@@ -759,8 +765,7 @@ static void kv_target(const job *j, int in, int out)
     check_dest(s.fw, j, shift, s.who);
     free(json);
     pair_result res = {best, shift, times[0], 0};
-    qsort(times, (size_t)r, sizeof *times, cmp_double);
-    res.median_s = times[r / 2];
+    res.median_s = median(times, r);
     free(times);
     up_send(out, &res, sizeof res, s.who);
     /* The source closes first, while this instance still answers it: a
@@ -932,12 +937,6 @@ static void redis_server_stop(void)
     g_redis_log[0] = '\0';
 }
 
-static void redis_stop(redisContext *c)
-{
-    redisFree(c);
-    redis_server_stop();
-}
-
 static int redis_key(char *buf, const job *j, size_t i)
 {
     return snprintf(buf, 32, "%s:%zu", j->block >= MIB ? "b2m" : "b16k", i);
@@ -1076,8 +1075,7 @@ static void tcp_sink(const job *j, int in, int out)
     check_dest(dst, j, shift, who);
     free(dst);
     pair_result res = {best, shift, times[0], 0};
-    qsort(times, (size_t)r, sizeof *times, cmp_double);
-    res.median_s = times[r / 2];
+    res.median_s = median(times, r);
     free(times);
     up_send(out, &res, sizeof res, who);
 }
@@ -1229,7 +1227,12 @@ static int netns_child(int argc, char **argv)
  * own TCP segment sizes, KVCR's, and larger ones. */
 static const char *const g_raw_segs[] = {NULL, KVCR_TCP_SEGS, "1m,2m"};
 
-static const char *goal(char *buf, size_t cap, bool quick, const char *what, bool met);
+static const char *goal(char *buf, size_t cap, bool quick, const char *what, bool met)
+{
+    if (quick) return NULL; /* goals are set for the full sizes */
+    snprintf(buf, cap, "%s: %s", what, met ? "met" : "MISSED");
+    return buf;
+}
 
 /* --netns with 1 ms each way (the rig's delaying forwarder): one 4 KiB
  * block per deliver, in round trips of the same link measured in the same
@@ -1257,11 +1260,8 @@ static void netns_rtts(bench_out *o, bool quick)
         pair_result k = kvcr_pair(&one);
         med[p] = k.median_s, first[p] = k.first_s, ahead[p] = kvcr_pair(&hinted).first_s;
     }
-    qsort(med, (size_t)pairs, sizeof *med, cmp_double);
-    qsort(first, (size_t)pairs, sizeof *first, cmp_double);
-    qsort(ahead, (size_t)pairs, sizeof *ahead, cmp_double);
-    double known = med[pairs / 2] / rtt, fresh = first[pairs / 2] / rtt;
-    double lead = ahead[pairs / 2] / rtt;
+    double known = median(med, pairs) / rtt, fresh = median(first, pairs) / rtt;
+    double lead = median(ahead, pairs) / rtt;
     if (!o->json) fprintf(stderr, "  round trip (1-byte TCP ping-pong): %.0f us\n", rtt * 1e6);
     bench_report(o, &(bench_figure){.name = "netns_1block_rtts", .value = known, .unit = "rtt",
                                     .goal = goal(g, sizeof g, quick, "<= 1.3", known <= 1.3)});
@@ -1302,23 +1302,16 @@ static int netns_run(bench_out *o, bool quick)
                     r.seg ? r.seg : "UCX's (8k,64k)", v);
         if (v > best) best = v, raw_job = r;
     }
-    /* The best of several single runs is that configuration's luckiest
-     * run: it is measured again, alternating with ours, and each side's
-     * median is its figure. */
+    /* The best single run is that configuration's luckiest: it runs again,
+     * alternating with ours, and each side's median is its figure. */
     enum { PAIRS_2M = 3 };
     double raws[PAIRS_2M], kvs[PAIRS_2M];
     int pairs = quick ? 1 : PAIRS_2M;
     for (int p = 0; p < pairs; p++) {
-        kvs[p] = kvcr_pair(&big).gbs;
-        raws[p] = raw_pair(&raw_job);
+        kvs[p] = kvcr_pair(&big).gbs, raws[p] = raw_pair(&raw_job);
+        if (!o->json) fprintf(stderr, "  ours %.2f GB/s, raw UCX %.2f\n", kvs[p], raws[p]);
     }
-    qsort(kvs, (size_t)pairs, sizeof *kvs, cmp_double);
-    qsort(raws, (size_t)pairs, sizeof *raws, cmp_double);
-    double kv = kvs[pairs / 2], raw = raws[pairs / 2], kv16 = kvcr_pair(&small).gbs;
-    if (!o->json)
-        fprintf(stderr, "  %d alternated runs: ours %.2f-%.2f GB/s, raw UCX (segments %s) %.2f-%.2f\n",
-                pairs, kvs[0], kvs[pairs - 1], raw_job.seg ? raw_job.seg : "UCX's", raws[0],
-                raws[pairs - 1]);
+    double kv = median(kvs, pairs), raw = median(raws, pairs), kv16 = kvcr_pair(&small).gbs;
     char g[64];
     bench_report(o, &(bench_figure){.name = "netns_2m", .value = kv, .unit = "GB/s",
                                     .baseline = "tcp", .baseline_value = tcp,
@@ -1351,13 +1344,6 @@ static int netns_run(bench_out *o, bool quick)
 typedef struct figures {
     double raw, kv, redis;
 } figures;
-
-static const char *goal(char *buf, size_t cap, bool quick, const char *what, bool met)
-{
-    if (quick) return NULL; /* goals are set for the full sizes */
-    snprintf(buf, cap, "%s: %s", what, met ? "met" : "MISSED");
-    return buf;
-}
 
 static void report(bench_out *o, const char *sfx, const figures *big, const figures *small,
                    bool quick)
@@ -1409,19 +1395,15 @@ static void curve_cost(bench_out *o, bool quick)
         med[0][p] = a.median_s, first[0][p] = a.first_s;
         med[1][p] = b.median_s, first[1][p] = b.first_s;
     }
-    for (int k = 0; k < 2; k++) {
-        qsort(med[k], PAIRS, sizeof med[k][0], cmp_double);
-        qsort(first[k], PAIRS, sizeof first[k][0], cmp_double);
-    }
     bench_report(o, &(bench_figure){.name = "peer_4k_deliver_curve",
-                                    .value = med[1][PAIRS / 2] * 1e6, .unit = "us",
+                                    .value = median(med[1], PAIRS) * 1e6, .unit = "us",
                                     .baseline = "plaintext",
-                                    .baseline_value = med[0][PAIRS / 2] * 1e6,
+                                    .baseline_value = median(med[0], PAIRS) * 1e6,
                                     .lower_is_better = true});
     bench_report(o, &(bench_figure){.name = "peer_4k_first_deliver_curve",
-                                    .value = first[1][PAIRS / 2] * 1e6, .unit = "us",
+                                    .value = median(first[1], PAIRS) * 1e6, .unit = "us",
                                     .baseline = "plaintext",
-                                    .baseline_value = first[0][PAIRS / 2] * 1e6,
+                                    .baseline_value = median(first[0], PAIRS) * 1e6,
                                     .lower_is_better = true});
 }
 
@@ -1501,7 +1483,8 @@ int bench_peer(int argc, char **argv)
         report(&o, sfx, &f[0], &f[1], quick);
     }
 #ifdef KVCR_HAVE_HIREDIS
-    redis_stop(rc);
+    redisFree(rc);
+    redis_server_stop();
 #endif
     /* One 4 KiB block per deliver to a connected peer, on the default
      * lanes, over a raw ZeroMQ round trip between two processes (medians). */
