@@ -20,8 +20,9 @@
  * address of the length ours has (device address lengths legitimately
  * differ: IPv4 and IPv6).
  *
- * On the way the walk can collect where the peer's TCP transport listens
- * (the socket addresses ucx_peer_abort resets connections to).
+ * On the way the walk can collect where the address's TCP transport
+ * listens: a peer's, and our own (ucx_peer_abort resets the connections
+ * between those, net/tcpreset.h).
  *
  * Residual risk: what is well formed but lies (the id of another shared
  * memory segment or process, another host's port, flags inside a
@@ -57,7 +58,7 @@ typedef struct ucxaddr_shape {
     unsigned n;
 } ucxaddr_shape;
 
-/* Where a peer's TCP transport listens. */
+/* Where a worker's TCP transport listens. */
 typedef struct ucxaddr_tcp {
     struct sockaddr_storage at[UCXADDR_TCP_MAX];
     unsigned n;
