@@ -1309,7 +1309,9 @@ static int netns_run(bench_out *o, bool quick)
     int pairs = quick ? 1 : PAIRS_2M;
     for (int p = 0; p < pairs; p++) {
         kvs[p] = kvcr_pair(&big).gbs, raws[p] = raw_pair(&raw_job);
-        if (!o->json) fprintf(stderr, "  ours %.2f GB/s, raw UCX %.2f\n", kvs[p], raws[p]);
+        if (!o->json)
+            fprintf(stderr, "  ours %.2f GB/s, raw UCX (segments %s) %.2f\n", kvs[p],
+                    raw_job.seg ? raw_job.seg : "UCX's", raws[p]);
     }
     double kv = median(kvs, pairs), raw = median(raws, pairs), kv16 = kvcr_pair(&small).gbs;
     char g[64];

@@ -42,7 +42,7 @@
 
 /* UCP_MAX_RESOURCES in UCX 1.13: more transport entries is not an address. */
 #define UCXADDR_MAX_TLS 128
-/* TCP interfaces collected at most: one per network device the peer
+/* TCP interfaces collected at most: one per network device a worker
  * listens on; a host with more has them past this left out. */
 #define UCXADDR_TCP_MAX 8
 

@@ -12,11 +12,13 @@
  * every write of that round is posted to a stopped process.
  *
  * Pinned: at the source's abandon deadline the endpoint is closed by force,
- * its TCP connections to the target reset first (so that nothing they hold
- * reaches the target later: net/tcpreset.h), every write on it ends
+ * its TCP connections with the target reset first (so that nothing they
+ * hold reaches the target later: net/tcpreset.h), also when the connection
+ * carrying the writes is one the target opened; every write on it ends
  * (reported UNCERTAIN, then QUIESCED), nothing stays in flight; and the
- * next target is served from the same memory, bytes checked by the target. Before the force close such writes held their
- * memory until the target came back, which a killed target never does. */
+ * next target is served from the same memory, bytes checked by the target.
+ * Before the force close such writes held their memory until the target
+ * came back, which a killed target never does. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 #define _GNU_SOURCE /* accept4 */
-/* The control lane on a loopback address of its own (net/lane.h), then through the control
- * channel (ctl_open_lane): messages both ways over the dialled connection,
+/* The control lane on a loopback address of its own (net/lane.h), then
+ * through the control channel (ctl_open_lane): messages both ways over the dialled connection,
  * answers only to a name vouched for, frames split across reads, the max of
  * lane_recv, junk and oversized frames refused and counted, the send queue's
  * bound, corking, forgetting, and endpoints with "#lane=". Every wait is bounded. */
@@ -28,7 +28,6 @@
  * count as refusals here. The control channel's tests keep HOST. */
 static char lane_host[32];
 static in_addr_t lane_addr;
-#define LANE_HOST lane_host
 #define MAX_MESSAGE 4096
 #define WAIT_MS 5000
 
@@ -80,7 +79,7 @@ static lane *open_lane(const char *name)
 {
     lane *l = NULL;
     lane_hooks hooks = {vouch_good, on_refused, NULL};
-    assert_int_equal(lane_open(LANE_HOST, MAX_MESSAGE, &hooks, NULL, &l), 0);
+    assert_int_equal(lane_open(lane_host, MAX_MESSAGE, &hooks, NULL, &l), 0);
     assert_int_equal(lane_set_name(l, name), 0);
     return l;
 }
@@ -134,7 +133,7 @@ static uint16_t dead_port(in_addr_t addr)
     return ntohs(a.sin_port);
 }
 
-/* A listener on LANE_HOST (backlog as given) that the test never accepts from
+/* A listener on lane_host (backlog as given) that the test never accepts from
  * unless it says so; *port gets its port. */
 static int quiet_listener(int backlog, uint16_t *port)
 {
@@ -170,7 +169,7 @@ static void test_answers_come_back_over_the_dialled_connection(void **state)
     for (int i = 0; i < 3; i++) {
         char msg[16];
         int n = snprintf(msg, sizeof msg, "ask-%d", i);
-        assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), msg, (size_t)n), 0);
+        assert_int_equal(lane_send(a, "b", lane_host, lane_port(b), msg, (size_t)n), 0);
     }
     assert_true(lane_has(a, "b"));
     pump(both, in, 3, 64, WAIT_MS);
@@ -181,7 +180,7 @@ static void test_answers_come_back_over_the_dialled_connection(void **state)
         assert_memory_equal(in->data[i], msg, (size_t)n);
     }
     assert_true(lane_has(b, "good-a")); /* vouched: b answers over it */
-    assert_int_equal(lane_send(b, "good-a", LANE_HOST, nowhere, "answer", 6), 0);
+    assert_int_equal(lane_send(b, "good-a", lane_host, nowhere, "answer", 6), 0);
     pump(both, in, 4, 64, WAIT_MS);
     assert_int_equal(in->lens[3], 6);
     assert_memory_equal(in->data[3], "answer", 6);
@@ -197,14 +196,14 @@ static void test_a_name_not_vouched_for_gets_no_answers_over_its_connection(void
     lane *a = open_lane("claimed-a"), *b = open_lane("b");
     lane *both[] = {a, b, NULL};
     inbox *in = calloc(1, sizeof *in);
-    assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), "hello", 5), 0);
+    assert_int_equal(lane_send(a, "b", lane_host, lane_port(b), "hello", 5), 0);
     pump(both, in, 1, 64, WAIT_MS); /* its messages still arrive */
     assert_false(lane_has(b, "claimed-a"));
     /* b dials the name's own address instead: nothing listens there, and
      * the answer comes back to b, refused, never to a. */
     uint16_t nowhere = dead_port(lane_addr);
     refused.n = 0;
-    assert_int_equal(lane_send(b, "claimed-a", LANE_HOST, nowhere, "answer", 6), 0);
+    assert_int_equal(lane_send(b, "claimed-a", lane_host, nowhere, "answer", 6), 0);
     turn_for(both, in, 300);
     assert_int_equal(in->n, 1);
     assert_int_equal(refused.n, 1);
@@ -251,7 +250,7 @@ static void test_recv_hands_over_at_most_max(void **state)
     lane *a = open_lane("good-a"), *b = open_lane("b");
     inbox *in = calloc(1, sizeof *in);
     for (int i = 0; i < 10; i++)
-        assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), &i, sizeof i), 0);
+        assert_int_equal(lane_send(a, "b", lane_host, lane_port(b), &i, sizeof i), 0);
     uint64_t deadline = now_ms() + WAIT_MS;
     while (in->n < 10 && now_ms() < deadline) {
         lane_recv(a, 64, collect, in);
@@ -313,7 +312,7 @@ static void test_junk_is_refused_and_counted(void **state)
     turn_for(both, in, 50);
     assert_int_equal(taken(b), 0);
     assert_int_equal(in->n, 0);
-    assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), "real", 4), 0);
+    assert_int_equal(lane_send(a, "b", lane_host, lane_port(b), "real", 4), 0);
     pump(both, in, 1, 64, WAIT_MS);
     assert_memory_equal(in->data[0], "real", 4);
     lane_close(a);
@@ -334,7 +333,7 @@ static void test_the_send_queue_is_bounded(void **state)
     size_t sent = 0;
     uint64_t t0 = now_ms();
     for (; sent < 4 * (LANE_TXQ_MAX / MAX_MESSAGE) && rc == 0; sent++)
-        rc = lane_send(a, "sink", LANE_HOST, port, msg, sizeof msg);
+        rc = lane_send(a, "sink", lane_host, port, msg, sizeof msg);
     assert_int_equal(rc, KVCR_ESYS);
     assert_non_null(strstr(kvcr_last_error(), "queue full"));
     /* it held them all, after the hello */
@@ -365,7 +364,7 @@ static void test_an_unanswered_dial_is_made_again_with_its_queue(void **state)
     lane *a = open_lane("good-a");
     lane *one[] = {a, NULL};
     inbox *in = calloc(1, sizeof *in);
-    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "kept", 4), 0);
+    assert_int_equal(lane_send(a, "sink", lane_host, port, "kept", 4), 0);
     turn_for(one, in, LANE_CONNECT_MS + 300); /* one dial given up and made again */
     assert_true(lane_has(a, "sink"));
     /* Room: accept everything (fillers and the lane's connection) until one
@@ -398,18 +397,18 @@ static void test_forget_closes_and_the_next_send_dials_again(void **state)
     lane *a = open_lane("good-a"), *b = open_lane("b");
     lane *both[] = {a, b, NULL};
     inbox *in = calloc(1, sizeof *in);
-    assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), "one", 3), 0);
+    assert_int_equal(lane_send(a, "b", lane_host, lane_port(b), "one", 3), 0);
     pump(both, in, 1, 64, WAIT_MS);
     lane_forget(a, "b");
     assert_false(lane_has(a, "b"));
-    assert_int_equal(lane_send(a, "b", LANE_HOST, lane_port(b), "two", 3), 0);
+    assert_int_equal(lane_send(a, "b", lane_host, lane_port(b), "two", 3), 0);
     pump(both, in, 2, 64, WAIT_MS);
     assert_memory_equal(in->data[1], "two", 3);
     /* a dial to nothing ends closed, its messages handed back in order */
     refused.n = 0;
     uint16_t nowhere = dead_port(lane_addr);
-    assert_int_equal(lane_send(a, "gone", LANE_HOST, nowhere, "x1", 2), 0);
-    if (refused.n == 0) assert_int_equal(lane_send(a, "gone", LANE_HOST, nowhere, "x2", 2), 0);
+    assert_int_equal(lane_send(a, "gone", lane_host, nowhere, "x1", 2), 0);
+    if (refused.n == 0) assert_int_equal(lane_send(a, "gone", lane_host, nowhere, "x2", 2), 0);
     turn_for(both, in, 200);
     assert_false(lane_has(a, "gone"));
     assert_true(refused.n >= 1 && refused.n <= 2);
@@ -447,7 +446,7 @@ static void test_corked_messages_wait_for_the_uncork(void **state)
     lane *a = open_lane("good-a");
     lane *one[] = {a, NULL};
     inbox *in = calloc(1, sizeof *in);
-    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "m1", 2), 0);
+    assert_int_equal(lane_send(a, "sink", lane_host, port, "m1", 2), 0);
     int fd = -1;
     for (uint64_t deadline = now_ms() + WAIT_MS; fd < 0 && now_ms() < deadline;) {
         turn_for(one, in, 5);
@@ -459,8 +458,8 @@ static void test_corked_messages_wait_for_the_uncork(void **state)
     assert_memory_equal(got, "\0\0\0\6good-a\0\0\0\2m1", 16);
 
     lane_cork(a);
-    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "m2", 2), 0);
-    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "m3", 2), 0);
+    assert_int_equal(lane_send(a, "sink", lane_host, port, "m2", 2), 0);
+    assert_int_equal(lane_send(a, "sink", lane_host, port, "m3", 2), 0);
     turn_for(one, in, 100);
     assert_int_equal(recv(fd, got, sizeof got, MSG_DONTWAIT), -1);
     assert_int_equal(errno, EAGAIN);
@@ -469,7 +468,7 @@ static void test_corked_messages_wait_for_the_uncork(void **state)
     assert_memory_equal(got, "\0\0\0\2m2\0\0\0\2m3", 12);
 
     lane_cork(a);
-    assert_int_equal(lane_send(a, "sink", LANE_HOST, port, "m4", 2), 0);
+    assert_int_equal(lane_send(a, "sink", lane_host, port, "m4", 2), 0);
     lane_forget(a, "sink");
     lane_uncork(a);
     assert_int_equal(read_within(one, in, fd, got, sizeof got), 0); /* closed, m4 dropped */
@@ -487,11 +486,11 @@ static void test_bad_arguments_change_nothing(void **state)
     lane *l = NULL;
     assert_int_equal(lane_open("localhost", MAX_MESSAGE, NULL, NULL, &l), KVCR_EINVAL);
     assert_null(l);
-    assert_int_equal(lane_open(LANE_HOST, 0, NULL, NULL, &l), KVCR_EINVAL);
+    assert_int_equal(lane_open(lane_host, 0, NULL, NULL, &l), KVCR_EINVAL);
     l = open_lane("good-a");
     assert_int_equal(lane_set_name(l, "has space"), KVCR_EINVAL);
-    assert_int_equal(lane_send(l, "b", LANE_HOST, 1, "x", 0), KVCR_EINVAL);
-    assert_int_equal(lane_send(l, "b", LANE_HOST, 1, "x", MAX_MESSAGE + 1), KVCR_EINVAL);
+    assert_int_equal(lane_send(l, "b", lane_host, 1, "x", 0), KVCR_EINVAL);
+    assert_int_equal(lane_send(l, "b", lane_host, 1, "x", MAX_MESSAGE + 1), KVCR_EINVAL);
     assert_int_equal(lane_send(l, "b", "not-an-ip", 1, "x", 1), KVCR_EINVAL);
     assert_false(lane_has(l, "b"));
     const uint8_t *p;
