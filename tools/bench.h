@@ -31,6 +31,9 @@ typedef struct bench_figure {
 void *bench_xalloc(size_t size);
 /* 10^9 bytes per second. */
 double bench_gbs(uint64_t bytes, double seconds);
+/* Sorts v[0..n) ascending (n > 0) and returns its middle value, the upper
+ * of the two middle ones when n is even. */
+double bench_median(double *v, size_t n);
 /* A block's bytes from its seed, the same in every process, and the check. */
 void bench_fill_block(uint8_t *p, size_t len, uint64_t seed);
 bool bench_has_block(const uint8_t *p, size_t len, uint64_t seed);

@@ -467,19 +467,13 @@ static void sample_add(samples *s, double v)
     if (s->n < MAX_REPS) s->v[s->n++] = v;
 }
 
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(const samples *s)
 {
     if (s->n == 0) return 0;
     double v[MAX_REPS];
     memcpy(v, s->v, (size_t)s->n * sizeof *v);
-    qsort(v, (size_t)s->n, sizeof *v, by_value);
-    return s->n % 2 ? v[s->n / 2] : (v[s->n / 2 - 1] + v[s->n / 2]) / 2;
+    double upper = bench_median(v, (size_t)s->n); /* sorts v */
+    return s->n % 2 ? upper : (v[s->n / 2 - 1] + upper) / 2;
 }
 
 typedef struct bw_figures {

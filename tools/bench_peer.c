@@ -701,19 +701,6 @@ static void kv_source(const job *j, int in, int out)
     kv_stop(&s);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* v[0..n) sorted, and its median. */
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
 /* Each round: a hint for a fresh request id naming every block at the
  * source (untimed: the router's hint precedes the engine's request), then
  * the set delivered batch by batch into framework memory, timed from the
@@ -765,7 +752,7 @@ static void kv_target(const job *j, int in, int out)
     check_dest(s.fw, j, shift, s.who);
     free(json);
     pair_result res = {best, shift, times[0], 0};
-    res.median_s = median(times, r);
+    res.median_s = bench_median(times, (size_t)r);
     free(times);
     up_send(out, &res, sizeof res, s.who);
     /* The source closes first, while this instance still answers it: a
@@ -1075,7 +1062,7 @@ static void tcp_sink(const job *j, int in, int out)
     check_dest(dst, j, shift, who);
     free(dst);
     pair_result res = {best, shift, times[0], 0};
-    res.median_s = median(times, r);
+    res.median_s = bench_median(times, (size_t)r);
     free(times);
     up_send(out, &res, sizeof res, who);
 }
@@ -1255,13 +1242,13 @@ static void netns_rtts(bench_out *o, bool quick)
     enum { PAIRS = 3 };
     job hinted = {NULL, 4096, 1, 1, 1, NULL, NULL, (uint32_t)(20 * rtt * 1e6)};
     double med[PAIRS], first[PAIRS], ahead[PAIRS];
-    int pairs = quick ? 1 : PAIRS;
-    for (int p = 0; p < pairs; p++) {
+    size_t pairs = quick ? 1 : PAIRS;
+    for (size_t p = 0; p < pairs; p++) {
         pair_result k = kvcr_pair(&one);
         med[p] = k.median_s, first[p] = k.first_s, ahead[p] = kvcr_pair(&hinted).first_s;
     }
-    double known = median(med, pairs) / rtt, fresh = median(first, pairs) / rtt;
-    double lead = median(ahead, pairs) / rtt;
+    double known = bench_median(med, pairs) / rtt, fresh = bench_median(first, pairs) / rtt;
+    double lead = bench_median(ahead, pairs) / rtt;
     if (!o->json) fprintf(stderr, "  round trip (1-byte TCP ping-pong): %.0f us\n", rtt * 1e6);
     bench_report(o, &(bench_figure){.name = "netns_1block_rtts", .value = known, .unit = "rtt",
                                     .goal = goal(g, sizeof g, quick, "<= 1.3", known <= 1.3)});
@@ -1306,14 +1293,15 @@ static int netns_run(bench_out *o, bool quick)
      * alternating with ours, and each side's median is its figure. */
     enum { PAIRS_2M = 3 };
     double raws[PAIRS_2M], kvs[PAIRS_2M];
-    int pairs = quick ? 1 : PAIRS_2M;
-    for (int p = 0; p < pairs; p++) {
+    size_t pairs = quick ? 1 : PAIRS_2M;
+    for (size_t p = 0; p < pairs; p++) {
         kvs[p] = kvcr_pair(&big).gbs, raws[p] = raw_pair(&raw_job);
         if (!o->json)
             fprintf(stderr, "  ours %.2f GB/s, raw UCX (segments %s) %.2f\n", kvs[p],
                     raw_job.seg ? raw_job.seg : "UCX's", raws[p]);
     }
-    double kv = median(kvs, pairs), raw = median(raws, pairs), kv16 = kvcr_pair(&small).gbs;
+    double kv = bench_median(kvs, pairs), raw = bench_median(raws, pairs);
+    double kv16 = kvcr_pair(&small).gbs;
     char g[64];
     bench_report(o, &(bench_figure){.name = "netns_2m", .value = kv, .unit = "GB/s",
                                     .baseline = "tcp", .baseline_value = tcp,
@@ -1398,14 +1386,14 @@ static void curve_cost(bench_out *o, bool quick)
         med[1][p] = b.median_s, first[1][p] = b.first_s;
     }
     bench_report(o, &(bench_figure){.name = "peer_4k_deliver_curve",
-                                    .value = median(med[1], PAIRS) * 1e6, .unit = "us",
+                                    .value = bench_median(med[1], PAIRS) * 1e6, .unit = "us",
                                     .baseline = "plaintext",
-                                    .baseline_value = median(med[0], PAIRS) * 1e6,
+                                    .baseline_value = bench_median(med[0], PAIRS) * 1e6,
                                     .lower_is_better = true});
     bench_report(o, &(bench_figure){.name = "peer_4k_first_deliver_curve",
-                                    .value = median(first[1], PAIRS) * 1e6, .unit = "us",
+                                    .value = bench_median(first[1], PAIRS) * 1e6, .unit = "us",
                                     .baseline = "plaintext",
-                                    .baseline_value = median(first[0], PAIRS) * 1e6,
+                                    .baseline_value = bench_median(first[0], PAIRS) * 1e6,
                                     .lower_is_better = true});
 }
 

@@ -20,12 +20,6 @@
 #define ZRT_TIMEOUT_MS 5000 /* every receive bounded: a stuck peer fails the bench */
 #define ZRT_MSG 64
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* A PULL socket bound on 127.0.0.1 (any port) and a PUSH socket, both
  * with bounded receives and no linger; the bound endpoint in ep. */
 static void zrt_sockets(void *ctx, void **pull, void **push, char *ep, size_t cap)
@@ -115,8 +109,7 @@ double bench_zmq_round_trip_s(int rounds)
     int status = 0;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         bench_fail("raw ZeroMQ: the echo process failed (status %d)", status);
-    qsort(t, (size_t)rounds, sizeof *t, cmp_double);
-    double median = t[rounds / 2];
+    double median = bench_median(t, (size_t)rounds);
     free(t);
     return median;
 }

@@ -31,6 +31,18 @@ double bench_gbs(uint64_t bytes, double seconds)
     return (double)bytes / seconds / 1e9;
 }
 
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_median(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, by_value);
+    return v[n / 2];
+}
+
 void bench_fill_block(uint8_t *p, size_t len, uint64_t seed)
 {
     uint64_t *w = (uint64_t *)p;
