@@ -13,6 +13,10 @@
  * room a real target needs.
  * A target whose route went away has its next start_write refused (no
  * metadata here) and sends it again with its metadata (remote_target.c).
+ * Metadata a target sent again (a hint's, repeated until answered) before
+ * our answer reached it may come after its route went idle and was taken:
+ * it makes the route again, which the sweep takes once idle in turn (the
+ * target stops once answered, or after EAGER_TRIES: remote_progress.c).
  * With nothing reclaimable a new target's metadata is refused: its
  * start_write with write_refused{busy} (its entries fail SOURCE_BUSY), its
  * metadata alone not acknowledged; counted as
