@@ -24,6 +24,34 @@ static void wait_running(rig *r, uint32_t n)
     assert_int_equal(kvcr__test_running_copies(r->kv), n);
 }
 
+/* Deposits (or delivers) n <= 4 keys from (or into) framework blocks at,
+ * again for the entries that failed TIMEOUT, bounded: 100 tries. With the
+ * 20 ms deadline a loaded machine (the valgrind build, tests in parallel)
+ * may not start a copy in time; a copy cancelled before it started changed
+ * nothing. Any other failure fails the test. */
+static void until_done(rig *r, bool deliver, const char *const *keys, const size_t *at, size_t n)
+{
+    const char *k[4];
+    size_t idx[4];
+    assert_true(n <= 4);
+    memcpy(k, keys, n * sizeof *k);
+    memcpy(idx, at, n * sizeof *idx);
+    for (int attempt = 0; attempt < 100 && n > 0; attempt++) {
+        kvcr_entry_status st[4];
+        kvcr_reason why[4];
+        rig_wait(r, deliver ? rig_deliver(r, k, idx, n) : rig_deposit(r, k, idx, n, 0), st, why,
+                 NULL);
+        size_t left = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (st[i] == KVCR_ENTRY_SUCCESS) continue;
+            assert_int_equal(why[i], KVCR_REASON_TIMEOUT);
+            k[left] = k[i], idx[left] = idx[i], left++;
+        }
+        n = left;
+    }
+    assert_int_equal(n, 0);
+}
+
 static void test_deposit_queued_past_its_deadline_fails_and_frees_slots(void **state)
 {
     (void)state;
@@ -38,12 +66,10 @@ static void test_deposit_queued_past_its_deadline_fails_and_frees_slots(void **s
     rig_wait_all_failed(&r, op, 2, KVCR_REASON_TIMEOUT);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_MISS);
     kvcr__test_copy_gate(r.kv, KVCR_TEST_GATE_OPEN);
-    /* All four slots are free again. */
+    /* All four slots are free again: no NO_CAPACITY, nothing evicted. */
     const char *more[] = {"c", "d", "e", "f"};
     size_t idx[] = {2, 3, 4, 5};
-    kvcr_entry_status st4[4];
-    rig_wait(&r, rig_deposit(&r, more, idx, 4, 0), st4, NULL, NULL);
-    for (int i = 0; i < 4; i++) assert_int_equal(st4[i], KVCR_ENTRY_SUCCESS);
+    until_done(&r, false, more, idx, 4);
     assert_int_equal(r.inventory_removed, 0);
     rig_stop(&r);
 }
@@ -71,8 +97,7 @@ static void test_deposit_running_at_its_deadline_completes_with_the_bytes(void *
     assert_int_equal(st, KVCR_ENTRY_SUCCESS);
     const char *d[] = {"slow"};
     size_t dst[] = {5};
-    rig_wait(&r, rig_deliver(&r, d, dst, 1), &st, NULL, NULL);
-    assert_int_equal(st, KVCR_ENTRY_SUCCESS);
+    until_done(&r, true, d, dst, 1);
     assert_true(rig_has_pattern(&r, r.fw + 5 * BS, 77));
     rig_stop(&r);
 }
