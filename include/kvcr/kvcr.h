@@ -270,7 +270,7 @@ typedef struct kvcr_kv_events_options {
     const char *endpoint;        /* ZeroMQ PUB endpoint; NULL: no events */
     const char *replay_endpoint; /* ZeroMQ ROUTER endpoint for replay; NULL: none */
     const char *topic;           /* first frame, e.g. "kv@<pod>@<model>"; default "" */
-    uint32_t dp_rank;            /* the payload's data-parallel rank; default 0 */
+    uint32_t dp_rank;            /* the payload's data-parallel rank; default 0, at most 2^31-1 */
     uint32_t buffer_batches;     /* batches kept for replay; default 10000, 1..1048576 */
     uint32_t max_batch_events;   /* events per batch; default 256, 1..65536 */
     uint32_t batch_interval_ms;  /* longest wait of an event; default 10, 1..10000 */
@@ -427,6 +427,10 @@ int kvcr_query(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_i
                kvcr_query_result *out);
 
 #define KVCR_NO_EVICT 0x1u
+/* kvcr_deposit_ex's flags and kvcr_fetch_options.flags: a hints' "tenant"
+ * naming no configured tenant refuses the call (KVCR_EINVAL) instead of
+ * giving its blocks no tenant (see kvcr_deposit_options.hints). */
+#define KVCR_STRICT_TENANT 0x2u
 
 /* Copies framework memory into KVCR DRAM. With KVCR_NO_EVICT each stored
  * entry also returns a release handle that keeps the block resident. */
@@ -461,19 +465,33 @@ typedef struct kvcr_router_block {
 
 /* Options of kvcr_deposit_ex, a struct of its own version (fields are only
  * appended, with a new version; see "ABI" above). */
-#define KVCR_DEPOSIT_OPTIONS_VERSION 1
+#define KVCR_DEPOSIT_OPTIONS_VERSION 2
 
 typedef struct kvcr_deposit_options {
     uint32_t version;                 /* KVCR_DEPOSIT_OPTIONS_VERSION */
-    unsigned flags;                   /* KVCR_NO_EVICT */
+    unsigned flags;                   /* KVCR_NO_EVICT, KVCR_STRICT_TENANT */
     const kvcr_router_block *router;  /* NULL, or one per block */
     /* The deposit's framework hints, a JSON object (kvcr/policy.h
-     * kvcr_hints: a version-2 policy's decide_ingest_hints sees them; a
-     * "tenant" member names the tenant, config.tenants, new blocks take).
-     * Checked before anything starts: strict JSON, an object, a configured
-     * tenant (KVCR_EINVAL), at most limits.max_hint_bytes (KVCR_ELIMIT). */
+     * kvcr_hints: a version-2 policy's decide_ingest_hints sees them as
+     * they are). They are the framework's: KVCR reads only a "tenant"
+     * member, and only when config.tenants are configured: a string
+     * naming a configured tenant gives the new blocks that tenant; any
+     * other value (another name, a number) gives them none, counted in
+     * the gauge hints_unknown_tenant and logged at most once a second
+     * (KVCR_STRICT_TENANT: refused instead, KVCR_EINVAL). Checked before
+     * anything starts: strict JSON, an object (KVCR_EINVAL), at most
+     * limits.max_hint_bytes (KVCR_ELIMIT). */
     const char *hints;                /* JSON text, NULL: none */
     size_t hints_len;
+    /* version 2 */
+    /* NULL, or one per block (router required): NULL, or the block's
+     * extra keys as JSON text, an array of strings, non-negative integers
+     * and arrays of them, e.g. ["salt", ["mm-hash", 0]]: vLLM's extra keys
+     * (a tuple is an array). Its BlockStored carries them packed as vLLM
+     * packs them (str, int, array), at most 64 keys, 64 per array, strings
+     * of at most 256 bytes, 4096 bytes packed. Given for a block, the
+     * block's router.extra_keys must be empty (KVCR_EINVAL). */
+    const char *const *router_extra;
 } kvcr_deposit_options;
 
 /* kvcr_deposit with options: opts->flags as kvcr_deposit's flags, and per
@@ -501,12 +519,14 @@ int kvcr_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_i
  * tenant the filled blocks take when they have none). Checked before
  * anything starts: strict JSON, an object, a tenant that is configured
  * (KVCR_EINVAL), at most limits.max_hint_bytes (KVCR_ELIMIT). */
-#define KVCR_FETCH_OPTIONS_VERSION 1
+#define KVCR_FETCH_OPTIONS_VERSION 2
 
 typedef struct kvcr_fetch_options {
     uint32_t version;  /* KVCR_FETCH_OPTIONS_VERSION */
-    const char *hints; /* JSON text, NULL: none */
+    const char *hints; /* JSON text, NULL: none (as kvcr_deposit_options.hints) */
     size_t hints_len;
+    /* version 2 */
+    unsigned flags;    /* KVCR_STRICT_TENANT */
 } kvcr_fetch_options;
 
 /* kvcr_fetch with options; opts NULL is kvcr_fetch. */

@@ -312,6 +312,11 @@ static int check_kv_events(const kvcr_config *cfg)
         {offsetof(kvcr_kv_events_options, max_queued_batches), "max_queued_batches", 1, 1u << 20},
     };
     int rc = check_u32_rules(k, "kv_events", rules, sizeof rules / sizeof rules[0]);
+    /* Dynamo decodes the payload's dp_rank as a signed 32-bit integer and
+     * refuses every batch of a larger one. */
+    if (rc == 0 && k->dp_rank > INT32_MAX)
+        rc = kvcr_fail(KVCR_EINVAL, "kv_events.dp_rank must be at most %d (Dynamo reads it as "
+                       "a signed 32-bit integer), got %u", INT32_MAX, k->dp_rank);
     if (rc == 0) rc = check_kv_string(k->endpoint, "endpoint", true, true);
     if (rc == 0) rc = check_kv_string(k->replay_endpoint, "replay_endpoint", true, true);
     if (rc == 0) rc = check_kv_string(k->topic, "topic", true, false);

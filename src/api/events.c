@@ -4,8 +4,10 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "api/router_meta.h"
+#include "net/json.h"
 #include "net/kvpub.h"
 
 #define HASHES_PER_EVENT 1024 /* a long inventory event is split into events this long */
@@ -101,13 +103,14 @@ static const char *medium_of(const kvcr_t *kv, kvcr_tier where)
  * parent, tokens, LoRA name and extra keys are its alone). */
 static void publish_described(kvpub *pub, uint64_t hash, const rmeta *m, const char *medium)
 {
-    const char *const *extra[1] = {m->extra};
-    uint32_t n_extra[1] = {m->n_extra};
+    const uint8_t *extra[1] = {m->extra};
+    uint32_t extra_len[1] = {m->extra_len};
     kvev_event ev = {.type = KVEV_STORED, .hashes = &hash, .n_hashes = 1,
                      .has_parent = m->has_parent, .parent = m->parent,
                      .tokens = m->n_tokens ? m->tokens : NULL, .n_tokens = m->n_tokens,
                      .block_size = m->block_size, .medium = medium, .lora_name = m->lora_name,
-                     .extra = m->extra ? extra : NULL, .n_extra = m->extra ? n_extra : NULL};
+                     .extra_mp = m->extra ? extra : NULL,
+                     .extra_mp_len = m->extra ? extra_len : NULL};
     kvpub_add(pub, &ev);
 }
 
@@ -157,8 +160,72 @@ void api_events_feed(kvcr_t *kv, const kvcr_inventory_event *ev)
     pthread_mutex_unlock(&e->lock);
 }
 
+/* One JSON key or tuple element: a str or a non-negative integer. */
+static const char *pack_json_scalar(msgpack_packer *pk, const json_doc *d, const json_node *v)
+{
+    if (v->type == JSON_STRING) {
+        if (v->str_len > KVEV_MAX_STR) return "an extra key's string is too long (256 bytes)";
+        if (memchr(json_str(d, v), '\0', v->str_len)) return "an extra key holds a NUL";
+        return msgpack_pack_str_with_body(pk, json_str(d, v), v->str_len) ? "out of memory" : NULL;
+    }
+    if (v->type == JSON_NUMBER && v->is_u64)
+        return msgpack_pack_uint64(pk, v->u64) ? "out of memory" : NULL;
+    return "an extra key must be a string, a non-negative integer or a list of them";
+}
+
+static const char *extra_from_json(const char *json, size_t len, uint8_t **out, size_t *out_len)
+{
+    json_doc d;
+    if (json == NULL || json_parse(json, len, &d) != 0) return "extra keys must be JSON text";
+    const json_node *root = json_root(&d);
+    const char *why = NULL;
+    if (root->type != JSON_ARRAY || root->n_children > KVEV_MAX_EXTRA)
+        why = "extra keys must be a JSON array of at most 64 keys";
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    if (why == NULL && msgpack_pack_array(&pk, root->n_children) != 0) why = "out of memory";
+    for (const json_node *k = json_child(&d, root->first_child); why == NULL && k;
+         k = json_child(&d, k->next)) {
+        if (k->type != JSON_ARRAY) {
+            why = pack_json_scalar(&pk, &d, k);
+            continue;
+        }
+        if (k->n_children > KVEV_MAX_EXTRA) why = "an extra key's list is too long (64)";
+        else if (msgpack_pack_array(&pk, k->n_children) != 0) why = "out of memory";
+        for (const json_node *v = json_child(&d, k->first_child); why == NULL && v;
+             v = json_child(&d, v->next))
+            why = pack_json_scalar(&pk, &d, v);
+    }
+    json_free(&d);
+    if (why == NULL && kvev_take_packed(&sb, out, out_len) != 0)
+        why = "extra keys take more than 4096 bytes packed";
+    if (why != NULL) msgpack_sbuffer_destroy(&sb);
+    return why;
+}
+
+int api_events_extra(const kvcr_router_block *rb, const char *extra_json, size_t i,
+                     uint8_t **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    if (extra_json != NULL) {
+        if (rb->n_extra_keys > 0)
+            return kvcr_fail(KVCR_EINVAL, "router block %zu: extra keys given twice "
+                             "(extra_keys and router_extra)", i);
+        const char *why = extra_from_json(extra_json, strlen(extra_json), out, out_len);
+        return why ? kvcr_fail(KVCR_EINVAL, "router block %zu: router_extra: %s", i, why) : 0;
+    }
+    if (rb->n_extra_keys == 0) return 0;
+    if (kvev_extra_from_strings(rb->extra_keys, rb->n_extra_keys, out, out_len) != 0)
+        return kvcr_fail(KVCR_EINVAL, "router block %zu: extra keys take more than %d bytes "
+                         "packed (or out of memory)", i, KVEV_MAX_EXTRA_BYTES);
+    return 0;
+}
+
 int api_events_remember(kvcr_t *kv, const kvcr_block *blocks, size_t n,
-                        const kvcr_router_block *rb)
+                        const kvcr_router_block *rb, const char *const *extra_json)
 {
     struct api_events *e = kv->kv_events;
     if (e == NULL || rb == NULL) return 0;
@@ -166,9 +233,13 @@ int api_events_remember(kvcr_t *kv, const kvcr_block *blocks, size_t n,
     pthread_mutex_lock(&e->lock);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         uint64_t h;
-        if (kv->conf.cb.key_hash(kv->conf.cb.ud, &blocks[i].key, &h) == 0 &&
-            rmeta_put(&e->meta, h, &rb[i]) != 0)
+        if (kv->conf.cb.key_hash(kv->conf.cb.ud, &blocks[i].key, &h) != 0) continue;
+        uint8_t *extra;
+        size_t extra_len;
+        rc = api_events_extra(&rb[i], extra_json ? extra_json[i] : NULL, i, &extra, &extra_len);
+        if (rc == 0 && rmeta_put(&e->meta, h, &rb[i], extra, extra_len) != 0)
             rc = kvcr_fail(KVCR_ENOMEM, "out of memory keeping blocks' router metadata");
+        free(extra);
     }
     pthread_mutex_unlock(&e->lock);
     if (rc != 0) api_events_forget(kv, blocks, n, rb);

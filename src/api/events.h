@@ -37,11 +37,19 @@ int api_events_start(kvcr_t *kv, const api_events_stream *st);
  * tier's medium. No-op when off or stopped. */
 void api_events_feed(kvcr_t *kv, const kvcr_inventory_event *ev);
 
+/* No state: block i's extra keys packed as its BlockStored carries them
+ * (*out: free() it; NULL: none), from extra_json (kvcr_deposit_options.
+ * router_extra[i], NULL: none) or else rb's strings. 0, or KVCR_EINVAL
+ * naming block i and the rule broken. */
+int api_events_extra(const kvcr_router_block *rb, const char *extra_json, size_t i,
+                     uint8_t **out, size_t *out_len);
+
 /* kvcr_deposit_ex: keeps what the deposit says of its blocks (rb: one
- * per block, or NULL) for their BlockStored, by router hash, before the
- * deposit starts. 0, or KVCR_ENOMEM (nothing kept). No-op when off. */
+ * per block, or NULL; extra_json: router_extra, or NULL) for their
+ * BlockStored, by router hash, before the deposit starts. 0, or
+ * KVCR_ENOMEM / KVCR_EINVAL (nothing kept). No-op when off. */
 int api_events_remember(kvcr_t *kv, const kvcr_block *blocks, size_t n,
-                        const kvcr_router_block *rb);
+                        const kvcr_router_block *rb, const char *const *extra_json);
 /* The deposit was refused: what remember kept for it goes. */
 void api_events_forget(kvcr_t *kv, const kvcr_block *blocks, size_t n,
                        const kvcr_router_block *rb);

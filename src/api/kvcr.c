@@ -504,14 +504,21 @@ KVCR_API int kvcr_deposit_ex(kvcr_t *kv, const kvcr_block *blocks, size_t n,
                          "version 1 to %d (set .version = KVCR_DEPOSIT_OPTIONS_VERSION)",
                          opts->version, KVCR_VERSION_STRING, KVCR_DEPOSIT_OPTIONS_VERSION);
     const kvcr_router_block *rb = opts->router;
+    const char *const *extra = opts->version >= 2 ? opts->router_extra : NULL;
+    if (extra != NULL && rb == NULL)
+        return kvcr_fail(KVCR_EINVAL, "kvcr_deposit_ex: router_extra needs router");
     for (size_t i = 0; rb != NULL && i < n; i++) {
         int rc = check_router_block(&rb[i], i);
+        uint8_t *packed = NULL; /* checked here, so that a refusal does not need events on */
+        size_t len;
+        if (rc == 0) rc = api_events_extra(&rb[i], extra ? extra[i] : NULL, i, &packed, &len);
+        free(packed);
         if (rc != 0) return rc;
     }
     if (n > 0 && blocks == NULL)
         return ops_deposit(kv, blocks, n, opts->flags, opts->hints, opts->hints_len, op);
     /* Kept before the deposit starts: its commit may be polled at once. */
-    int rc = api_events_remember(kv, blocks, n, rb);
+    int rc = api_events_remember(kv, blocks, n, rb, extra);
     if (rc != 0) return rc;
     rc = ops_deposit(kv, blocks, n, opts->flags, opts->hints, opts->hints_len, op);
     if (rc != 0) api_events_forget(kv, blocks, n, rb);
@@ -530,7 +537,7 @@ KVCR_API int kvcr_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *
                         kvcr_op_handle *op)
 {
     GUARD(kv);
-    return ops_fetch(kv, keys, n, request_id, expected_layout, layout_len, NULL, 0, op);
+    return ops_fetch(kv, keys, n, request_id, expected_layout, layout_len, NULL, 0, 0, op);
 }
 
 KVCR_API int kvcr_fetch_ex(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
@@ -543,7 +550,8 @@ KVCR_API int kvcr_fetch_ex(kvcr_t *kv, const kvcr_key *keys, size_t n, const cha
                          "version 1 to %d (set .version = KVCR_FETCH_OPTIONS_VERSION)",
                          opts->version, KVCR_VERSION_STRING, KVCR_FETCH_OPTIONS_VERSION);
     return ops_fetch(kv, keys, n, request_id, expected_layout, layout_len,
-                     opts ? opts->hints : NULL, opts ? opts->hints_len : 0, op);
+                     opts ? opts->hints : NULL, opts ? opts->hints_len : 0,
+                     opts && opts->version >= 2 ? opts->flags : 0, op);
 }
 
 KVCR_API int kvcr_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n,

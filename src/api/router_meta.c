@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "net/kvev.h"
 #include "util/bytes.h"
 
 void rmeta_init(rmeta_map *m, size_t max_pending)
@@ -92,15 +93,14 @@ static void drop(rmeta_map *m, rmeta *e)
     free(e);
 }
 
-/* One allocation: the entry, its tokens, the extra keys' pointers, then
- * the strings. */
-static rmeta *make(uint64_t hash, const kvcr_router_block *rb)
+/* One allocation: the entry, its tokens, the LoRA name, then the packed
+ * extra keys. */
+static rmeta *make(uint64_t hash, const kvcr_router_block *rb, const uint8_t *extra,
+                   size_t extra_len)
 {
     uint32_t nt = rb->token_ids ? rb->block_size_tokens : 0;
-    size_t bytes = sizeof(rmeta) + nt * sizeof(uint32_t) + rb->n_extra_keys * sizeof(char *);
     size_t lora = rb->lora_name ? strlen(rb->lora_name) + 1 : 0;
-    bytes += lora;
-    for (uint32_t i = 0; i < rb->n_extra_keys; i++) bytes += strlen(rb->extra_keys[i]) + 1;
+    size_t bytes = sizeof(rmeta) + nt * sizeof(uint32_t) + lora + (extra ? extra_len : 0);
     rmeta *e = calloc(1, bytes);
     if (e == NULL) return NULL;
     e->hash = hash;
@@ -109,21 +109,17 @@ static rmeta *make(uint64_t hash, const kvcr_router_block *rb)
     e->block_size = rb->block_size_tokens;
     e->n_tokens = nt;
     if (nt) memcpy(e->tokens, rb->token_ids, nt * sizeof(uint32_t));
-    const char **extra = (const char **)(void *)&e->tokens[nt];
-    char *text = (char *)&extra[rb->n_extra_keys];
+    char *text = (char *)&e->tokens[nt];
     if (lora) {
         memcpy(text, rb->lora_name, lora);
         e->lora_name = text;
         text += lora;
     }
-    for (uint32_t i = 0; i < rb->n_extra_keys; i++) {
-        size_t n = strlen(rb->extra_keys[i]) + 1;
-        memcpy(text, rb->extra_keys[i], n);
-        extra[i] = text;
-        text += n;
+    if (extra) {
+        memcpy(text, extra, extra_len);
+        e->extra = (const uint8_t *)text;
+        e->extra_len = (uint32_t)extra_len;
     }
-    e->n_extra = rb->n_extra_keys;
-    e->extra = rb->n_extra_keys ? extra : NULL;
     return e;
 }
 
@@ -135,20 +131,28 @@ static void link_in(rmeta_map *m, rmeta *e)
     m->count++;
 }
 
-int rmeta_put(rmeta_map *m, uint64_t hash, const kvcr_router_block *rb)
+/* Locked: e joins the pending list; past the bound the oldest pending
+ * entry is forgotten. */
+static void make_pending(rmeta_map *m, rmeta *e)
 {
-    rmeta *old = (rmeta *)rmeta_get(m, hash);
-    if (old != NULL && old->media != 0) return 0;
-    if (old == NULL && m->count + 1 > m->n_buckets && grow(m) != 0) return -1;
-    rmeta *e = make(hash, rb);
-    if (e == NULL) return -1;
-    if (old != NULL) drop(m, old); /* a pending one: the newer deposit's word counts */
-    link_in(m, e);
     pending_append(m, e);
     if (m->n_pending > m->max_pending) {
         drop(m, m->p_head);
         m->forgotten++;
     }
+}
+
+int rmeta_put(rmeta_map *m, uint64_t hash, const kvcr_router_block *rb, const uint8_t *extra,
+              size_t extra_len)
+{
+    rmeta *old = (rmeta *)rmeta_get(m, hash);
+    if (old != NULL && old->media != 0) return 0;
+    if (old == NULL && m->count + 1 > m->n_buckets && grow(m) != 0) return -1;
+    rmeta *e = make(hash, rb, extra, extra_len);
+    if (e == NULL) return -1;
+    if (old != NULL) drop(m, old); /* a pending one: the newer deposit's word counts */
+    link_in(m, e);
+    make_pending(m, e);
     return 0;
 }
 
@@ -171,7 +175,9 @@ void rmeta_removed(rmeta_map *m, uint64_t hash, unsigned medium)
     rmeta *e = (rmeta *)rmeta_get(m, hash);
     if (e == NULL) return;
     e->media &= ~medium;
-    if (e->media == 0 && !e->pending) drop(m, e);
+    /* Pending again, not dropped: a spill's G3 store comes after its
+     * DRAM removal and must find the block's metadata. */
+    if (e->media == 0 && !e->pending) make_pending(m, e);
 }
 
 /* ---- the stored form ------------------------------------------------------ */
@@ -180,13 +186,12 @@ size_t rmeta_encode(const rmeta *e, uint8_t *buf, size_t cap)
 {
     size_t lora = e->lora_name ? strlen(e->lora_name) : 0;
     size_t need = 2 + 4 + (e->has_parent ? 8 : 0) + (size_t)e->n_tokens * 4 +
-                  (e->lora_name ? 1 + lora : 0) + 1;
-    for (uint32_t i = 0; i < e->n_extra; i++) need += 1 + strlen(e->extra[i]);
+                  (e->lora_name ? 1 + lora : 0) + (e->extra ? 2 + (size_t)e->extra_len : 1);
     if (need > cap) return need;
     uint8_t *p = buf;
     *p++ = RMETA_FORMAT;
     *p++ = (uint8_t)((e->has_parent ? RMETA_F_PARENT : 0) | (e->n_tokens ? RMETA_F_TOKENS : 0) |
-                     (e->lora_name ? RMETA_F_LORA : 0));
+                     (e->lora_name ? RMETA_F_LORA : 0) | (e->extra ? RMETA_F_PACKED : 0));
     put32(p, e->block_size);
     p += 4;
     if (e->has_parent) put64(p, e->parent), p += 8;
@@ -196,12 +201,11 @@ size_t rmeta_encode(const rmeta *e, uint8_t *buf, size_t cap)
         memcpy(p, e->lora_name, lora);
         p += lora;
     }
-    *p++ = (uint8_t)e->n_extra;
-    for (uint32_t i = 0; i < e->n_extra; i++) {
-        size_t n = strlen(e->extra[i]);
-        *p++ = (uint8_t)n;
-        memcpy(p, e->extra[i], n);
-        p += n;
+    if (e->extra) {
+        put16(p, (uint16_t)e->extra_len);
+        memcpy(p + 2, e->extra, e->extra_len);
+    } else {
+        *p = 0; /* the older form's count: no extra keys */
     }
     return need;
 }
@@ -238,78 +242,104 @@ static const uint8_t *take_string(reader *r, uint8_t *len)
     return s;
 }
 
-static const char *copy_string(char *to, const uint8_t *s, size_t n)
-{
-    memcpy(to, s, n);
-    to[n] = '\0';
-    return to;
-}
+/* The stored bytes, checked and located (pointers into them). */
+typedef struct parsed {
+    kvcr_router_block rb;    /* without tokens, LoRA name or extra keys */
+    const uint8_t *tokens;   /* rb.block_size_tokens little-endian u32, or NULL */
+    const uint8_t *lora;     /* lora_len bytes, or NULL */
+    uint8_t lora_len;
+    const uint8_t *packed;   /* RMETA_F_PACKED: packed_len bytes of msgpack */
+    size_t packed_len;
+    const uint8_t *old_keys; /* the older form: n_old keys, each a u8 length and bytes */
+    uint8_t n_old;
+} parsed;
 
-/* The stored bytes as a kvcr_router_block whose strings and tokens live in
- * `text` and `tokens` (NULL: only checked and sized). */
-static bool parse(const uint8_t *b, size_t len, kvcr_router_block *rb, uint32_t *tokens,
-                  char *text, const char **extra, size_t *text_len)
+static bool parse(const uint8_t *b, size_t len, parsed *out)
 {
     reader r = {b, len, false};
+    *out = (parsed){0};
     const uint8_t *head = take(&r, 6);
     if (head == NULL || head[0] != RMETA_FORMAT ||
-        (head[1] & ~(RMETA_F_PARENT | RMETA_F_TOKENS | RMETA_F_LORA)) != 0)
+        (head[1] & ~(RMETA_F_PARENT | RMETA_F_TOKENS | RMETA_F_LORA | RMETA_F_PACKED)) != 0)
         return false;
     unsigned flags = head[1];
-    *rb = (kvcr_router_block){.block_size_tokens = get32(head + 2)};
-    if (rb->block_size_tokens > KVCR_ROUTER_MAX_TOKENS) return false;
+    out->rb.block_size_tokens = get32(head + 2);
+    if (out->rb.block_size_tokens > KVCR_ROUTER_MAX_TOKENS) return false;
     if (flags & RMETA_F_PARENT) {
         const uint8_t *p = take(&r, 8);
         if (p == NULL) return false;
-        rb->has_parent = true;
-        rb->parent_hash = get64(p);
+        out->rb.has_parent = true;
+        out->rb.parent_hash = get64(p);
     }
     if (flags & RMETA_F_TOKENS) {
-        if (rb->block_size_tokens == 0) return false;
-        const uint8_t *p = take(&r, (size_t)rb->block_size_tokens * 4);
-        if (p == NULL) return false;
-        for (uint32_t i = 0; tokens && i < rb->block_size_tokens; i++) tokens[i] = get32(p + 4 * i);
-        rb->token_ids = tokens;
+        if (out->rb.block_size_tokens == 0) return false;
+        if ((out->tokens = take(&r, (size_t)out->rb.block_size_tokens * 4)) == NULL) return false;
     }
-    size_t at = 0;
-    uint8_t n;
-    if (flags & RMETA_F_LORA) {
-        const uint8_t *s = take_string(&r, &n);
-        if (s == NULL) return false;
-        if (text) rb->lora_name = copy_string(text + at, s, n);
-        at += (size_t)n + 1;
+    if ((flags & RMETA_F_LORA) && (out->lora = take_string(&r, &out->lora_len)) == NULL)
+        return false;
+    if (flags & RMETA_F_PACKED) {
+        const uint8_t *n = take(&r, 2);
+        out->packed_len = n ? get16(n) : 0;
+        out->packed = n ? take(&r, out->packed_len) : NULL;
+        if (out->packed == NULL || kvev_check_extra(out->packed, out->packed_len) != NULL)
+            return false;
+    } else {
+        const uint8_t *count = take(&r, 1);
+        if (count == NULL || *count > KVCR_ROUTER_MAX_EXTRA) return false;
+        out->n_old = *count;
+        out->old_keys = r.p;
+        uint8_t n;
+        for (uint32_t i = 0; i < out->n_old; i++)
+            if (take_string(&r, &n) == NULL) return false;
     }
-    const uint8_t *count = take(&r, 1);
-    if (count == NULL || *count > KVCR_ROUTER_MAX_EXTRA) return false;
-    rb->n_extra_keys = *count;
-    for (uint32_t i = 0; i < rb->n_extra_keys; i++) {
-        const uint8_t *s = take_string(&r, &n);
-        if (s == NULL) return false;
-        if (text) extra[i] = copy_string(text + at, s, n);
-        at += (size_t)n + 1;
-    }
-    rb->extra_keys = extra;
-    *text_len = at;
     return r.left == 0 && !r.bad;
+}
+
+/* The older form's list of strings, packed as a list of str. -1: out of
+ * memory. */
+static int pack_old_keys(const parsed *p, uint8_t **out, size_t *out_len)
+{
+    char *text = malloc((size_t)p->n_old * 256);
+    const char **keys = malloc((p->n_old ? p->n_old : 1) * sizeof *keys);
+    int rc = text && keys ? 0 : -1;
+    const uint8_t *at = p->old_keys;
+    for (uint32_t i = 0; rc == 0 && i < p->n_old; i++) {
+        char *k = text + (size_t)i * 256;
+        memcpy(k, at + 1, at[0]);
+        k[at[0]] = '\0';
+        keys[i] = k;
+        at += 1 + at[0];
+    }
+    if (rc == 0) rc = kvev_extra_from_strings(keys, p->n_old, out, out_len);
+    free(keys);
+    free(text);
+    return rc;
 }
 
 rmeta *rmeta_decode(uint64_t hash, const uint8_t *b, size_t len, bool *damaged)
 {
-    kvcr_router_block rb;
-    size_t text_len;
-    *damaged = b == NULL || !parse(b, len, &rb, NULL, NULL, NULL, &text_len);
+    parsed p;
+    *damaged = b == NULL || !parse(b, len, &p);
     if (*damaged) return NULL;
-    /* The strings' pointers, the tokens and the strings for make(), which
-     * copies them. */
-    size_t nt = (b[1] & RMETA_F_TOKENS) ? rb.block_size_tokens : 0;
-    void *tmp = malloc(rb.n_extra_keys * sizeof(char *) + nt * 4 + text_len + 1);
-    if (tmp == NULL) return NULL;
-    const char **extra = tmp;
-    uint32_t *tokens = (uint32_t *)(void *)(extra + rb.n_extra_keys);
-    char *text = (char *)(tokens + nt);
-    parse(b, len, &rb, tokens, text, extra, &text_len);
-    rmeta *e = make(hash, &rb);
-    free(tmp);
+    /* The tokens and the LoRA name as make() takes them (it copies). */
+    uint32_t nt = p.tokens ? p.rb.block_size_tokens : 0;
+    uint32_t *tokens = malloc(nt * sizeof *tokens + p.lora_len + 1);
+    uint8_t *old = NULL;
+    size_t old_len = 0;
+    rmeta *e = NULL;
+    if (tokens != NULL && (p.n_old == 0 || pack_old_keys(&p, &old, &old_len) == 0)) {
+        for (uint32_t i = 0; i < nt; i++) tokens[i] = get32(p.tokens + 4 * i);
+        p.rb.token_ids = nt ? tokens : NULL;
+        if (p.lora) {
+            char *lora = (char *)(tokens + nt);
+            memcpy(lora, p.lora, p.lora_len);
+            lora[p.lora_len] = '\0';
+            p.rb.lora_name = lora;
+        }
+        e = p.packed ? make(hash, &p.rb, p.packed, p.packed_len) : make(hash, &p.rb, old, old_len);
+    }
+    free(old);
+    free(tokens);
     return e;
 }
 

@@ -121,6 +121,10 @@ struct kvcr {
     /* Per tenant (core/tenants.h; 0: blocks without one): slots held and
      * the evictable queue of its blocks (tenant 0's is evq above). */
     tenant_use tenants[KVCR_MAX_TENANTS + 1];
+    /* Calls whose hints named no configured tenant (their blocks took
+     * none), and the limit of their warning; under the lock. */
+    uint64_t hints_unknown_tenant;
+    kvcr_log_limit unknown_tenant_warn;
     const admit_ctx *admit;  /* the deposit or fetch admitting entries now, or NULL */
 
     block_id *unscored;      /* blocks the policy failed to score */

@@ -601,7 +601,8 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
                 size_t hints_len, kvcr_op_handle *out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "op must not be NULL");
-    if (flags & ~KVCR_NO_EVICT) return kvcr_fail(KVCR_EINVAL, "unknown deposit flags %#x", flags);
+    if (flags & ~(KVCR_NO_EVICT | KVCR_STRICT_TENANT))
+        return kvcr_fail(KVCR_EINVAL, "unknown deposit flags %#x", flags);
     size_t total_refs, total_pieces;
     int rc = check_blocks(kv, blocks, n, &total_refs, &total_pieces);
     if (rc != 0) return rc;
@@ -617,7 +618,7 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
     for (size_t i = 0; ok && i < n; i++) ok = (spare[i] = fill_new(entry_pieces(o, &o->e[i]))) != NULL;
     if (ok) o->no_evict = (flags & KVCR_NO_EVICT) != 0;
     admit_ctx ctx;
-    rc = ok ? tenants_admit_prepare(kv, hints, hints_len, &ctx)
+    rc = ok ? tenants_admit_prepare(kv, hints, hints_len, (flags & KVCR_STRICT_TENANT) != 0, &ctx)
             : kvcr_fail(KVCR_ENOMEM, "out of memory");
     if (rc == 0 && (rc = op_admit(kv, o, o->no_evict ? n : 0)) != 0) tenants_admit_free(&ctx);
     if (rc == 0) {
@@ -866,9 +867,10 @@ static int layout_pools(const kvcr_t *kv, const char *const *layout, size_t len,
 
 int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
               const char *const *layout, size_t layout_len, const char *hints,
-              size_t hints_len, kvcr_op_handle *out)
+              size_t hints_len, unsigned flags, kvcr_op_handle *out)
 {
     if (out == NULL) return kvcr_fail(KVCR_EINVAL, "op must not be NULL");
+    if (flags & ~KVCR_STRICT_TENANT) return kvcr_fail(KVCR_EINVAL, "unknown fetch flags %#x", flags);
     if (n > 0 && keys == NULL) return kvcr_fail(KVCR_EINVAL, "keys must not be NULL");
     if (n > UINT32_MAX / 256) return kvcr_fail(KVCR_EINVAL, "too many keys in one call");
     uint32_t pools[255];
@@ -892,7 +894,7 @@ int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id
     free(uniq);
     free(dup);
     admit_ctx ctx;
-    int rc = o ? tenants_admit_prepare(kv, hints, hints_len, &ctx)
+    int rc = o ? tenants_admit_prepare(kv, hints, hints_len, (flags & KVCR_STRICT_TENANT) != 0, &ctx)
                : kvcr_fail(KVCR_ENOMEM, "out of memory");
     if (rc == 0 && (rc = op_admit(kv, o, m)) != 0) tenants_admit_free(&ctx);
     if (rc != 0) {

@@ -11,10 +11,11 @@ int ops_deposit(kvcr_t *kv, const kvcr_block *blocks, size_t n, unsigned flags, 
                 size_t hints_len, kvcr_op_handle *op);
 int ops_deliver(kvcr_t *kv, const kvcr_block *blocks, size_t n, const char *request_id,
                 kvcr_op_handle *op);
-/* hints: the fetch's framework hints (core/tenants.h), NULL: none. */
+/* hints: the fetch's framework hints (core/tenants.h), NULL: none;
+ * flags: KVCR_STRICT_TENANT. */
 int ops_fetch(kvcr_t *kv, const kvcr_key *keys, size_t n, const char *request_id,
               const char *const *layout, size_t layout_len, const char *hints,
-              size_t hints_len, kvcr_op_handle *op);
+              size_t hints_len, unsigned flags, kvcr_op_handle *op);
 int ops_release(kvcr_t *kv, const kvcr_release_handle *handles, size_t n, bool *released);
 int ops_abort(kvcr_t *kv, kvcr_op_handle op, const kvcr_key *keys, size_t n, size_t *n_aborted);
 

@@ -36,20 +36,42 @@ const char *tenants_name(const kvcr_t *kv, uint8_t t)
     return t ? kv->conf.tenant_names[t - 1] : NULL;
 }
 
-/* The "tenant" member of checked hints: 0 for none or null. */
-static int hints_tenant(const kvcr_t *kv, const json_doc *d, uint8_t *tenant)
+/* A "tenant" member naming no configured tenant: refused when strict,
+ * else counted and warned of (at most once a second) and the blocks take
+ * no tenant. */
+static int unknown_tenant(kvcr_t *kv, const json_doc *d, const json_node *t, bool strict)
 {
-    const json_node *t = json_get(d, json_root(d), "tenant");
-    if (t == NULL || t->type == JSON_NULL) return 0;
-    if (t->type != JSON_STRING)
-        return kvcr_fail(KVCR_EINVAL, "hints' \"tenant\" must be a string or null");
-    *tenant = t->str_len ? tenants_find(kv, json_str(d, t), t->str_len) : 0;
-    if (*tenant) return 0;
-    return kvcr_fail(KVCR_EINVAL, "hints name tenant '%.*s', which is not configured",
-                     (int)(t->str_len > 64 ? 64 : t->str_len), json_str(d, t));
+    int n = (int)(t->type == JSON_STRING ? (t->str_len > 64 ? 64 : t->str_len) : 0);
+    const char *name = t->type == JSON_STRING ? json_str(d, t) : "";
+    if (strict)
+        return t->type == JSON_STRING
+                   ? kvcr_fail(KVCR_EINVAL, "hints name tenant '%.*s', which is not configured",
+                               n, name)
+                   : kvcr_fail(KVCR_EINVAL, "hints' \"tenant\" must be a string or null");
+    instance_lock(kv);
+    kv->hints_unknown_tenant++;
+    kvcr_log_limited(&kv->log, &kv->unknown_tenant_warn, 1000,
+                     "hints name tenant '%.*s'%s, which is not configured: the blocks take no "
+                     "tenant (gauge hints_unknown_tenant)", n, name,
+                     t->type == JSON_STRING ? "" : " (not a string)");
+    instance_unlock(kv);
+    return 0;
 }
 
-int tenants_admit_prepare(kvcr_t *kv, const char *json, size_t len, admit_ctx *ctx)
+/* The "tenant" member of checked hints when tenants are configured: 0
+ * for none, null or (not strict) a name not configured. Without tenants
+ * the hints are the framework's alone and nothing in them is read. */
+static int hints_tenant(kvcr_t *kv, const json_doc *d, bool strict, uint8_t *tenant)
+{
+    if (kv->conf.n_tenants == 0) return 0;
+    const json_node *t = json_get(d, json_root(d), "tenant");
+    if (t == NULL || t->type == JSON_NULL) return 0;
+    if (t->type == JSON_STRING && t->str_len > 0)
+        *tenant = tenants_find(kv, json_str(d, t), t->str_len);
+    return *tenant ? 0 : unknown_tenant(kv, d, t, strict);
+}
+
+int tenants_admit_prepare(kvcr_t *kv, const char *json, size_t len, bool strict, admit_ctx *ctx)
 {
     *ctx = (admit_ctx){0};
     if (json == NULL)
@@ -65,7 +87,7 @@ int tenants_admit_prepare(kvcr_t *kv, const char *json, size_t len, admit_ctx *c
     if (json_parse(json, len, &d) != 0)
         return kvcr_fail(KVCR_EINVAL, "hints must be strict JSON text (RFC 8259)");
     int rc = json_root(&d)->type == JSON_OBJECT
-                 ? hints_tenant(kv, &d, &ctx->tenant)
+                 ? hints_tenant(kv, &d, strict, &ctx->tenant)
                  : kvcr_fail(KVCR_EINVAL, "hints must be a JSON object");
     json_free(&d);
     if (rc == 0 && (ctx->framework_copy = malloc(len + 1)) == NULL)
@@ -179,6 +201,7 @@ void tenants_meta(const kvcr_t *kv, block_id id, kvcr_block_meta *meta)
 void tenants_gauges(kvcr_t *kv, gauge_sink *s)
 {
     if (kv->conf.n_tenants == 0) return;
+    gauge_sink_add(s, "", "hints_unknown_tenant", (double)kv->hints_unknown_tenant);
     for (uint32_t t = 0; t <= kv->conf.n_tenants; t++) {
         char prefix[KVCR_TENANT_NAME_MAX + 16];
         if (t == 0)

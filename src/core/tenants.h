@@ -38,14 +38,19 @@ typedef struct admit_ctx {
 void tenants_init(kvcr_t *kv);
 void tenants_destroy(kvcr_t *kv);
 
-/* Unlocked (takes the lock only to count a refusal), before the call
- * changes anything: checks the call's hints, JSON text of len bytes (NULL:
- * none; strict; an object; at most limits.max_hint_bytes, else KVCR_ELIMIT
- * counted as the hint_bytes refusal; a
- * "tenant" member is a string naming a configured tenant, or null), and
- * fills *ctx with a copy of them and their tenant. KVCR_EINVAL names the
- * rule broken; nothing is kept then. */
-int tenants_admit_prepare(kvcr_t *kv, const char *json, size_t len, admit_ctx *ctx);
+/* Unlocked (takes the lock only to count a refusal or an unknown
+ * tenant), before the call changes anything: checks the call's hints,
+ * JSON text of len bytes (NULL: none; strict JSON; an object; at most
+ * limits.max_hint_bytes, else KVCR_ELIMIT counted as the hint_bytes
+ * refusal), and fills *ctx with a copy of them and their tenant. The
+ * hints are the framework's: only with tenants configured is a "tenant"
+ * member read, a string naming a configured tenant giving that tenant;
+ * anything else (another name, a number) gives none, counted
+ * (hints_unknown_tenant) and logged at most once a second, or with
+ * strict is refused. KVCR_EINVAL names the rule broken; nothing is kept
+ * then. */
+int tenants_admit_prepare(kvcr_t *kv, const char *json, size_t len, bool strict,
+                          admit_ctx *ctx);
 /* Locked: the context is in effect for the entries admitted from now on
  * (the router hint kept for request_id, NULL: none, joins it) until
  * tenants_admit_leave. */

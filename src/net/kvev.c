@@ -63,17 +63,16 @@ static int pack_str(msgpack_packer *pk, const char *s)
     return mpmap_pack_cstr(pk, s);
 }
 
+/* Each block's packed entry written as it is (a packer has no call for
+ * that: its callback appends bytes), nil for an empty one. */
 static int pack_extra(msgpack_packer *pk, const kvev_event *e)
 {
     if (msgpack_pack_array(pk, (uint32_t)e->n_hashes) != 0) return -1;
     for (size_t i = 0; i < e->n_hashes; i++) {
-        if (e->extra[i] == NULL) {
-            if (msgpack_pack_nil(pk) != 0) return -1;
-            continue;
-        }
-        if (msgpack_pack_array(pk, e->n_extra[i]) != 0) return -1;
-        for (uint32_t j = 0; j < e->n_extra[i]; j++)
-            if (mpmap_pack_cstr(pk, e->extra[i][j]) != 0) return -1;
+        int rc = e->extra_mp_len[i] == 0
+                     ? msgpack_pack_nil(pk)
+                     : pk->callback(pk->data, (const char *)e->extra_mp[i], e->extra_mp_len[i]);
+        if (rc != 0) return -1;
     }
     return 0;
 }
@@ -81,7 +80,7 @@ static int pack_extra(msgpack_packer *pk, const kvev_event *e)
 /* Whether an optional field has a value to write (required ones always do). */
 static bool present(const kvev_event *e, const field *f)
 {
-    return f->required || (f->id == F_EXTRA && e->extra != NULL);
+    return f->required || (f->id == F_EXTRA && e->extra_mp != NULL);
 }
 
 static int pack_value(msgpack_packer *pk, const kvev_event *e, enum field_id id)
@@ -90,10 +89,10 @@ static int pack_value(msgpack_packer *pk, const kvev_event *e, enum field_id id)
     case F_HASHES:
         if (msgpack_pack_array(pk, (uint32_t)e->n_hashes) != 0) return -1;
         for (size_t i = 0; i < e->n_hashes; i++)
-            if (msgpack_pack_uint64(pk, e->hashes[i]) != 0) return -1;
+            if (msgpack_pack_fix_uint64(pk, e->hashes[i]) != 0) return -1;
         return 0;
     case F_PARENT:
-        return e->has_parent ? msgpack_pack_uint64(pk, e->parent) : msgpack_pack_nil(pk);
+        return e->has_parent ? msgpack_pack_fix_uint64(pk, e->parent) : msgpack_pack_nil(pk);
     case F_TOKENS:
         if (msgpack_pack_array(pk, (uint32_t)e->n_tokens) != 0) return -1;
         for (size_t i = 0; i < e->n_tokens; i++)
@@ -212,32 +211,126 @@ static void free_extra(kvev_event *e)
         for (uint32_t j = 0; k && j < e->n_extra[i]; j++) free(k[j]);
         free(k);
     }
+    for (size_t i = 0; e->extra_mp && i < e->n_hashes; i++) free((void *)e->extra_mp[i]);
     free((void *)e->extra);
     free((void *)e->n_extra);
+    free((void *)e->extra_mp);
+    free((void *)e->extra_mp_len);
     e->extra = NULL;
     e->n_extra = NULL;
+    e->extra_mp = NULL;
+    e->extra_mp_len = NULL;
 }
 
-/* extra_keys: one entry per block (the hashes come first in every form). */
+/* A str key within the bounds. */
+static const char *check_key_str(const msgpack_object *o)
+{
+    if (o->via.str.size > KVEV_MAX_STR) return "an extra key's str is too long";
+    if (memchr(o->via.str.ptr, '\0', o->via.str.size)) return "an extra key's str holds a NUL byte";
+    return NULL;
+}
+
+/* One block's entry (not nil): an array of str, int and arrays of them. */
+static const char *check_extra_obj(const msgpack_object *b)
+{
+    if (b->type != MSGPACK_OBJECT_ARRAY || b->via.array.size > KVEV_MAX_EXTRA)
+        return "a block's extra keys must be nil or an array of at most 64 keys";
+    for (uint32_t j = 0; j < b->via.array.size; j++) {
+        const msgpack_object *k = &b->via.array.ptr[j];
+        const char *why = NULL;
+        if (k->type == MSGPACK_OBJECT_STR) {
+            why = check_key_str(k);
+        } else if (k->type == MSGPACK_OBJECT_ARRAY) {
+            if (k->via.array.size > KVEV_MAX_EXTRA) return "an extra key's array is too long";
+            for (uint32_t x = 0; why == NULL && x < k->via.array.size; x++) {
+                const msgpack_object *v = &k->via.array.ptr[x];
+                if (v->type == MSGPACK_OBJECT_STR)
+                    why = check_key_str(v);
+                else if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                         v->type != MSGPACK_OBJECT_NEGATIVE_INTEGER)
+                    why = "an extra key's array holds other than str and int";
+            }
+        } else if (k->type != MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                   k->type != MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+            why = "an extra key is not a str, an int or an array of them";
+        }
+        if (why) return why;
+    }
+    return NULL;
+}
+
+const char *kvev_check_extra(const void *buf, size_t len)
+{
+    if (buf == NULL || len == 0 || len > KVEV_MAX_EXTRA_BYTES)
+        return "extra keys take 1 to 4096 bytes";
+    msgpack_unpacked up;
+    bool nomem;
+    const char *why = mpmap_unpack(buf, len, len + 1, 2, &up, &nomem);
+    if (why == NULL) why = check_extra_obj(&up.data);
+    msgpack_unpacked_destroy(&up);
+    return why;
+}
+
+int kvev_take_packed(msgpack_sbuffer *sb, uint8_t **out, size_t *out_len)
+{
+    if (sb->size > KVEV_MAX_EXTRA_BYTES || sb->data == NULL) return -1;
+    *out = (uint8_t *)sb->data;
+    *out_len = sb->size;
+    return 0;
+}
+
+int kvev_extra_from_strings(const char *const *keys, uint32_t n, uint8_t **out, size_t *out_len)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    int rc = msgpack_pack_array(&pk, n);
+    for (uint32_t i = 0; rc == 0 && i < n; i++) rc = mpmap_pack_cstr(&pk, keys[i]);
+    if (rc == 0) rc = kvev_take_packed(&sb, out, out_len);
+    if (rc != 0) msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
+/* extra_keys: one entry per block (the hashes come first in every form),
+ * kept packed, and as strings when they are strings alone. */
 static const char *take_extra(const msgpack_object *o, kvev_event *e)
 {
     if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != e->n_hashes)
         return "extra_keys must hold one entry per block";
     const char ***ex = calloc(e->n_hashes, sizeof *ex);
     uint32_t *nx = calloc(e->n_hashes, sizeof *nx);
+    uint8_t **mp = calloc(e->n_hashes, sizeof *mp);
+    uint32_t *mpl = calloc(e->n_hashes, sizeof *mpl);
     e->extra = (const char *const *const *)ex;
     e->n_extra = nx;
-    if (ex == NULL || nx == NULL) return "out of memory";
+    e->extra_mp = (const uint8_t *const *)mp;
+    e->extra_mp_len = mpl;
+    if (ex == NULL || nx == NULL || mp == NULL || mpl == NULL) return "out of memory";
     for (size_t i = 0; i < e->n_hashes; i++) {
         const msgpack_object *b = &o->via.array.ptr[i];
         if (is_nil(b)) continue;
-        if (b->type != MSGPACK_OBJECT_ARRAY || b->via.array.size > KVEV_MAX_EXTRA)
-            return "a block's extra keys must be nil or an array of at most 64 str";
+        const char *why = check_extra_obj(b);
+        if (why) return why;
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        size_t len;
+        if (msgpack_pack_object(&pk, *b) != 0 || kvev_take_packed(&sb, &mp[i], &len) != 0) {
+            msgpack_sbuffer_destroy(&sb);
+            return "a block's extra keys are too long or out of memory";
+        }
+        mpl[i] = (uint32_t)len;
+        bool strings = true;
+        for (uint32_t j = 0; j < b->via.array.size; j++)
+            strings = strings && b->via.array.ptr[j].type == MSGPACK_OBJECT_STR;
+        if (!strings) continue;
         char **keys = calloc(b->via.array.size ? b->via.array.size : 1, sizeof *keys);
         if (keys == NULL) return "out of memory";
         ex[i] = (const char **)keys;
         for (uint32_t j = 0; j < b->via.array.size; j++, nx[i]++) {
-            const char *why = take_str(&b->via.array.ptr[j], &keys[j]);
+            why = take_str(&b->via.array.ptr[j], &keys[j]);
             if (why) return why;
         }
     }
@@ -375,8 +468,9 @@ const char *kvev_decode_batch(const void *buf, size_t len, kvev_batch *out)
     memset(out, 0, sizeof *out);
     msgpack_unpacked up;
     bool nomem;
-    /* [batch [events {event [extra [key]]}]]: five levels at most. */
-    const char *why = mpmap_unpack(buf, len, len + 1, 5, &up, &nomem);
+    /* [batch [events {event [extra_keys [entry [tuple]]]}]]: six levels
+     * at most. */
+    const char *why = mpmap_unpack(buf, len, len + 1, 6, &up, &nomem);
     if (why == NULL) why = take_batch(&up.data, out);
     msgpack_unpacked_destroy(&up);
     if (why) kvev_batch_free(out);

@@ -15,8 +15,15 @@ static bool str_eq(const char *a, const char *b)
     return (a == NULL && b == NULL) || (a != NULL && b != NULL && strcmp(a, b) == 0);
 }
 
+/* The packed entries byte for byte, and their strings view. */
 static bool extra_eq(const kvev_event *a, const kvev_event *b)
 {
+    if ((a->extra_mp == NULL) != (b->extra_mp == NULL)) return false;
+    for (size_t i = 0; a->extra_mp && i < a->n_hashes; i++)
+        if (a->extra_mp_len[i] != b->extra_mp_len[i] ||
+            memcmp(a->extra_mp[i], b->extra_mp[i], a->extra_mp_len[i]) != 0 ||
+            (a->extra_mp_len[i] && kvev_check_extra(a->extra_mp[i], a->extra_mp_len[i])))
+            return false;
     if ((a->extra == NULL) != (b->extra == NULL)) return false;
     for (size_t i = 0; a->extra && i < a->n_hashes; i++) {
         if (a->n_extra[i] != b->n_extra[i] || (a->extra[i] == NULL) != (b->extra[i] == NULL))

@@ -580,6 +580,113 @@ static void deposit_described(rig *r, const char *key, size_t idx, const kvcr_ro
     assert_int_equal(st, KVCR_ENTRY_SUCCESS);
 }
 
+/* Extra keys as vLLM sends them (strings, integers, tuples: JSON arrays
+ * in router_extra) reach the BlockStored packed as vLLM packs them, byte
+ * for byte: ["salt", 7, ["mm-a", 3]] is 93 a4'salt' 07 92 a4'mm-a' 03;
+ * a list of strings (router.extra_keys) still works beside it; what
+ * breaks a rule is refused before anything starts; the packed keys come
+ * back unchanged through the stored form a G3 record keeps. */
+static void test_extra_keys_take_what_vllm_sends(void **state)
+{
+    (void)state;
+    static const uint8_t want0[] = {0x93, 0xa4, 's', 'a', 'l', 't', 0x07,
+                                    0x92, 0xa4, 'm', 'm', '-', 'a', 0x03};
+    static const uint8_t want1[] = {0x91, 0xa2, 's', '2'};
+    dirs d;
+    make_dirs(&d);
+    rig r;
+    rig_init(&r, 256, 8, 8);
+    r.cfg.callbacks.key_hash = key_hash;
+    r.cfg.kv_events.endpoint = d.pub;
+    r.cfg.kv_events.replay_endpoint = d.rep;
+    r.cfg.kv_events.topic = TOPIC;
+    rig_start(&r);
+
+    uint32_t tok[2][2] = {{1, 2}, {3, 4}};
+    const char *s2[] = {"s2"};
+    kvcr_router_block rb[2] = {{.token_ids = tok[0], .block_size_tokens = 2},
+                               {.token_ids = tok[1], .block_size_tokens = 2, .extra_keys = s2,
+                                .n_extra_keys = 1}};
+    const char *json[2] = {"[\"salt\", 7, [\"mm-a\", 3]]", NULL};
+    kvcr_mem_ref refs[2] = {{NULL, "", 0}, {NULL, "", 1}};
+    kvcr_block blocks[2] = {{key_of("x0"), &refs[0], 1}, {key_of("x1"), &refs[1], 1}};
+    kvcr_deposit_options opts = {.version = KVCR_DEPOSIT_OPTIONS_VERSION, .router = rb,
+                                 .router_extra = json};
+    kvcr_op_handle op;
+    /* Refusals: each names the block and the rule; nothing starts. */
+    static const struct {
+        const char *json, *why;
+    } bad[] = {
+        {"[-1]", "router block 0: router_extra: an extra key must be a string, a non-negative "
+                 "integer or a list of them"},
+        {"[1.5]", "router block 0: router_extra: an extra key must be a string, a non-negative "
+                  "integer or a list of them"},
+        {"[{\"a\": 1}]", "router block 0: router_extra: an extra key must be a string, a "
+                         "non-negative integer or a list of them"},
+        {"[[[\"deep\"]]]", "router block 0: router_extra: an extra key must be a string, a "
+                          "non-negative integer or a list of them"},
+        {"{\"a\": 1}", "router block 0: router_extra: extra keys must be a JSON array of at "
+                       "most 64 keys"},
+        {"[\"x\",", "router block 0: router_extra: extra keys must be JSON text"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json[0] = bad[i].json;
+        assert_int_equal(kvcr_deposit_ex(r.kv, blocks, 2, &opts, &op), KVCR_EINVAL);
+        assert_string_equal(kvcr_last_error(), bad[i].why);
+    }
+    json[0] = "[\"salt\", 7, [\"mm-a\", 3]]";
+    json[1] = "[\"twice\"]";
+    assert_int_equal(kvcr_deposit_ex(r.kv, blocks, 2, &opts, &op), KVCR_EINVAL);
+    assert_string_equal(kvcr_last_error(), "router block 1: extra keys given twice (extra_keys "
+                                           "and router_extra)");
+    json[1] = NULL;
+    opts.router = NULL;
+    assert_int_equal(kvcr_deposit_ex(r.kv, blocks, 2, &opts, &op), KVCR_EINVAL);
+    assert_string_equal(kvcr_last_error(), "kvcr_deposit_ex: router_extra needs router");
+    opts.router = rb;
+    assert_int_equal(kvcr_deposit_ex(r.kv, blocks, 2, &opts, &op), 0);
+    kvcr_entry_status st[2];
+    rig_wait(&r, op, st, NULL, NULL);
+    assert_int_equal(st[0], KVCR_ENTRY_SUCCESS);
+    assert_int_equal(st[1], KVCR_ENTRY_SUCCESS);
+    const uint8_t *want[2] = {want0, want1};
+    size_t want_len[2] = {sizeof want0, sizeof want1};
+    for (int i = 0; i < 2; i++) {
+        kvev_batch keep;
+        const kvev_event *e;
+        assert_true(find_stored(&r, d.rep, hash_str(i ? "x1" : "x0"), "CPU", &keep, &e));
+        assert_non_null(e->extra_mp);
+        assert_int_equal(e->extra_mp_len[0], want_len[i]);
+        assert_memory_equal(e->extra_mp[0], want[i], want_len[i]);
+        if (i == 0)
+            assert_null(e->extra[0]); /* not strings alone */
+        else
+            assert_string_equal(e->extra[0][0], "s2");
+        kvev_batch_free(&keep);
+    }
+    rig_stop(&r);
+    drop_dirs(&d);
+
+    /* The stored form keeps the packed keys as they are. */
+    rmeta_map m;
+    rmeta_init(&m, 4);
+    assert_int_equal(rmeta_put(&m, 3, &rb[0], want0, sizeof want0), 0);
+    uint8_t stored[128];
+    size_t n = rmeta_encode(rmeta_get(&m, 3), stored, sizeof stored);
+    assert_true(n <= sizeof stored);
+    assert_int_equal(stored[1] & RMETA_F_PACKED, RMETA_F_PACKED);
+    bool damaged;
+    rmeta *back = rmeta_decode(3, stored, n, &damaged);
+    assert_non_null(back);
+    assert_int_equal(back->extra_len, sizeof want0);
+    assert_memory_equal(back->extra, want0, sizeof want0);
+    free(back);
+    stored[n - 1] = 0xc1; /* never valid msgpack: the record reads as damaged */
+    assert_null(rmeta_decode(3, stored, n, &damaged));
+    assert_true(damaged);
+    rmeta_destroy(&m);
+}
+
 /* Blocks spilled to G3 with their router metadata and tenant are found
  * again by the next instance on the same files: their BlockStored (medium
  * STORAGE) carries the parent, tokens, block size, LoRA name and extra
@@ -625,6 +732,22 @@ static void test_g3_warm_restart_announces_what_the_deposit_said(void **state)
     assert_int_equal(rig_deposit1(&r, "p1", 6, 0, NULL, NULL), KVCR_ENTRY_SUCCESS);
     rig_g3_settle(&r);
     for (size_t i = 0; i < 4; i++) assert_int_equal(rig_query(&r, keys[i]), KVCR_QUERY_FETCHABLE);
+    /* The live spill already says it all: each block's BlockStored(STORAGE)
+     * follows its BlockRemoved(CPU) and still carries its metadata (the
+     * block too long for a G3 record included: it is in memory). */
+    for (size_t i = 0; i < 4; i++) {
+        kvev_batch keep;
+        const kvev_event *e;
+        assert_true(find_stored(&r, d.rep, hash_str(keys[i]), "STORAGE", &keep, &e));
+        assert_int_equal(e->n_hashes, 1);
+        assert_int_equal(e->has_parent, rb[i].has_parent);
+        if (rb[i].has_parent) assert_true(e->parent == rb[i].parent_hash);
+        assert_int_equal(e->block_size, rb[i].block_size_tokens);
+        assert_int_equal(e->n_tokens, rb[i].block_size_tokens);
+        assert_memory_equal(e->tokens, rb[i].token_ids, e->n_tokens * sizeof(uint32_t));
+        if (i == 1) assert_string_equal(e->extra[0][1], "mm-hash-b");
+        kvev_batch_free(&keep);
+    }
     assert_int_equal(rig_stat(&r, "tenant_alice_g3_slots", NULL), 3);
     assert_int_equal(rig_stat(&r, "tenant_bob_g3_slots", NULL), 1);
     assert_int_equal(rig_stat(&r, "kv_events_meta_unkept", NULL), 1); /* w-big */
@@ -712,7 +835,11 @@ static void test_recovered_blocks_take_their_tenant_and_metadata(void **state)
                             .extra_keys = salt, .n_extra_keys = 1};
     rmeta_map m;
     rmeta_init(&m, 4);
-    assert_int_equal(rmeta_put(&m, 1, &rb), 0);
+    uint8_t *packed;
+    size_t packed_len;
+    assert_int_equal(kvev_extra_from_strings(salt, 1, &packed, &packed_len), 0);
+    assert_int_equal(rmeta_put(&m, 1, &rb, packed, packed_len), 0);
+    free(packed);
     uint8_t meta[256];
     size_t ml = rmeta_encode(rmeta_get(&m, 1), meta, sizeof meta);
     assert_true(ml > 0 && ml <= sizeof meta);
@@ -794,6 +921,13 @@ static void test_options_are_checked(void **state)
     r.cfg.kv_events.medium_g3 = "";
     expect_refused(&r, KVCR_EINVAL, "kv_events.medium_g3 must not be empty");
     r.cfg.kv_events.medium_g3 = "DISK";
+    r.cfg.kv_events.dp_rank = 1u << 31; /* Dynamo refuses every batch of it */
+    expect_refused(&r, KVCR_EINVAL, "kv_events.dp_rank must be at most 2147483647 (Dynamo "
+                                    "reads it as a signed 32-bit integer), got 2147483648");
+    r.cfg.kv_events.dp_rank = UINT32_MAX;
+    expect_refused(&r, KVCR_EINVAL, "kv_events.dp_rank must be at most 2147483647 (Dynamo "
+                                    "reads it as a signed 32-bit integer), got 4294967295");
+    r.cfg.kv_events.dp_rank = INT32_MAX; /* the largest taken: it fails at the endpoint below */
     /* An endpoint another socket holds: nothing starts. */
     void *ctx = zmq_ctx_new(), *holder = zmq_socket(ctx, ZMQ_PUB);
     assert_int_equal(zmq_bind(holder, "tcp://127.0.0.1:0"), 0);
@@ -841,12 +975,15 @@ static void test_every_field_round_trips(void **state)
     const uint64_t hashes[] = {1, UINT64_MAX};
     const uint32_t tokens[] = {1, 2, 3, 4, 5, 6, 7, 8};
     const char *salt[] = {"salt-1", "mm:abc"};
-    const char *const *extra[] = {salt, NULL};
-    const uint32_t n_extra[] = {2, 0};
+    uint8_t *packed;
+    size_t packed_len;
+    assert_int_equal(kvev_extra_from_strings(salt, 2, &packed, &packed_len), 0);
+    const uint8_t *extra[] = {packed, NULL};
+    const uint32_t extra_len[] = {(uint32_t)packed_len, 0};
     kvev_event e = {.type = KVEV_STORED, .hashes = hashes, .n_hashes = 2, .has_parent = true,
                     .parent = 1ull << 63, .tokens = tokens, .n_tokens = 8, .block_size = 4,
-                    .medium = "STORAGE", .lora_name = "adapter-x", .extra = extra,
-                    .n_extra = n_extra};
+                    .medium = "STORAGE", .lora_name = "adapter-x", .extra_mp = extra,
+                    .extra_mp_len = extra_len};
     for (int positional = 0; positional <= 1; positional++) {
         uint8_t *buf;
         size_t len = pack_one(&e, positional, &buf);
@@ -868,6 +1005,9 @@ static void test_every_field_round_trips(void **state)
         assert_int_equal(g->n_extra[0], 2);
         assert_string_equal(g->extra[0][1], "mm:abc");
         assert_null(g->extra[1]);
+        assert_int_equal(g->extra_mp_len[0], packed_len);
+        assert_memory_equal(g->extra_mp[0], packed, packed_len);
+        assert_int_equal(g->extra_mp_len[1], 0);
         kvev_batch_free(&b);
         if (!positional) {
             /* The map's keys, in order: "type" first. */
@@ -899,6 +1039,46 @@ static void test_every_field_round_trips(void **state)
     assert_null(kvev_decode_batch(buf, len, &b));
     assert_int_equal(b.events[0].type, KVEV_CLEARED);
     kvev_batch_free(&b);
+    free(buf);
+    free(packed);
+}
+
+/* Whether the bytes hold `want` (n bytes) somewhere. */
+static bool holds(const uint8_t *buf, size_t len, const uint8_t *want, size_t n)
+{
+    return memmem(buf, len, want, n) != NULL;
+}
+
+/* Every hash is written in msgpack's 8-byte unsigned form (0xcf), however
+ * small: llm-d's decoder takes only the sized 8-byte forms and drops the
+ * whole batch otherwise. Hashes 5 and 2^32 + 1, parent 7, in both forms
+ * and in a removal. */
+static void test_hashes_are_always_eight_bytes(void **state)
+{
+    (void)state;
+    const uint64_t hashes[] = {5, (1ull << 32) + 1};
+    const uint32_t tokens[] = {9, 10};
+    static const uint8_t want_hashes[] = {0x92, 0xcf, 0, 0, 0, 0, 0, 0, 0, 5,
+                                          0xcf, 0, 0, 0, 1, 0, 0, 0, 1};
+    static const uint8_t want_parent[] = {0xcf, 0, 0, 0, 0, 0, 0, 0, 7};
+    kvev_event e = {.type = KVEV_STORED, .hashes = hashes, .n_hashes = 2, .has_parent = true,
+                    .parent = 7, .tokens = tokens, .n_tokens = 2, .block_size = 1,
+                    .medium = "CPU"};
+    for (int positional = 0; positional <= 1; positional++) {
+        uint8_t *buf;
+        size_t len = pack_one(&e, positional, &buf);
+        assert_true(holds(buf, len, want_hashes, sizeof want_hashes));
+        assert_true(holds(buf, len, want_parent, sizeof want_parent));
+        kvev_batch b;
+        assert_null(kvev_decode_batch(buf, len, &b));
+        assert_true(b.events[0].hashes[0] == 5 && b.events[0].parent == 7);
+        kvev_batch_free(&b);
+        free(buf);
+    }
+    kvev_event rm = {.type = KVEV_REMOVED, .hashes = hashes, .n_hashes = 2, .medium = "CPU"};
+    uint8_t *buf;
+    size_t len = pack_one(&rm, false, &buf);
+    assert_true(holds(buf, len, want_hashes, sizeof want_hashes));
     free(buf);
 }
 
@@ -1063,6 +1243,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_field_round_trips),
+        cmocka_unit_test(test_hashes_are_always_eight_bytes),
+        cmocka_unit_test(test_extra_keys_take_what_vllm_sends),
         cmocka_unit_test(test_decoder_refuses_what_breaks_a_rule),
         cmocka_unit_test(test_options_are_checked),
         cmocka_unit_test(test_stream_is_numbered_decodes_and_replays),

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "net/kvev.h"
 #include "api/router_meta.h"
 #include "tiers/g3_format.h"
 #include "util/bytes.h"
@@ -151,7 +152,13 @@ static size_t stored_form(const kvcr_router_block *rb, uint8_t *out, size_t cap)
 {
     rmeta_map m;
     rmeta_init(&m, 8);
-    assert_int_equal(rmeta_put(&m, 99, rb), 0);
+    uint8_t *packed = NULL;
+    size_t packed_len = 0;
+    if (rb->n_extra_keys)
+        assert_int_equal(kvev_extra_from_strings(rb->extra_keys, rb->n_extra_keys, &packed,
+                                                 &packed_len), 0);
+    assert_int_equal(rmeta_put(&m, 99, rb, packed, packed_len), 0);
+    free(packed);
     size_t n = rmeta_encode(rmeta_get(&m, 99), out, cap);
     rmeta_destroy(&m);
     return n;
@@ -168,9 +175,10 @@ static void test_router_metadata_round_trips_value_for_value(void **state)
                               .extra_keys = extra, .n_extra_keys = 3};
     uint8_t b[512];
     size_t n = stored_form(&full, b, sizeof b);
-    assert_int_equal(n, 2 + 4 + 8 + 64 + 1 + 6 + 1 + (1 + 6) + 1 + (1 + 7));
+    /* the extra keys packed: a u16 length, fixarray, three fixstr */
+    assert_int_equal(n, 2 + 4 + 8 + 64 + 1 + 6 + 2 + 1 + (1 + 6) + 1 + (1 + 7));
     assert_int_equal(b[0], RMETA_FORMAT);
-    assert_int_equal(b[1], RMETA_F_PARENT | RMETA_F_TOKENS | RMETA_F_LORA);
+    assert_int_equal(b[1], RMETA_F_PARENT | RMETA_F_TOKENS | RMETA_F_LORA | RMETA_F_PACKED);
     assert_int_equal(get32(b + 2), 16);
     assert_true(get64(b + 6) == 0x8877665544332211ull);
     assert_int_equal(get32(b + 14), 0xffffff00u);
@@ -186,8 +194,18 @@ static void test_router_metadata_round_trips_value_for_value(void **state)
     assert_int_equal(e->n_tokens, 16);
     assert_memory_equal(e->tokens, tok, sizeof tok);
     assert_string_equal(e->lora_name, "lora-7");
-    assert_int_equal(e->n_extra, 3);
-    for (int i = 0; i < 3; i++) assert_string_equal(e->extra[i], extra[i]);
+    static const uint8_t keys[] = {0x93, 0xa6, 's', 'a', 'l', 't', '-', 'a', 0xa0,
+                                   0xa7, 'm', 'm', '-', '0', '1', '2', '3'};
+    assert_int_equal(e->extra_len, sizeof keys);
+    assert_memory_equal(e->extra, keys, sizeof keys);
+    free(e);
+    /* the older form (a count and strings) still reads, as the same keys */
+    uint8_t old[] = {RMETA_FORMAT, 0, 4, 0, 0, 0, 3, 6, 's', 'a', 'l', 't', '-', 'a', 0,
+                     7, 'm', 'm', '-', '0', '1', '2', '3'};
+    e = rmeta_decode(4, old, sizeof old, &damaged);
+    assert_non_null(e);
+    assert_int_equal(e->extra_len, sizeof keys);
+    assert_memory_equal(e->extra, keys, sizeof keys);
     free(e);
 
     /* the least: a block size alone */
@@ -230,8 +248,11 @@ static void test_the_stored_form_decoder_refuses_what_breaks_a_rule(void **state
     b[0] = 2;
     expect_refused(b, n, "another format");
     memcpy(b, good, n);
-    b[1] |= 0x8;
+    b[1] |= 0x10;
     expect_refused(b, n, "an unknown flag");
+    memcpy(b, good, n);
+    b[n - 4] = 0xc1; /* the packed keys' array header: never valid msgpack */
+    expect_refused(b, n, "packed keys that do not decode");
     memcpy(b, good, n);
     put32(b + 2, KVCR_ROUTER_MAX_TOKENS + 1);
     expect_refused(b, n, "a block size past the limit");
@@ -253,7 +274,8 @@ static void test_the_stored_form_decoder_refuses_what_breaks_a_rule(void **state
 }
 
 /* Found again with its block: resident at once (not pending), kept over a
- * later find, dropped with the block's last residency. */
+ * later find, pending again with the block's last residency (a spill's G3
+ * store follows its DRAM removal), forgotten past the pending bound. */
 static void test_found_metadata_lives_with_its_residency(void **state)
 {
     (void)state;
@@ -274,7 +296,14 @@ static void test_found_metadata_lives_with_its_residency(void **state)
     rmeta_removed(&m, 10, RMETA_G3);
     assert_non_null(rmeta_get(&m, 10));
     rmeta_removed(&m, 10, RMETA_DRAM);
+    e = rmeta_get(&m, 10);
+    assert_non_null(e);
+    assert_true(e->pending && e->media == 0);
+    assert_int_equal(rmeta_found(&m, 12, b, n, RMETA_G3), 0);
+    rmeta_removed(&m, 12, RMETA_G3); /* a second pending entry: past the bound of 1 */
     assert_null(rmeta_get(&m, 10));
+    assert_non_null(rmeta_get(&m, 12));
+    assert_int_equal(m.forgotten, 1);
     rmeta_destroy(&m);
 }
 
