@@ -316,12 +316,21 @@ static void test_invalid_hints_are_refused_and_change_nothing(void **state)
         {"{\"a\":1,\"a\":2}", KVCR_EINVAL, "hints must be strict JSON text"},
     };
     kvcr_entry_status st;
+    /* In strict mode (KVCR_STRICT_TENANT) a tenant not configured is
+     * refused too; without it, it gives no tenant (test-hints-tenant). */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        int rc = deposit_hinted(&r, "x", 0, bad[i].hints, &st);
+        kvcr_mem_ref xr = {NULL, "", 0};
+        kvcr_block xb = {key_of("x"), &xr, 1};
+        kvcr_deposit_options xo = {.version = KVCR_DEPOSIT_OPTIONS_VERSION,
+                                   .flags = KVCR_STRICT_TENANT, .hints = bad[i].hints,
+                                   .hints_len = strlen(bad[i].hints)};
+        kvcr_op_handle xop;
+        int rc = kvcr_deposit_ex(r.kv, &xb, 1, &xo, &xop);
         if (rc != bad[i].rc || strstr(kvcr_last_error(), bad[i].msg) == NULL)
             fail_msg("hints %s: got %d '%s'", bad[i].hints, rc, kvcr_last_error());
         kvcr_key k = key_of("x");
-        kvcr_fetch_options fo = {KVCR_FETCH_OPTIONS_VERSION, bad[i].hints, strlen(bad[i].hints)};
+        kvcr_fetch_options fo = {KVCR_FETCH_OPTIONS_VERSION, bad[i].hints, strlen(bad[i].hints),
+                                 KVCR_STRICT_TENANT};
         kvcr_op_handle op;
         assert_int_equal(kvcr_fetch_ex(r.kv, &k, 1, NULL, NULL, 0, &fo, &op), bad[i].rc);
     }
