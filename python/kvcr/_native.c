@@ -149,6 +149,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddObject(m, "Instance", (PyObject *)&nat_instance_type) != 0 ||
         PyModule_AddStringConstant(m, "LIBRARY_VERSION", kvcr_version_string()) != 0 ||
         PyModule_AddIntConstant(m, "NO_EVICT", KVCR_NO_EVICT) != 0 ||
+        PyModule_AddIntConstant(m, "STRICT_TENANT", KVCR_STRICT_TENANT) != 0 ||
         PyModule_AddIntConstant(m, "G3_QUEUE_DEPTH", (long)defaults.g3.queue_depth) != 0 ||
         PyModule_AddObjectRef(m, "G3_MAX_STAGING_BYTES", staging) != 0) {
         Py_XDECREF(staging);

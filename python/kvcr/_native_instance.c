@@ -164,7 +164,7 @@ static int hints_of(PyObject *o, const char **text, size_t *len)
 typedef struct routerset {
     kvcr_router_block *rb;     /* n entries, or NULL: none given */
     uint32_t *tokens;          /* every block's token ids, back to back */
-    const char **extra;        /* every block's extra keys, back to back */
+    const char **extra;        /* per block: its extra keys as JSON text, or NULL */
     PyObject *keep;            /* the strings libkvcr reads */
 } routerset;
 
@@ -177,14 +177,14 @@ static void routers_free(routerset *r)
 }
 
 /* One block's (parent | None, token ids tuple, block_size, lora | None,
- * extra keys tuple) (kvcr.api shapes it; libkvcr checks the bounds). */
+ * extra keys as JSON text | None) (kvcr.api shapes it; libkvcr checks the
+ * bounds and the keys' types: kvcr_deposit_options.router_extra). */
 static int router_one(PyObject *t, kvcr_router_block *rb, uint32_t *tokens, size_t *n_tok,
-                      const char **extra, size_t *n_ext, PyObject *keep)
+                      const char **extra, PyObject *keep)
 {
     PyObject *parent, *toks, *lora, *keys;
     unsigned int bs;
-    if (!PyArg_ParseTuple(t, "OO!IOO!", &parent, &PyTuple_Type, &toks, &bs, &lora,
-                          &PyTuple_Type, &keys))
+    if (!PyArg_ParseTuple(t, "OO!IOO", &parent, &PyTuple_Type, &toks, &bs, &lora, &keys))
         return -1;
     *rb = (kvcr_router_block){.block_size_tokens = bs};
     if (parent != Py_None) {
@@ -192,7 +192,7 @@ static int router_one(PyObject *t, kvcr_router_block *rb, uint32_t *tokens, size
         rb->parent_hash = PyLong_AsUnsignedLongLong(parent);
         if (PyErr_Occurred()) return -1;
     }
-    Py_ssize_t nt = PyTuple_GET_SIZE(toks), nx = PyTuple_GET_SIZE(keys);
+    Py_ssize_t nt = PyTuple_GET_SIZE(toks);
     if (nt > 0) rb->token_ids = tokens + *n_tok;
     for (Py_ssize_t i = 0; i < nt; i++) {
         unsigned long v = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(toks, i));
@@ -201,12 +201,7 @@ static int router_one(PyObject *t, kvcr_router_block *rb, uint32_t *tokens, size
     }
     if (lora != Py_None && (rb->lora_name = nat_str_of(lora, keep, "lora_name")) == NULL)
         return -1;
-    rb->extra_keys = extra + *n_ext;
-    rb->n_extra_keys = (uint32_t)nx;
-    for (Py_ssize_t i = 0; i < nx; i++)
-        if ((extra[(*n_ext)++] = nat_str_of(PyTuple_GET_ITEM(keys, i), keep, "extra key")) ==
-            NULL)
-            return -1;
+    if (keys != Py_None && (*extra = nat_str_of(keys, keep, "extra keys")) == NULL) return -1;
     return 0;
 }
 
@@ -219,27 +214,25 @@ static int routers_of(PyObject *router, size_t n, routerset *r)
         PyErr_SetString(PyExc_TypeError, "router must be a list of one entry per block");
         return -1;
     }
-    size_t n_tok = 0, n_ext = 0;
+    size_t n_tok = 0;
     for (size_t i = 0; i < n; i++) { /* sizes first: one allocation of each */
         PyObject *t = PyList_GET_ITEM(router, (Py_ssize_t)i);
         if (t == Py_None) continue;
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5 ||
-            !PyTuple_Check(PyTuple_GET_ITEM(t, 1)) || !PyTuple_Check(PyTuple_GET_ITEM(t, 4))) {
+            !PyTuple_Check(PyTuple_GET_ITEM(t, 1))) {
             PyErr_SetString(PyExc_TypeError, "a router entry must be a 5-tuple or None");
             return -1;
         }
         n_tok += (size_t)PyTuple_GET_SIZE(PyTuple_GET_ITEM(t, 1));
-        n_ext += (size_t)PyTuple_GET_SIZE(PyTuple_GET_ITEM(t, 4));
     }
     if ((r->keep = PyList_New(0)) == NULL || (r->rb = nat_alloc(n, sizeof *r->rb)) == NULL ||
         (r->tokens = nat_alloc(n_tok, sizeof *r->tokens)) == NULL ||
-        (r->extra = nat_alloc(n_ext, sizeof *r->extra)) == NULL)
+        (r->extra = nat_alloc(n, sizeof *r->extra)) == NULL)
         return -1;
-    n_tok = n_ext = 0;
+    n_tok = 0;
     for (size_t i = 0; i < n; i++) {
         PyObject *t = PyList_GET_ITEM(router, (Py_ssize_t)i);
-        if (t != Py_None &&
-            router_one(t, &r->rb[i], r->tokens, &n_tok, r->extra, &n_ext, r->keep) != 0)
+        if (t != Py_None && router_one(t, &r->rb[i], r->tokens, &n_tok, &r->extra[i], r->keep) != 0)
             return -1;
     }
     return 0;
@@ -269,6 +262,7 @@ static PyObject *submit_blocks(Instance *self, PyObject *args, int deliver)
         return NULL;
     }
     opts.router = rs.rb;
+    opts.router_extra = rs.rb ? rs.extra : NULL;
     kvcr_op_handle op = 0;
     int rc;
     self->calls++;
@@ -293,12 +287,13 @@ static PyObject *Instance_deliver(Instance *self, PyObject *args)
     return submit_blocks(self, args, 1);
 }
 
-/* fetch(keys, request_id, layout | None, hints | None) -> op handle */
+/* fetch(keys, request_id, layout | None, hints | None, flags) -> op handle */
 static PyObject *Instance_fetch(Instance *self, PyObject *args)
 {
     PyObject *seq, *rid_o = Py_None, *layout = Py_None, *hints_o = Py_None;
     kvcr_fetch_options opts = {.version = KVCR_FETCH_OPTIONS_VERSION};
-    if (!live(self) || !PyArg_ParseTuple(args, "O|OOO", &seq, &rid_o, &layout, &hints_o) ||
+    if (!live(self) ||
+        !PyArg_ParseTuple(args, "O|OOOI", &seq, &rid_o, &layout, &hints_o, &opts.flags) ||
         hints_of(hints_o, &opts.hints, &opts.hints_len) != 0)
         return NULL;
     const char *rid;

@@ -96,10 +96,33 @@ def _inventory_callback(sink: Callable) -> Callable:
     return deliver
 
 
+def _extra_keys_json(keys) -> Optional[str]:
+    """RouterBlock.extra_keys as libkvcr reads them (router_extra): a JSON
+    array of what vLLM puts in a block's extra keys, str, non-negative
+    int, or a tuple (list) of them; None when there are none."""
+    keys = tuple(keys)
+    if not keys:
+        return None
+
+    def scalar(v):
+        return type(v) is str or (type(v) is int and 0 <= v < 2**64)
+
+    out = []
+    for k in keys:
+        if isinstance(k, (tuple, list)) and all(scalar(v) for v in k):
+            out.append(list(k))
+        elif scalar(k):
+            out.append(k)
+        else:
+            raise ValueError("RouterBlock.extra_keys hold str, non-negative int, or tuples "
+                             f"of them, got {k!r}")
+    return json.dumps(out)
+
+
 def _router_entries(blocks: Mapping, router: Optional[Mapping]) -> Optional[list]:
     """kvcr._native's router list: per block of `blocks`, in its order,
-    (parent | None, token ids, block_size, lora_name | None, extra keys)
-    or None for a block `router` does not describe."""
+    (parent | None, token ids, block_size, lora_name | None, extra keys as
+    JSON text | None) or None for a block `router` does not describe."""
     if router is None:
         return None
     if not isinstance(router, Mapping):
@@ -120,7 +143,8 @@ def _router_entries(blocks: Mapping, router: Optional[Mapping]) -> Optional[list
             raise ValueError("RouterBlock.parent_hash must be an int in [0, 2**64) or None")
         if type(rb.block_size) is not int or not 0 <= rb.block_size < 2**32:
             raise ValueError("RouterBlock.block_size must be an int in [0, 2**32)")
-        out.append((rb.parent_hash, tokens, rb.block_size, rb.lora_name, tuple(rb.extra_keys)))
+        out.append((rb.parent_hash, tokens, rb.block_size, rb.lora_name,
+                    _extra_keys_json(rb.extra_keys)))
     return out
 
 
@@ -717,20 +741,25 @@ class KVCR:
         return self._query(keys, request_id)
 
     def deposit(self, blocks: Mapping, no_evict: bool = False, hints=None,
-                router: Optional[Mapping] = None) -> OpHandle:
+                router: Optional[Mapping] = None, strict_tenant: bool = False) -> OpHandle:
         """Copies {key: [MemoryRef, ...]} framework blocks into KVCR DRAM.
         With no_evict each stored entry carries a release_handle that keeps
         the block resident. `hints` (a Mapping, JSON-encodable, or None)
-        reach the policy's decide_ingest as framework_hints (with
-        required_local = no_evict); a "tenant" key names the tenant
-        (KVCRConfig.tenants) new blocks take. A hint libkvcr refuses (not
-        JSON, an unknown tenant) raises ValueError and starts nothing.
-        `router` maps keys to RouterBlock: what the KV events announce of
-        them (KVCRConfig.kv_events; ignored without). A RouterBlock that
-        breaks a rule (token ids without a block_size, too many extra keys)
+        are the framework's: they reach the policy's decide_ingest as
+        framework_hints as given (with required_local = no_evict). Only
+        with KVCRConfig.tenants is a "tenant" key read: a configured name
+        is the tenant new blocks take; another value gives them none
+        (gauge hints_unknown_tenant), or with strict_tenant raises
+        ValueError. Hints that are not a JSON object raise ValueError and
+        start nothing. `router` maps keys to RouterBlock: what the KV events
+        announce of them (KVCRConfig.kv_events; ignored without). A
+        RouterBlock that breaks a rule (token ids without a block_size, too
+        many extra keys, an extra key not a str, int or tuple of them)
         raises ValueError and starts nothing."""
-        return self._native.deposit(blocks, _native.NO_EVICT if no_evict else 0,
-                                    encode_hints(hints), _router_entries(blocks, router))
+        flags = (_native.NO_EVICT if no_evict else 0) | \
+            (_native.STRICT_TENANT if strict_tenant else 0)
+        return self._native.deposit(blocks, flags, encode_hints(hints),
+                                    _router_entries(blocks, router))
 
     def deliver(self, blocks: Mapping, request_id: Optional[str] = None) -> OpHandle:
         """Copies cached blocks into the {key: [MemoryRef, ...]} framework
@@ -742,17 +771,19 @@ class KVCR:
         return self._native.deliver(blocks, request_id)
 
     def fetch(self, keys, request_id: Optional[str] = None,
-              expected_layout: Optional[list] = None, hints=None) -> OpHandle:
+              expected_layout: Optional[list] = None, hints=None,
+              strict_tenant: bool = False) -> OpHandle:
         """Claims keys in KVCR DRAM — resident ones, or ones read first from G3
         or pulled from the peer that request_id's hint names. Each success
         carries the slots' MemoryRefs (and their addresses) and a
         release_handle. Each fill (from G3 or the peer) asks the policy's
         decide_ingest with `hints` as framework_hints (a "tenant" key names
-        the tenant of blocks that have none) and the router hint kept for
-        request_id as router_hints."""
+        the tenant of blocks that have none, as for deposit, strict_tenant
+        included) and the router hint kept for request_id as router_hints."""
         if isinstance(expected_layout, (str, bytes)):
             raise TypeError("expected_layout must be a list of pool names")
-        return self._native.fetch(keys, request_id, expected_layout, encode_hints(hints))
+        return self._native.fetch(keys, request_id, expected_layout, encode_hints(hints),
+                                  _native.STRICT_TENANT if strict_tenant else 0)
 
     def release(self, handles: Iterable) -> list:
         """[(handle, released)] in order; False for unknown or repeated handles."""

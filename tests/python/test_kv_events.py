@@ -3,8 +3,10 @@ subscriber written here from the ZeroMQ wire protocol (ZMTP 3.0, NULL
 security) and a strict msgpack reader — no pyzmq, no msgpack package —
 decodes every frame: exactly three per message, the topic, consecutive
 8-byte big-endian sequence numbers, [ts float64, [events], dp_rank] with
-maps whose first key is "type"; replay answers every kept batch byte for
-byte and ends with 0xFFFFFFFFFFFFFFFF; the options' types and rules."""
+maps whose first key is "type", every hash in the 8-byte form; extra keys
+of vLLM's types (str, int, tuples) packed as vLLM packs them; replay
+answers every kept batch byte for byte and ends with 0xFFFFFFFFFFFFFFFF;
+the options' types and rules (dp_rank at most 2^31-1)."""
 import hashlib
 import os
 import shutil
@@ -52,7 +54,7 @@ class Reader:
         if t in fixed:
             fmt = fixed[t]
             v = struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
-            return Float64(v) if t == 0xCB else v
+            return Float64(v) if t == 0xCB else Fixed64(v) if t == 0xCF else v
         if t == 0xC0:
             return None
         if t in (0xC2, 0xC3):
@@ -76,6 +78,11 @@ class Reader:
 
 class Float64(float):
     """A float that was encoded as float64 (the timestamp must be)."""
+
+
+class Fixed64(int):
+    """An int that was encoded in the 8-byte unsigned form, 0xcf (hashes
+    must be: llm-d's decoder takes no other)."""
 
 
 def unpack(data: bytes):
@@ -116,7 +123,9 @@ def check_batch(payload: bytes, dp_rank: int, medium: str):
         else:
             assert kind == "AllBlocksCleared" and names == []
         for h in fields.get("block_hashes", []):
-            assert type(h) is int and 0 <= h < 2**64
+            assert type(h) is Fixed64 and 0 <= h < 2**64
+        assert fields.get("parent_block_hash") is None or type(
+            fields["parent_block_hash"]) is Fixed64
         out.append((kind, fields))
     return out
 
@@ -318,11 +327,15 @@ def test_deposit_router_blocks_reach_the_events(ipc_dir):
         router = {b"d0": kvcr.RouterBlock(token_ids=(1, 2, 3, 4), block_size=4,
                                           lora_name="lora-x"),
                   b"d1": kvcr.RouterBlock(parent_hash=parent, token_ids=(5, 6, 7, 8),
-                                          block_size=4, extra_keys=("salt",))}
+                                          block_size=4, extra_keys=("salt",)),
+                  b"d2": kvcr.RouterBlock(extra_keys=("salt", 7, ("mm-a", 3)))}
         with pytest.raises(TypeError, match="must be a RouterBlock"):
             kv.deposit({b"d0": ref(1)}, router={b"d0": (1, 2)})
         with pytest.raises(ValueError, match="token_ids need block_size_tokens"):
             kv.deposit({b"d0": ref(1)}, router={b"d0": kvcr.RouterBlock(token_ids=(1,))})
+        for bad in ((-1,), (1.5,), ({"a": 1},), (("x", ("y",)),), (True,)):
+            with pytest.raises(ValueError, match="extra keys|extra_keys"):
+                kv.deposit({b"d0": ref(1)}, router={b"d0": kvcr.RouterBlock(extra_keys=bad)})
         blocks = {b"d0": ref(1), b"d1": ref(2), b"d2": ref(3)}
         poll_until(kv, kv.deposit(blocks, router=router))
         want = {router_hash(k) for k in blocks}
@@ -344,7 +357,8 @@ def test_deposit_router_blocks_reach_the_events(ipc_dir):
         assert d0["lora_name"] == "lora-x" and d0["parent_block_hash"] is None
         assert d1["parent_block_hash"] == parent and d1["token_ids"] == [5, 6, 7, 8]
         assert d1["extra_keys"] == [["salt"]]
-        assert d2["token_ids"] == [] and d2["block_size"] == 0  # hashes only
+        assert d2["token_ids"] == [] and d2["block_size"] == 0  # no tokens: hashes only
+        assert d2["extra_keys"] == [["salt", 7, ["mm-a", 3]]]  # a tuple is an array
     finally:
         sub.close()
         kv.close()
@@ -417,6 +431,9 @@ def test_options_types_and_rules(ipc_dir):
     with pytest.raises(ValueError, match="kv_events.dp_rank must be between 0 and"):
         kvcr.config.kv_events_args(kvcr.KVEventsOptions(endpoint="tcp://*:1", dp_rank=-1))
     assert kvcr.KVEventsOptions(endpoint="x").buffer_batches == 10000
+    # Dynamo reads dp_rank as a signed 32-bit integer: refused above it
+    with pytest.raises(ValueError, match=r"kv_events.dp_rank must be at most 2147483647"):
+        make_kv(ipc_dir, dp_rank=2**31)
     with pytest.raises(ValueError, match="kv_events.max_batch_events must be between 1 and"):
         make_kv(ipc_dir, max_batch_events=0)
     with pytest.raises(ValueError, match="must be a ZeroMQ endpoint"):

@@ -2,7 +2,8 @@
 request's router hint as router_hints), a policy written without them still
 runs, and tenants: TenantLRUPolicy (libkvcr's tenant_lru) keeps the quieter
 tenant's blocks while another floods, bytes compared; gauges per tenant;
-refusals."""
+hints are the framework's (an unknown "tenant" gives no tenant, refused
+only with strict_tenant); refusals."""
 import ctypes
 import mmap
 import time
@@ -164,12 +165,43 @@ def test_tenant_lru_runs_natively():
     assert native_builtin(flagged) is None
 
 
+def test_hints_are_the_frameworks_without_tenants(rig_factory):
+    """No tenants configured: whatever the hints hold ("tenant" of any
+    value included) reaches the policy untouched, and nothing is refused."""
+    p = Seer()
+    p.required_tiers = frozenset()
+    r = rig_factory(slots=4, policy=p)
+    r.put(0, 1)
+    for i, hints in enumerate(({"tenant": "t1", "x": [1, None]}, {"tenant": 3},
+                               {"tenant": {"org": "a"}})):
+        key = b"k%d" % i
+        assert r.wait(r.kv.deposit({key: r.ref(0)}, hints=hints))[key].success
+        assert p.seen[-1][3] == hints and p.seen[-1][5] is None
+    assert r.wait(r.kv.deposit({b"s": r.ref(0)}, hints={"tenant": "t1"},
+                               strict_tenant=True))[b"s"].success
+
+
+def test_an_unknown_tenant_gives_no_tenant_unless_strict(rig_factory):
+    p = Seer()
+    p.required_tiers = frozenset()
+    r = rig_factory(slots=4, policy=p, telemetry=True, tenants=tenants())
+    r.put(0, 1)
+    for key, hints in ((b"c", {"tenant": "carol"}), (b"n", {"tenant": 3})):
+        assert r.wait(r.kv.deposit({key: r.ref(0)}, hints=hints))[key].success
+        assert p.seen[-1][3] == hints and p.seen[-1][5] is None
+    text = r.kv.prometheus_text()
+    assert 'kvcr_state{resource="hints_unknown_tenant"} 2' in text
+    assert 'kvcr_state{resource="no_tenant_dram_slots"} 2' in text
+
+
 def test_bad_hints_and_tenants_are_refused(rig_factory):
     r = rig_factory(tenants=tenants())
     with pytest.raises(ValueError, match="tenant 'carol', which is not configured"):
-        r.kv.deposit({b"k": r.ref(0)}, hints={"tenant": "carol"})
+        r.kv.deposit({b"k": r.ref(0)}, hints={"tenant": "carol"}, strict_tenant=True)
     with pytest.raises(ValueError, match="\"tenant\" must be a string or null"):
-        r.kv.deposit({b"k": r.ref(0)}, hints={"tenant": 3})
+        r.kv.deposit({b"k": r.ref(0)}, hints={"tenant": 3}, strict_tenant=True)
+    with pytest.raises(ValueError, match="tenant 'carol', which is not configured"):
+        r.kv.fetch([b"k"], hints={"tenant": "carol"}, strict_tenant=True)
     with pytest.raises(TypeError, match="hints must be a Mapping"):
         r.kv.deposit({b"k": r.ref(0)}, hints=["bob"])
     with pytest.raises(ValueError, match="JSON-encodable"):
