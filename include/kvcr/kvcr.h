@@ -570,6 +570,15 @@ int kvcr_submit_hint(kvcr_t *kv, const char *request_id, const char *json, size_
 /* Forgets the request's hint; an unknown request_id is not an error. */
 int kvcr_discard_hint(kvcr_t *kv, const char *request_id);
 
+/* Gives keys[0..n), one prefix sequence in its order, one recency in KVCR
+ * DRAM: every block among them that is READY there takes the newest
+ * last-access time among them (the current time with use_current_time),
+ * and the policy is asked for its eviction score again. Among blocks of
+ * equal score the sequence's tail is evicted first, so LRU keeps a
+ * prefix's head longest. Keys KVCR DRAM does not hold are skipped; a key
+ * listed twice counts where it first stands. G3 keeps its own order. */
+int kvcr_align_sequence(kvcr_t *kv, const kvcr_key *keys, size_t n, bool use_current_time);
+
 /* Answer to request_pin: pin is the framework's non-zero handle for the
  * pin, or 0 when the pin failed. blocks lists exactly the requested keys,
  * each with its framework references, or n_refs 0 when that key is not

@@ -553,6 +553,27 @@ static PyObject *Instance_discard_hint(Instance *self, PyObject *rid_o)
     Py_RETURN_NONE;
 }
 
+static PyObject *Instance_align_sequence(Instance *self, PyObject *args)
+{
+    PyObject *keys_o;
+    int now = 0;
+    if (!live(self) || !PyArg_ParseTuple(args, "O|p", &keys_o, &now)) return NULL;
+    keyset k;
+    if (nat_keys_of(keys_o, &k) != 0) {
+        nat_keys_free(&k);
+        return NULL;
+    }
+    int rc;
+    self->calls++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvcr_align_sequence(self->kv, k.keys, (size_t)k.n, now != 0);
+    Py_END_ALLOW_THREADS
+    self->calls--;
+    nat_keys_free(&k);
+    if (rc != 0) return nat_raise(rc);
+    Py_RETURN_NONE;
+}
+
 /* For tests and diagnostics: (source, hashes, failed) of the hint stored for
  * a request, or None (libkvcr's test hook, kvcr/testing.h). */
 static PyObject *Instance_hint(Instance *self, PyObject *rid_o)
@@ -615,6 +636,8 @@ static PyMethodDef Instance_methods[] = {
     {"submit_hint", (PyCFunction)Instance_submit_hint, METH_VARARGS,
      "submit_hint(request_id, json_bytes)"},
     {"discard_hint", (PyCFunction)Instance_discard_hint, METH_O, "discard_hint(request_id)"},
+    {"align_sequence", (PyCFunction)Instance_align_sequence, METH_VARARGS,
+     "align_sequence(keys, use_current_time=False)"},
     {"hint", (PyCFunction)Instance_hint, METH_O, "hint(request_id) -> (source, hashes, failed)"},
     {"fd", (PyCFunction)Instance_fd, METH_NOARGS, "fd() -> readable while poll has work"},
     {"endpoint", (PyCFunction)Instance_endpoint, METH_NOARGS,

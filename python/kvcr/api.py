@@ -17,6 +17,7 @@ from .config import control_endpoint as control_endpoint_of
 from .control_channels import (KVCRGuardProtocolError, KVCRServiceError, KVCRSocketError,
                                ZmqPeerControlChannel)
 from .hints import encode_hints, encode_router_hint
+from .legacy import framework_region, region_of
 from .policy import KVCachePolicy, native_builtin
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError, MemoryRef,
                     OpEntryResult, OpEntryStatus, OpHandle, PlacementAction, PlacementFailure,
@@ -159,9 +160,19 @@ def _capacity_callback(callback: Callable) -> Callable:
     return deliver
 
 
+def _router_hash_method(adapter: Any) -> Optional[Callable]:
+    """The adapter's key -> router hash method: encode_to_router (its name
+    in vLLM 0.34's adapter) or decode (earlier adapters); None if neither."""
+    for name in ("encode_to_router", "decode"):
+        method = getattr(adapter, name, None)
+        if callable(method):
+            return method
+    return None
+
+
 def _key_hash_callback(adapter: Any) -> Callable:
-    """libkvcr's key_hash through key_adapter.decode: the key's router hash
-    as an int in [0, 2**64), or None when it has none.
+    """libkvcr's key_hash through the key adapter (_router_hash_method): the
+    key's router hash as an int in [0, 2**64), or None when it has none.
 
     decode may return an int (used as is when it is a u64) or bytes (read
     big-endian, low 64 bits: vLLM's maybe_convert_block_hash, which is how
@@ -169,7 +180,7 @@ def _key_hash_callback(adapter: Any) -> Callable:
     else, or an exception (logged once), means "no hash": the key is never
     REMOTE_G2. It runs under libkvcr's instance lock, holding the GIL: the
     adapter must be pure and must not call KVCR."""
-    decode = adapter.decode
+    decode = _router_hash_method(adapter)
     warned = []
 
     def key_hash(key: bytes) -> Optional[int]:
@@ -178,8 +189,8 @@ def _key_hash_callback(adapter: Any) -> Callable:
         except Exception:
             if not warned:
                 warned.append(True)
-                logger.warning("KVCR key_adapter.decode raised; such keys are never REMOTE_G2",
-                               exc_info=True)
+                logger.warning("KVCR key_adapter's router hash raised; such keys are never "
+                               "REMOTE_G2", exc_info=True)
             return None
         if isinstance(h, int) and not isinstance(h, bool):
             h = int(h)
@@ -204,7 +215,8 @@ class _PinBridge:
     libkvcr retries releases on every poll). It runs inside poll_completed()
     and close(), on the polling thread, with no KVCR lock held."""
 
-    def __init__(self, bindings: "KVCRBindings") -> None:
+    def __init__(self, bindings: "KVCRBindings", legacy=None) -> None:
+        self._legacy = legacy  # kvcr.legacy's region: pins given as MemDescriptors
         self._request_pin = bindings.request_pin
         self._poll_pin_results = bindings.poll_pin_results
         self._release_pin = bindings.release_pin
@@ -270,12 +282,12 @@ class _PinBridge:
             self._next_pin += 1
             pin = self._next_pin
             self._handles[pin] = handle
-            available, missing = self._blocks(rid, mapping)
+            available, missing = self._blocks(rid, mapping, self._legacy)
             out.append((req, pin, available, missing))
         return out
 
     @staticmethod
-    def _blocks(rid, mapping):
+    def _blocks(rid, mapping, legacy):
         if not isinstance(mapping, collections.abc.Mapping):
             logger.warning("KVCR pin result for request %r: the mapping is %r, not a Mapping; "
                            "the pin is released", rid, type(mapping).__name__)
@@ -286,7 +298,15 @@ class _PinBridge:
                 break
             if refs is None:
                 missing.append(bytes(key))
-            elif isinstance(refs, list) and refs and all(isinstance(r, MemoryRef) for r in refs):
+                continue
+            if legacy is not None and isinstance(refs, list):
+                try:
+                    refs = legacy.refs(refs)
+                except (TypeError, ValueError) as exc:
+                    logger.warning("KVCR pin result for request %r: %s; the pin is released",
+                                   rid, exc)
+                    return None, ()
+            if isinstance(refs, list) and refs and all(isinstance(r, MemoryRef) for r in refs):
                 available[bytes(key)] = refs
             else:
                 break
@@ -598,6 +618,9 @@ class KVCR:
         self._bindings = bindings
         self._backends = backend_configs
         args = self._validate(config, bindings, backend_configs, guard_config)
+        # framework_dram's region, when the first API registered memory:
+        # its MemDescriptors become MemoryRefs (kvcr.legacy).
+        self._legacy = args.pop("legacy")
         policy = bindings.policy
         # No policy: libkvcr's default (g3_lru with G3, else lru). A built-in
         # (or a subclass changing no hook) runs as libkvcr's C policy; any
@@ -606,7 +629,7 @@ class KVCR:
         adapter = _PolicyAdapter(policy) if policy is not None and builtin is None else None
         self._telemetry = bool(config.enable_telemetry) and bindings.stats_factory is not None
         peer = bindings.framework_control is not None  # the peer-to-peer tier is on
-        self._pins = (_PinBridge(bindings)
+        self._pins = (_PinBridge(bindings, self._legacy)
                       if peer and bindings.request_pin is not None else None)
         self._sink = (_ResilienceSink(bindings.on_resilience_event)
                       if peer and bindings.on_resilience_event is not None else None)
@@ -676,7 +699,9 @@ class KVCR:
             raise TypeError("bindings.policy must be a KVCachePolicy")
         local, g3 = backends.local_dram, backends.g3
         pools, local_backend = local_dram_args(local) if local is not None else (None, "UCX")
-        regions = region_args(backends)
+        legacy = framework_region(backends.framework_dram, config.nixl_agent_name,
+                                  args["pool_layouts"])
+        regions = region_args(backends, region_of(legacy) if legacy is not None else None)
         endpoint = None
         if bindings.framework_control is not None:
             endpoint = control_endpoint_of(bindings.framework_control)
@@ -687,21 +712,18 @@ class KVCR:
             if bindings.cancel_pin_request is not None and not callable(
                     bindings.cancel_pin_request):
                 raise TypeError("cancel_pin_request must be callable or None")
-            if bindings.key_adapter is not None and not callable(
-                    getattr(bindings.key_adapter, "decode", None)):
-                raise TypeError("key_adapter must have a decode(key) method")
+            if bindings.key_adapter is not None and \
+                    _router_hash_method(bindings.key_adapter) is None:
+                raise TypeError("key_adapter must have a decode(key) or encode_to_router(key) "
+                                "method")
             if bindings.on_resilience_event is not None and not callable(
                     bindings.on_resilience_event):
                 raise TypeError("on_resilience_event must be callable or None")
         remote = remote_args(backends.remote_fw_dram, endpoint)
         block_size = args["pool_layouts"][0][1] if args["pool_layouts"] else 0
-        # Valid or not, this build has no part for it.
-        if backends.framework_dram is not None:
-            raise NotImplementedError(
-                "framework_dram (a raw address range) is not supported by this build: "
-                "register framework_regions of RegionDescriptor instead")
         return dict(
             args,
+            legacy=legacy,
             kv_events=kv_events_args(config.kv_events),
             local_dram=pools,
             local_backend=local_backend,
@@ -758,6 +780,8 @@ class KVCR:
         raises ValueError and starts nothing."""
         flags = (_native.NO_EVICT if no_evict else 0) | \
             (_native.STRICT_TENANT if strict_tenant else 0)
+        if self._legacy is not None:
+            blocks = self._legacy.blocks(blocks)
         return self._native.deposit(blocks, flags, encode_hints(hints),
                                     _router_entries(blocks, router))
 
@@ -768,6 +792,8 @@ class KVCR:
         CORRUPT; a block in parts, "pool:*", is read into KVCR DRAM first),
         else — for keys request_id's hint covers — straight from the hinted
         peer (each part where it belongs). Other keys fail (NOT_FOUND)."""
+        if self._legacy is not None:
+            blocks = self._legacy.blocks(blocks)
         return self._native.deliver(blocks, request_id)
 
     def fetch(self, keys, request_id: Optional[str] = None,
@@ -820,6 +846,15 @@ class KVCR:
     def discard_hint(self, request_id: str) -> None:
         """Forgets the request's hint; an unknown request is not an error."""
         self._native.discard_hint(request_id)
+
+    def align_sequence(self, ordered_keys, use_current_time: bool = False) -> None:
+        """Gives the keys, one prefix sequence in its order, one recency in
+        KVCR DRAM: each block held READY there takes the newest last access
+        among them (now, with use_current_time) and its eviction score
+        again, and among equal scores the sequence's tail is evicted first.
+        Keys not in KVCR DRAM are skipped; G3 keeps its own order. Python
+        policies are not told (they score from BlockMeta.last_access)."""
+        self._native.align_sequence(ordered_keys, bool(use_current_time))
 
     def stored_hint(self, request_id: str) -> Optional[tuple]:
         """(source endpoint, sorted unique block hashes, failed) of the hint

@@ -619,6 +619,34 @@ KVCR_API int kvcr_discard_hint(kvcr_t *kv, const char *request_id)
     return rc;
 }
 
+KVCR_API int kvcr_align_sequence(kvcr_t *kv, const kvcr_key *keys, size_t n,
+                                 bool use_current_time)
+{
+    GUARD(kv);
+    if (n > 0 && keys == NULL)
+        return kvcr_fail(KVCR_EINVAL, "kvcr_align_sequence: keys must not be NULL");
+    if (n > UINT32_MAX)
+        return kvcr_fail(KVCR_EINVAL, "kvcr_align_sequence: at most %u keys", UINT32_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (!ops_valid_key(&keys[i]))
+            return kvcr_fail(KVCR_EINVAL, "key %zu must have 1 to %d bytes and non-NULL data", i,
+                             KVCR_KEY_MAX);
+    block_id *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (ids == NULL) return kvcr_fail(KVCR_ENOMEM, "kvcr_align_sequence: out of memory");
+    instance_lock(kv);
+    int rc = kv->closed ? kvcr_fail(KVCR_ECLOSED, "the instance is closed") : 0;
+    uint32_t held = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        block_id id = index_find(&kv->index, keys[i].data, keys[i].len,
+                                 index_hash(keys[i].data, keys[i].len));
+        if (id != BLOCK_NONE && index_get(&kv->index, id)->g2_state == G2_READY) ids[held++] = id;
+    }
+    if (rc == 0) res_align(kv, ids, held, use_current_time);
+    instance_unlock(kv);
+    free(ids);
+    return rc;
+}
+
 /* ---- the peer tier ------------------------------------------------------- */
 
 KVCR_API int kvcr_pin_complete(kvcr_t *kv, uint64_t req, uint64_t pin, const kvcr_block *blocks,

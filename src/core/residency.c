@@ -567,6 +567,27 @@ void res_access(kvcr_t *kv, block_id id)
     b->last_access_ns = kvcr_now_ns();
 }
 
+void res_align(kvcr_t *kv, const block_id *ids, uint32_t n, bool use_current_time)
+{
+    uint64_t t = use_current_time ? kvcr_now_ns() : 0;
+    for (uint32_t i = 0; i < n && !use_current_time; i++) {
+        const block *b = index_get(&kv->index, ids[i]);
+        if (b->last_access_ns > t) t = b->last_access_ns;
+    }
+    if (t == 0) return; /* none was ever accessed: nothing to align to */
+    /* Re-queued tail first: blocks of equal score leave the queue in the
+     * order they entered it. A key listed twice is re-queued last where it
+     * first stands, so that place counts. */
+    for (uint32_t i = n; i-- > 0;) {
+        block *b = index_get(&kv->index, ids[i]);
+        b->last_access_ns = t;
+        if (b->claims == 0 && (b->flags & (BF_IN_LIST | BF_IN_HEAP))) {
+            unqueue(kv, ids[i]);
+            make_evictable(kv, ids[i]);
+        }
+    }
+}
+
 void res_claim(kvcr_t *kv, block_id id)
 {
     block *b = index_get(&kv->index, id);

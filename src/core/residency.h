@@ -32,6 +32,9 @@ void res_unfill(kvcr_t *kv, block_id id);
 bool res_adopt(kvcr_t *kv, block_id id, uint32_t pool, uint32_t slot);
 
 void res_access(kvcr_t *kv, block_id id);
+/* One recency for ids[0..n) (a prefix sequence, in order): see
+ * kvcr_align_sequence. Needs the instance lock. */
+void res_align(kvcr_t *kv, const block_id *ids, uint32_t n, bool use_current_time);
 void res_claim(kvcr_t *kv, block_id id);
 void res_unclaim(kvcr_t *kv, block_id id);
 

@@ -74,6 +74,63 @@ static void test_lru_evicts_the_least_recently_used(void **state)
     rig_stop(&r);
 }
 
+static int align(rig *r, const char *const *names, size_t n, bool now)
+{
+    kvcr_key keys[8];
+    for (size_t i = 0; i < n; i++) keys[i] = key_of(names[i]);
+    return kvcr_align_sequence(r->kv, keys, n, now);
+}
+
+/* vLLM aligns a request's prefix after its transfers: one recency for the
+ * whole sequence, its tail evicted first, so LRU keeps a prefix's head. */
+static void test_an_aligned_sequence_shares_one_recency_and_loses_its_tail_first(void **state)
+{
+    (void)state;
+    rig r;
+    start_with_policy(&r, 4, "lru");
+    rig_deposit1(&r, "a", 0, 0, NULL, NULL);
+    rig_deposit1(&r, "b", 1, 0, NULL, NULL);
+    rig_deposit1(&r, "c", 2, 0, NULL, NULL);
+    rig_deposit1(&r, "d", 3, 0, NULL, NULL);
+    /* Aligned now: a, b, c are newer than d, and c (the tail) goes first.
+     * Unknown keys are skipped, a repeated key counts where it first stands. */
+    const char *seq[] = {"a", "nope", "b", "c", "a"};
+    assert_int_equal(align(&r, seq, 5, true), 0);
+    rig_deposit1(&r, "e", 4, 0, NULL, NULL);
+    rig_deposit1(&r, "f", 5, 0, NULL, NULL);
+    rig_deposit1(&r, "g", 6, 0, NULL, NULL);
+    assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_HIT);
+    assert_string_equal(r.inventory_log,
+                        "+:a +:b +:c +:d -:d +:e -:c +:f -:b +:g");
+    rig_stop(&r);
+}
+
+static void test_an_aligned_sequence_takes_its_newest_access_without_the_clock(void **state)
+{
+    (void)state;
+    rig r;
+    start_with_policy(&r, 3, "lru");
+    rig_deposit1(&r, "a", 0, 0, NULL, NULL);
+    rig_deposit1(&r, "b", 1, 0, NULL, NULL);
+    rig_deposit1(&r, "c", 2, 0, NULL, NULL);
+    /* a takes b's access time and b, the tail, goes first; c stays newest. */
+    const char *seq[] = {"a", "b"};
+    assert_int_equal(align(&r, seq, 2, false), 0);
+    rig_deposit1(&r, "d", 3, 0, NULL, NULL);
+    rig_deposit1(&r, "e", 4, 0, NULL, NULL);
+    assert_string_equal(r.inventory_log, "+:a +:b +:c -:b +:d -:a +:e");
+    /* Bad arguments change nothing; a closed instance refuses. */
+    assert_int_equal(kvcr_align_sequence(r.kv, NULL, 1, true), KVCR_EINVAL);
+    kvcr_key empty = {NULL, 0};
+    assert_int_equal(kvcr_align_sequence(r.kv, &empty, 1, true), KVCR_EINVAL);
+    assert_int_equal(kvcr_align_sequence(r.kv, NULL, 0, true), 0);
+    assert_int_equal(kvcr_close(r.kv), 0);
+    assert_int_equal(align(&r, seq, 2, true), KVCR_ECLOSED);
+    kvcr_free(r.kv);
+    r.kv = NULL;
+    rig_stop(&r);
+}
+
 static void test_claims_and_no_evict_block_eviction_until_released(void **state)
 {
     (void)state;
@@ -226,6 +283,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fifo_evicts_in_arrival_order_even_after_access),
         cmocka_unit_test(test_lru_evicts_the_least_recently_used),
+        cmocka_unit_test(test_an_aligned_sequence_shares_one_recency_and_loses_its_tail_first),
+        cmocka_unit_test(test_an_aligned_sequence_takes_its_newest_access_without_the_clock),
         cmocka_unit_test(test_claims_and_no_evict_block_eviction_until_released),
         cmocka_unit_test(test_a_batch_never_evicts_its_own_keys),
         cmocka_unit_test(test_custom_policy_scores_and_decisions_are_honoured),
