@@ -55,7 +55,8 @@ from .hints import ROUTER_HINT_CAPABILITIES, ROUTER_HINT_KEY
 from .policy import (FIFOPolicy, G3FIFOPolicy, G3LRUPolicy, G3TenantLRUPolicy, KVCachePolicy,
                      LRUPolicy, TenantLRUPolicy)
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError,
-                    LocalDramRegions, MemoryRef, OpEntryResult, OpEntryStatus, OpHandle, OpResult,
+                    LocalDramRegions, MemDescriptor, MemoryRef, OpEntryResult, OpEntryStatus,
+                    OpHandle, OpResult,
                     PinHandle, PinRequestId, PinResult, PlacementAction, PlacementDecision,
                     PlacementFailure, PoolBlockLayouts, QueryStatus, RecoveryMirrorError,
                     RegionDescriptor, ReleaseHandle, ReleaseResult, RouterBlock, TransferError)
@@ -71,7 +72,8 @@ __all__ = [
     "KVCRGuardConfig", "KeyAdapter", "FrameworkDramInput", "FrameworkControl", "TelemetryStats",
     "InventorySink", "FRAMEWORK_MEMORY_TYPES", "KVCRLimits", "KVEventsOptions",
     # kvcr.types
-    "BlockKey", "RegionDescriptor", "MemoryRef", "QueryStatus", "CacheTier", "InventoryEvent",
+    "BlockKey", "RegionDescriptor", "MemoryRef", "MemDescriptor", "QueryStatus", "CacheTier",
+    "InventoryEvent",
     "OpHandle", "OpEntryStatus", "OpEntryResult", "OpResult", "PinHandle", "PinRequestId",
     "PinResult", "PlacementAction", "PlacementDecision", "PlacementFailure", "BlockMeta",
     "ReleaseHandle", "ReleaseResult", "LocalDramRegions", "PoolBlockLayouts",

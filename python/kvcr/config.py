@@ -203,8 +203,10 @@ class G3Options:
 
 @dataclass(frozen=True)
 class FrameworkDramInput:
-    """Legacy single framework region (address, length). Not supported by
-    this build: register framework_regions of RegionDescriptor instead."""
+    """The first API's framework memory: one DRAM range (address, length) of
+    whole blocks of the single pool, referenced by MemDescriptor (vLLM 0.30
+    and 0.31 adapters). KVCR registers it as one region (kvcr.legacy); new
+    code registers framework_regions of RegionDescriptor instead."""
 
     address: int
     length: int
@@ -243,7 +245,11 @@ class KVCRGuardConfig:
 
 
 class KeyAdapter(Protocol):
-    def encode(self, framework_key: Any) -> BlockKey: ...
+    """How KVCR learns a key's router hash (the hash hints and KV events
+    name): `decode(key)`, or under its newer name `encode_to_router(key)`
+    (vLLM 0.34's adapter), an int or hash bytes. The framework-side
+    conversions (encode / decode_from_framework and their inverses) are
+    the framework's own; KVCR never calls them."""
 
     def decode(self, key: BlockKey) -> "int | bytes": ...
 
@@ -412,12 +418,13 @@ def _region(region: Any) -> tuple:
             _c_int("framework region device_id", region.device_Id, _I32_MIN, _I32_MAX))
 
 
-def region_args(backends: KVCRBackendConfigs) -> list:
-    """framework_regions as kvcr._native.Instance's tuples (addr, size,
-    count, stride, label, kvcr_mem_type, device)."""
+def region_args(backends: KVCRBackendConfigs, legacy=None) -> list:
+    """framework_regions (or the region `legacy`, kvcr.legacy's, made of
+    framework_dram) as kvcr._native.Instance's tuples (addr, size, count,
+    stride, label, kvcr_mem_type, device)."""
     if backends.framework_dram is not None and backends.framework_regions:
         raise ValueError("configure either framework_dram or framework_regions, not both")
-    regions = backends.framework_regions
+    regions = backends.framework_regions if legacy is None else [legacy]
     if isinstance(regions, (str, bytes)) or not hasattr(regions, "__iter__"):
         raise TypeError("framework_regions must contain RegionDescriptor values")
     return [_region(r) for r in regions]

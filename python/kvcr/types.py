@@ -73,6 +73,20 @@ class MemoryRef:
     element_index: int
 
 
+@dataclass(frozen=True, slots=True)
+class MemDescriptor:
+    """The first API's block reference (vLLM 0.30 and 0.31 adapters): one
+    block at an absolute address of framework_dram. KVCR turns it into the
+    MemoryRef of that element (kvcr.legacy), or refuses it."""
+
+    end_point_name: str
+    mem_type: str
+    addr: int
+    size: int
+    device_Id: int = 0
+    info: str = ""
+
+
 PinResult = Optional[Tuple[PinHandle, Mapping[BlockKey, Optional[list]]]]
 
 
