@@ -1,0 +1,171 @@
+"""Starts and drives vllm_engine_child.py processes (one vLLM engine each).
+
+Shared by the end-to-end test and the TTFT bench. Every wait is bounded;
+close() ends the child by its pid (quit, then SIGTERM, then SIGKILL) and
+reaps it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# The tiny model's KV bytes per 32-token block: 2 layers x (K, V) x 2 heads x
+# 64 dims x 32 tokens x 4 bytes.
+BLOCK_TOKENS = 32
+CHUNK_BYTES = 2 * 2 * 2 * 64 * BLOCK_TOKENS * 4
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for the KVCR control channel)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kvcr_tier(port: int, g2_slots: int, g3: dict | None = None, **extra) -> dict:
+    """The `kvcr` secondary tier's options, as in kv_connector_extra_config."""
+    tier = {
+        "router_capabilities": ["router_hint"],
+        "control_host": "127.0.0.1",
+        "control_ports": [port],
+        "control_advertise_host": "127.0.0.1",
+        "secondary_g2_slots": g2_slots,
+        "enable_telemetry": True,
+    }
+    if g3 is not None:
+        tier["g3"] = g3
+        tier["policy"] = "g3_lru"
+    tier.update(extra)
+    return tier
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.update({
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        # The engine core in the child's own process: the test reads the
+        # KVCR tier's state through it, and there is one process to reap.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # vLLM's CPU build sizes its KV cache from this (GiB); the engine's
+        # blocks are then cut to a few by num_gpu_blocks_override.
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(HERE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]),
+    })
+    return env
+
+
+class EngineChild:
+    def __init__(self, model: Path, log: Path, kvcr: dict | None = None,
+                 cpu_chunks: int = 4, engine_blocks: int = 10,
+                 start_timeout: float = 240.0) -> None:
+        cfg = {"model": str(model), "kvcr": kvcr, "cpu_chunks": cpu_chunks,
+               "engine_blocks": engine_blocks, "chunk_bytes": CHUNK_BYTES,
+               "block_size": BLOCK_TOKENS, "max_model_len": 256}
+        self.log = log
+        r, w = os.pipe()
+        self._logf = open(log, "wb")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE / "vllm_engine_child.py"), json.dumps(cfg), str(w)],
+                stdin=subprocess.PIPE, stdout=self._logf, stderr=subprocess.STDOUT,
+                pass_fds=(w,), env=child_env(), cwd=str(log.parent))
+        finally:
+            os.close(w)
+        self._reply = os.fdopen(r, "rb", buffering=0)
+        self._buf = b""
+        self._recv(start_timeout, "ready")
+
+    def _recv(self, timeout: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"engine child: no {what} in {timeout:.0f} s; "
+                                   f"log {self.log}:\n{self.tail()}")
+            ready, _, _ = select.select([self._reply], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self._reply.fileno(), 65536)
+                if not chunk:
+                    raise RuntimeError(f"engine child exited ({self.proc.poll()}) before "
+                                       f"{what}; log {self.log}:\n{self.tail()}")
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        ans = json.loads(line)
+        if "error" in ans:
+            raise RuntimeError(f"engine child: {ans['error']}")
+        return ans
+
+    def call(self, op: str, timeout: float = 150.0, **args) -> dict:
+        self.proc.stdin.write((json.dumps(dict(args, op=op)) + "\n").encode())
+        self.proc.stdin.flush()
+        return self._recv(timeout, op)
+
+    def generate(self, tokens, max_tokens: int = 8, kv_hints: dict | None = None) -> dict:
+        return self.call("generate", tokens=list(tokens), max_tokens=max_tokens,
+                         kv_hints=kv_hints)
+
+    def metrics(self) -> dict:
+        return self.call("metrics")["metrics"]
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def close(self) -> int | None:
+        """Asks the child to quit (vLLM shuts down its connector and the KVCR
+        tier), then SIGTERM, then SIGKILL; always reaps it. Its exit code."""
+        if self.proc.poll() is None:
+            try:
+                self.call("quit", timeout=60)
+            except (OSError, RuntimeError, TimeoutError, ValueError):
+                pass
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            for sig_fn, wait_s in ((None, 60), (self.proc.terminate, 15), (self.proc.kill, 15)):
+                if sig_fn is not None:
+                    sig_fn()
+                try:
+                    self.proc.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self._reply.close()
+        self._logf.close()
+        return self.proc.returncode
+
+
+def metric(metrics: dict, name: str, **labels) -> float:
+    """The value of one series (0 when absent): name plus its labels."""
+    key = name + "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
+    return metrics.get(key, 0)
+
+
+def kv_hint(source_endpoint: str, hashes, message_id: str = "m-1") -> dict:
+    """The router's kv_hint envelope (protocol 0.1, one kv.fetch action)."""
+    return {
+        "protocol_version": "0.1",
+        "message_id": message_id,
+        "actions": [{
+            "action_id": "a-1",
+            "action_type": "kv.fetch",
+            "action_version": "1.0",
+            "payload": {"source_control_endpoint": source_endpoint,
+                        "block_hashes": [int(h) for h in hashes], "mode": "copy"},
+        }],
+    }
