@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/router_meta.h"
 #include "net/json.h"
@@ -56,6 +57,24 @@ static void meta_found(void *ud, const uint8_t *key, size_t key_len, const uint8
                          "router metadata (it is announced by its hash alone)");
 }
 
+/* No state: where a stream starts. One that a successor continues (guard
+ * mode: the journal header keeps its next number) goes on from there. One
+ * nobody continues starts at the wall clock in microseconds, past every
+ * number an earlier process on the same endpoint sent (it closes at most
+ * one batch a millisecond per max_batch_events events): Dynamo's
+ * standalone indexer drops every batch numbered at or below the last one
+ * it applied, so a restarted stream from 0 would go unheard (its
+ * AllBlocksCleared and its warm start's blocks included) until it passed
+ * the old numbers, while a jump forward is a gap every consumer fills from
+ * the replay or skips. */
+static uint64_t first_seq(const api_events_stream *st)
+{
+    if (st != NULL && st->numbered != NULL) return st->first_seq;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 int api_events_start(kvcr_t *kv, const api_events_stream *st)
 {
     const kvcr_kv_events_options *k = &kv->conf.kv_events;
@@ -72,7 +91,7 @@ int api_events_start(kvcr_t *kv, const api_events_stream *st)
         .batch_interval_ms = k->batch_interval_ms,
         .max_queued_batches = k->max_queued_batches,
         .positional = k->legacy_positional,
-        .first_seq = st ? st->first_seq : 0,
+        .first_seq = first_seq(st),
         .numbered = st ? st->numbered : NULL,
         .numbered_ud = st ? st->ud : NULL,
     };

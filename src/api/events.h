@@ -25,8 +25,9 @@ typedef struct api_events_stream {
 } api_events_stream;
 
 /* Starts the publisher when the configuration has an endpoint (before
- * any inventory is queued), its numbering as st says (NULL: from 0,
- * kept by nobody); it first publishes AllBlocksCleared (what a router
+ * any inventory is queued), its numbering as st says (NULL or no
+ * numbered: kept by nobody, from the wall clock in microseconds, past
+ * an earlier process's numbers); it first publishes AllBlocksCleared (what a router
  * knew of an earlier life of this endpoint is gone; the blocks found
  * again are announced after it). 0, or the publisher's error (the
  * message names the endpoint). */

@@ -187,13 +187,28 @@ static void send_batch(kvpub *p, batch *b)
     keep(p, seq, payload, len);
 }
 
-/* The thread: subscriptions arrive as messages on the socket; reading them
- * keeps its queue from growing (their content needs no answer). */
+/* The thread: subscriptions arrive as messages on the socket (every one:
+ * XPUB_VERBOSE). A new subscriber hears nothing of what was sent before it
+ * joined, and a router told nothing new does not know it missed anything
+ * (a warm start announces its blocks once, at start, before any router
+ * could reconnect). So a subscription is answered with an empty batch
+ * numbered as the next, once the stream has sent anything: every
+ * subscriber sees the stream's current number, and one that joined late
+ * asks the replay for what came before. */
 static void drain_subscriptions(kvpub *p)
 {
     char buf[64];
-    for (int i = 0; i < SUBSCRIPTIONS_PER_TURN; i++)
-        if (zmq_recv(p->pub, buf, sizeof buf, ZMQ_DONTWAIT) < 0) return;
+    bool joined = false;
+    for (int i = 0; i < SUBSCRIPTIONS_PER_TURN; i++) {
+        int n = zmq_recv(p->pub, buf, sizeof buf, ZMQ_DONTWAIT);
+        if (n < 0) break;
+        joined |= n > 0 && buf[0] == 1; /* 1: subscribe, 0: unsubscribe */
+    }
+    if (joined && p->next_seq != p->o.first_seq) { /* else the first batch is still to come */
+        batch empty = {0};
+        msgpack_sbuffer_init(&empty.events);
+        send_batch(p, &empty);
+    }
 }
 
 /* ---- replay (the thread) ----------------------------------------------------- */
@@ -338,7 +353,8 @@ static int open_sockets(kvpub *p, const char *replay_endpoint)
     int hwm = p->o.buffer_batches > INT32_MAX - 2 ? INT32_MAX : (int)p->o.buffer_batches + 2;
     p->pub = zmq_socket(p->ctx, ZMQ_XPUB);
     if (p->pub == NULL || set_int(p->pub, ZMQ_LINGER, LINGER_MS) != 0 ||
-        set_int(p->pub, ZMQ_SNDHWM, hwm) != 0 || set_int(p->pub, ZMQ_XPUB_NODROP, 1) != 0)
+        set_int(p->pub, ZMQ_SNDHWM, hwm) != 0 || set_int(p->pub, ZMQ_XPUB_NODROP, 1) != 0 ||
+        set_int(p->pub, ZMQ_XPUB_VERBOSE, 1) != 0)
         return kvcr_fail(KVCR_ESYS, "kv events socket: %s", zmq_strerror(errno));
     bool bind = kvpub_binds(p->endpoint);
     if ((bind ? zmq_bind(p->pub, p->endpoint) : zmq_connect(p->pub, p->endpoint)) != 0)

@@ -14,6 +14,12 @@
  * full (the batch is counted dropped, keeps its number and stays in the
  * ring, so a subscriber sees the gap and can replay it).
  *
+ * Every subscription (XPUB_VERBOSE: a second subscriber of the same
+ * topic too) is answered with an empty batch, [ts, [], dp_rank], numbered
+ * as the next: a subscriber that joined late learns the stream's number
+ * and replays what it missed (Dynamo's listeners and kvcr demo's router
+ * do), where otherwise it would wait for the next event to notice.
+ *
  * Replay (replay_endpoint, a ROUTER socket, always bound): a request is one
  * frame of 8 bytes, the big-endian start sequence (after the client's
  * identity, and the empty delimiter a REQ client adds); the answer is
