@@ -51,9 +51,10 @@ static const char usage_text[] =
     "                      4 system blocks, 128 slots, 60 s limit); options given explicitly win\n"
     "  --json              print the final figures as one JSON object\n"
     "  --kv-events-port P  the router's index comes from KV events (always): engine e's KVCR\n"
-    "                      publishes to tcp://127.0.0.1:(P+e) (the router binds it), topic\n"
-    "                      kv@engine-<e>@demo, with replay on tcp://127.0.0.1:(P+100+e);\n"
-    "                      without it the demo picks free ports\n"
+    "                      binds tcp://*:(P+e) as a vLLM engine does (the router connects to\n"
+    "                      tcp://127.0.0.1:(P+e), and so may any other subscriber while the\n"
+    "                      demo runs), topic kv@engine-<e>@demo, replay on\n"
+    "                      tcp://127.0.0.1:(P+100+e); without it the demo picks free ports\n"
     "  --hosts N           N hosts on this machine (the netns rig, needs root): the router on\n"
     "                      198.18.0.1, engine e on 198.18.0.<e+2>, each in its own network,\n"
     "                      IPC and UTS namespaces, so blocks cross a network link as between\n"
@@ -249,9 +250,8 @@ static uint16_t free_port(const uint16_t *taken, int n)
 
 /* Every engine's KV-event ports: --kv-events-port's, or free ones. 0, or
  * -1 with a message. */
-static int kv_ports(demo_opts *o, const netrig *rig)
+static int kv_ports(demo_opts *o)
 {
-    snprintf(o->router_addr, sizeof o->router_addr, "%s", rig ? netrig_addr(rig, 0) : "127.0.0.1");
     uint16_t taken[2 * DEMO_MAX_ENGINES];
     int n = 0, p = o->kv_events_port;
     for (int e = 0; e < o->engines; e++) {
@@ -798,7 +798,7 @@ int cmd_demo(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     netrig *rig; /* SIGINT or SIGKILL here: its keepers remove it (netrig.h) */
     if ((rc = hosts_up(&o, &rig)) != 0) return rc;
-    if (kv_ports(&o, rig) != 0) {
+    if (kv_ports(&o) != 0) {
         netrig_down(rig);
         return 1;
     }

@@ -64,10 +64,10 @@ typedef struct demo_opts {
      * its host's address; 0: every process on this host, on 127.0.0.1. */
     int hosts;
     char engine_addr[DEMO_MAX_ENGINES][16]; /* set by the driver with the rig */
-    char router_addr[16];                   /* 127.0.0.1, or the router's rig host */
-    /* KV events: engine e's KVCR publishes to the router on kv_pub_port[e]
-     * and answers replay on kv_replay_port[e] (--kv-events-port P: P + e
-     * and P + 100 + e; without it, free ports the driver picks). */
+    /* KV events: engine e's KVCR publishes on kv_pub_port[e] (bound: the
+     * router and any other subscriber connect) and answers replay on
+     * kv_replay_port[e] (--kv-events-port P: P + e and P + 100 + e;
+     * without it, free ports the driver picks). */
     int kv_events_port;
     uint16_t kv_pub_port[DEMO_MAX_ENGINES], kv_replay_port[DEMO_MAX_ENGINES];
 } demo_opts;
@@ -192,10 +192,12 @@ int demo_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, 
  * EMSGSIZE for a message larger than cap. */
 int demo_recv(int fd, uint32_t *type, void *buf, size_t cap, size_t *len, double deadline);
 
-/* Engine e's KV-event endpoints: where it publishes (the router's address:
- * a literal host, so the engine connects and the router binds) and where
- * it answers replay (its own address, bound). */
-void demo_kv_endpoints(const demo_opts *o, int e, char *pub, size_t pub_len, char *replay,
+/* Engine e's KV-event endpoints, as vLLM's engines have them: where it
+ * publishes (pub, "tcp://" "*:<port>": bound, so that any number of routers
+ * and monitors connect), where a subscriber connects to it (sub, its own
+ * address) and where it answers replay (its own address, bound). */
+void demo_kv_endpoints(const demo_opts *o, int e, char *pub, size_t pub_len, char *sub,
+                       size_t sub_len, char *replay,
                        size_t replay_len);
 
 /* Child processes: die with the driver, ignore SIGPIPE (writes fail),

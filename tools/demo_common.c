@@ -141,10 +141,12 @@ int demo_recv_fds(int sock, int32_t *engine, int *fd0, int *fd1)
     return 0;
 }
 
-void demo_kv_endpoints(const demo_opts *o, int e, char *pub, size_t pub_len, char *replay,
-                       size_t replay_len)
+void demo_kv_endpoints(const demo_opts *o, int e, char *pub, size_t pub_len, char *sub,
+                       size_t sub_len, char *replay, size_t replay_len)
 {
-    snprintf(pub, pub_len, "tcp://%s:%u", o->router_addr, (unsigned)o->kv_pub_port[e]);
+    snprintf(pub, pub_len, "tcp://*:%u", (unsigned)o->kv_pub_port[e]);
+    snprintf(sub, sub_len, "tcp://%s:%u", o->hosts ? o->engine_addr[e] : "127.0.0.1",
+             (unsigned)o->kv_pub_port[e]);
     snprintf(replay, replay_len, "tcp://%s:%u", o->hosts ? o->engine_addr[e] : "127.0.0.1",
              (unsigned)o->kv_replay_port[e]);
 }

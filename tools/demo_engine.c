@@ -504,9 +504,12 @@ static int start(engine *e)
     cfg.callbacks.ud = e;
     cfg.callbacks.key_hash = key_hash;
     cfg.callbacks.resilience = on_resilience;
-    /* The router's index: KV events to its bound socket, replay on ours. */
-    char kv_pub[DEMO_ENDPOINT_MAX], kv_replay[DEMO_ENDPOINT_MAX], topic[64];
-    demo_kv_endpoints(o, e->idx, kv_pub, sizeof kv_pub, kv_replay, sizeof kv_replay);
+    /* The router's index: KV events on our bound socket (as a vLLM
+     * engine binds its port on every address), replay on ours. */
+    char kv_pub[DEMO_ENDPOINT_MAX], kv_sub[DEMO_ENDPOINT_MAX], kv_replay[DEMO_ENDPOINT_MAX];
+    char topic[64];
+    demo_kv_endpoints(o, e->idx, kv_pub, sizeof kv_pub, kv_sub, sizeof kv_sub, kv_replay,
+                      sizeof kv_replay);
     snprintf(topic, sizeof topic, "kv@engine-%d@demo", e->idx);
     cfg.kv_events.endpoint = kv_pub;
     cfg.kv_events.replay_endpoint = kv_replay;

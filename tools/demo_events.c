@@ -1,9 +1,9 @@
 /* kvcr demo: the router's intake of KV events, as a KV-aware router of
- * Dynamo or llm-d takes them. Engine e's KVCR publishes on
- * tcp://<router address>:<kv_pub_port[e]> (a literal host: the engine
- * connects, the router binds one SUB socket per engine), topic
- * kv@engine-<e>@demo, and answers replay on its own
- * tcp://<engine address>:<kv_replay_port[e]>. Every message is checked
+ * Dynamo or llm-d takes them. Engine e's KVCR binds port kv_pub_port[e]
+ * on every address as a vLLM engine does (the router connects one
+ * SUB socket per engine to tcp://<engine address>:<port>, and any other
+ * subscriber may too), topic kv@engine-<e>@demo, and answers replay on
+ * its own tcp://<engine address>:<kv_replay_port[e]>. Every message is checked
  * (three frames, the topic, the sequence number) and its payload decoded
  * by libkvcr's strict decoder (compiled into the tool, net/kvev.h). A gap
  * in the numbering (a subscription that came late, a slow reader) is
@@ -55,15 +55,16 @@ int demo_events_open(const demo_opts *o, demo_events_apply apply, void *ud, demo
     d->ud = ud;
     for (int e = 0; e < o->engines; e++) {
         kv_stream *s = &d->s[e];
-        char where[DEMO_ENDPOINT_MAX];
-        demo_kv_endpoints(o, e, where, sizeof where, s->replay, sizeof s->replay);
+        char bound[DEMO_ENDPOINT_MAX], where[DEMO_ENDPOINT_MAX];
+        demo_kv_endpoints(o, e, bound, sizeof bound, where, sizeof where, s->replay,
+                          sizeof s->replay);
         snprintf(s->topic, sizeof s->topic, "kv@engine-%d@demo", e);
         int zero = 0;
         s->sub = zmq_socket(d->ctx, ZMQ_SUB);
         if (s->sub == NULL || zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
             zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) != 0 ||
-            zmq_bind(s->sub, where) != 0) {
-            fprintf(stderr, "kvcr demo: router: cannot bind the KV-event endpoint %s: %s\n",
+            zmq_connect(s->sub, where) != 0) {
+            fprintf(stderr, "kvcr demo: router: cannot connect to the KV-event endpoint %s: %s\n",
                     where, zmq_strerror(errno));
             demo_events_close(d);
             return -1;

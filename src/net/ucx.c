@@ -64,6 +64,7 @@ struct ucx_ctx {
     size_t addr_len;
     int efd;
     uint8_t addr_version;  /* low nibble of our own address's first byte */
+    bool rkey_sys_dev;     /* packed rkeys end with a system device byte (UCX >= 1.20) */
     bool shape_known;      /* our own address parsed: peers' are checked deeply */
     ucxaddr_shape shape;
     ucxaddr_tcp tcp;       /* where our own TCP transport listens (from our address) */
@@ -233,6 +234,15 @@ static void tcp_seg_size(const ucx_ctx *c, const char *name, const char *value)
              user ? "from the environment" : "KVCR's default for TCP lanes");
 }
 
+/* Whether the UCX loaded at run time (which may be another than the headers
+ * this was compiled with) is major.minor or later. Any thread, no lock. */
+static bool ucx_at_least(unsigned major, unsigned minor)
+{
+    unsigned ma, mi, rel;
+    ucp_get_version(&ma, &mi, &rel);
+    return ma > major || (ma == major && mi >= minor);
+}
+
 /* UCX 1.13 (and before) asserts, aborting the process, when a TCP
  * connection to a peer fails while one of its connection set-up messages
  * still waits to be sent on it: a peer that dies, or a link that drops,
@@ -242,9 +252,9 @@ static void tcp_seg_size(const ucx_ctx *c, const char *name, const char *value)
  * warning when TCP is the only transport, else a note. */
 static void note_tcp_setup_abort(const ucx_ctx *c)
 {
+    if (ucx_at_least(1, 14)) return;
     unsigned major, minor, release;
     ucp_get_version(&major, &minor, &release);
-    if (major > 1 || minor > 13) return;
     kvcr_log(c->log, shared_memory_allowed() ? KVCR_LOG_INFO : KVCR_LOG_WARN,
              "ucx %u.%u.%u: a peer reached over TCP that dies, or a link that drops, while UCX "
              "sets up the connection aborts this process (an assertion inside UCX, removed in "
@@ -309,6 +319,7 @@ int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out)
     c->log = log;
     c->efd = -1;
     c->done_tail = &c->done_head;
+    c->rkey_sys_dev = ucx_at_least(1, 20);
 
     ucp_config_t *cfg;
     ucs_status_t st = read_config(c, &cfg);
@@ -706,9 +717,15 @@ void ucx_abort_counts(const ucx_ctx *c, uint64_t *aborts, uint64_t *tcp_resets)
 int ucx_rkey_unpack(ucx_peer *p, const void *buf, size_t len, ucx_rkey **out)
 {
     /* A packed rkey is a memory domain map (8 bytes), a memory type byte and
-     * one length-prefixed key per domain in the map: checked like the address. */
+     * one length-prefixed key per domain in the map: checked like the
+     * address. From UCX 1.20 on a non-empty map is followed by the memory's
+     * system device, 0xff for host memory (unknown), which UCX reads
+     * whatever the length: any other value makes it read a list of device
+     * distances up to a terminator, past what we hold, and a missing one is
+     * read past the buffer. So exactly that byte there, nothing before. */
     const uint8_t *b = buf;
     if (p->ep == NULL) return kvcr_fail(KVCR_ESYS, "ucx rkey: the peer's endpoint was aborted");
+    if (p->failed) return kvcr_fail(KVCR_ESYS, "ucx rkey: the peer is unreachable");
     if (b == NULL || len < 9 || len > 4096)
         return kvcr_fail(KVCR_EINVAL, "malformed UCX rkey: %zu bytes", len);
     uint64_t md_map;
@@ -720,6 +737,11 @@ int ucx_rkey_unpack(ucx_peer *p, const void *buf, size_t len, ucx_rkey **out)
         if (pos >= len || b[pos] > len - pos - 1)
             return kvcr_fail(KVCR_EINVAL, "malformed UCX rkey: truncated");
         pos += 1 + b[pos];
+    }
+    if (md_map != 0 && p->c->rkey_sys_dev) {
+        if (pos >= len || b[pos] != 0xff)
+            return kvcr_fail(KVCR_EINVAL, "UCX rkey: not for host memory (system device)");
+        pos++;
     }
     if (pos != len) return kvcr_fail(KVCR_EINVAL, "malformed UCX rkey: trailing bytes");
 
@@ -801,6 +823,23 @@ static size_t next_run(const ucx_seg *segs, size_t n, size_t *i, size_t *first,
     return merge_run(segs, n, *first, i, mem);
 }
 
+/* Whether op may post another request on its endpoint (the progress
+ * thread): never once UCX reported the peer failed (peer_error). UCX
+ * marks an endpoint failed and tears its lanes down before it calls the
+ * error callback, and UCX 1.22 crashes on a put or get posted on such an
+ * endpoint (seen in NIXL's tests; UCX's own fix was not merged). Both
+ * happen inside one call into UCX, which runs only request_done (it posts
+ * nothing) in between: so once that call returns the endpoint is failed
+ * only if p->failed says so, and a check before every post holds even if
+ * UCX fails the endpoint inside one of this write's own posts. The rest
+ * of the write fails. */
+static bool may_post(write_op *op)
+{
+    if (!op->p->failed) return true;
+    op_fail(op, UCS_ERR_UNREACHABLE);
+    return false;
+}
+
 /* Posts one request of op; false once the write has failed. */
 static bool post(write_op *op, void *req)
 {
@@ -875,6 +914,7 @@ static void batch_add(am_batch *b, uint64_t tag, const ucx_seg *first, size_t le
 static bool batch_send(write_op *op, am_batch *b)
 {
     if (b->runs == 0) return true;
+    if (!may_post(op)) return false;
     void *req = b->runs == 1
                     ? send_message(op, b->h, AMHDR_ONE, b->iov[0].buffer, b->iov[0].length, false)
                     : send_message(op, b->h, AMHDR_LEN(b->runs), b->iov, b->runs, true);
@@ -914,7 +954,7 @@ static bool post_runs(write_op *op, const ucx_seg *segs, size_t n, uint64_t tag)
     if (op->messages) return message_runs(op, segs, n, tag);
     const ucx_mem *mem;
     for (size_t i = 0, first, len; (len = next_run(segs, n, &i, &first, &mem)) != 0;)
-        if (!post(op, put_run(op, &segs[first], len, mem))) return false;
+        if (!may_post(op) || !post(op, put_run(op, &segs[first], len, mem))) return false;
     return true;
 }
 
@@ -1000,7 +1040,7 @@ int ucx_write_as(ucx_peer *p, const ucx_seg *segs, size_t n, uint64_t tag, bool 
      * bytes it took. Puts: every put first, then one flush; the puts
      * pipeline, and the flush completes once all of them are complete at
      * the destination. */
-    if (post_runs(op, segs, n, tag) && !op->messages) {
+    if (post_runs(op, segs, n, tag) && !op->messages && may_post(op)) {
         ucp_request_param_t rp = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
             .cb.send = request_done,
