@@ -3,7 +3,7 @@
     python vllm_engine_child.py CONFIG_JSON REPLY_FD
 
 CONFIG_JSON: {"model": dir, "kvcr": null | {tier options}, "cpu_chunks": n,
-"engine_blocks": n}. With "kvcr", the engine offloads through vLLM's
+"engine_blocks": n, "prefix_caching": bool}. With "kvcr", the engine offloads through vLLM's
 OffloadingConnector, its tiering spec (vllm_engine_cpu_offload's host-copy
 worker: vLLM's own worker needs CUDA) and vLLM's KVCR tier; without, it has
 no connector at all (the baseline).
@@ -41,7 +41,7 @@ def _engine(cfg: dict):
         max_model_len=cfg.get("max_model_len", 256),
         max_num_seqs=4, max_num_batched_tokens=cfg.get("max_model_len", 256),
         num_gpu_blocks_override=cfg.get("engine_blocks", 10),
-        enable_prefix_caching=True, disable_log_stats=False,
+        enable_prefix_caching=cfg.get("prefix_caching", True), disable_log_stats=False,
     )
     tier = cfg.get("kvcr")
     if tier is not None:

@@ -69,9 +69,10 @@ def child_env() -> dict:
 class EngineChild:
     def __init__(self, model: Path, log: Path, kvcr: dict | None = None,
                  cpu_chunks: int = 4, engine_blocks: int = 10,
-                 start_timeout: float = 240.0) -> None:
+                 prefix_caching: bool = True, start_timeout: float = 240.0) -> None:
         cfg = {"model": str(model), "kvcr": kvcr, "cpu_chunks": cpu_chunks,
-               "engine_blocks": engine_blocks, "chunk_bytes": CHUNK_BYTES,
+               "engine_blocks": engine_blocks, "prefix_caching": prefix_caching,
+               "chunk_bytes": CHUNK_BYTES,
                "block_size": BLOCK_TOKENS, "max_model_len": 256}
         self.log = log
         r, w = os.pipe()

