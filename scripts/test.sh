@@ -2,7 +2,9 @@
 # The whole test suite: set-up (which makes the release build), the layer
 # rules on it (scripts/check-layers.sh), then the C tests in that release
 # build, an ASan+UBSan build, a TSan build and under valgrind, bounded
-# fuzzing, then the Python tests.
+# fuzzing, the Python tests, and last the real-engine stage: vLLM and SGLang
+# from the package registry in a cached virtual environment
+# (scripts/test-engines.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -84,3 +86,6 @@ if [ -d tests/python ]; then
   echo "== Python tests =="
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
 fi
+
+echo "== real engines (vLLM, SGLang) =="
+scripts/test-engines.sh

@@ -189,8 +189,8 @@ def _key_hash_callback(adapter: Any) -> Callable:
         except Exception:
             if not warned:
                 warned.append(True)
-                logger.warning("KVCR key_adapter's router hash raised; such keys are never "
-                               "REMOTE_G2", exc_info=True)
+                logger.warning("KVCR key_adapter.%s raised; such keys are never REMOTE_G2",
+                               decode.__name__, exc_info=True)
             return None
         if isinstance(h, int) and not isinstance(h, bool):
             h = int(h)

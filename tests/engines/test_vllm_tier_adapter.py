@@ -76,3 +76,85 @@ def test_stores_cascade_into_kvcr_and_evicted_chunks_come_back_from_it(engines):
     for i in (0, 2):
         assert e.load(reader, vt.key(i)) == vt.payload(i)
     e.manager.on_request_finished(reader)
+
+
+def test_chunks_spilled_to_g3_come_back_from_disk(engines, tmp_path):
+    """Two KVCR DRAM slots: the rest of what cascades spills to a G3 file
+    (STORAGE events), and chunks the primary tier lost are read back."""
+    g3 = {"paths": [str(tmp_path / "g3" / "slots.bin")], "capacity_bytes_per_file": 16 * vt.ROW}
+    e = engines(vt.kvcr_tier(secondary_g2_slots=2, g3=g3), primary_chunks=4)
+    ctx = e.request("fill")
+    for first in range(0, 8, 2):  # two at a time: one cascade fits KVCR DRAM
+        keys = [vt.key(i) for i in range(first, first + 2)]
+        e.store(ctx, keys, [vt.payload(i) for i in range(first, first + 2)])
+        e.until(e.idle, "cascade into KVCR")
+    e.manager.on_request_finished(ctx)
+    # Spills are written behind the evictions: wait until G3 holds them.
+    on_disk = [vt.key(i) for i in range(4)]
+    e.until(lambda: [(s.name, t and t.name) for s, t in e.kvcr_tier._kvcr.query(on_disk)]
+            == [("FETCHABLE", "G3")] * 4, "the spills of the first four chunks")
+    assert stored_in_kvcr(e, on_disk, Medium.STORAGE) == set(on_disk)
+    reader = e.request("read")
+    for i in range(4):
+        assert e.load(reader, vt.key(i)) == vt.payload(i)
+    e.manager.on_request_finished(reader)
+
+
+def test_a_hinted_prefix_is_pulled_from_a_peer_engine_that_serves_it_through_its_parent(engines):
+    """Engine B's request carries the router's hint naming engine A. B's
+    lookups HIT in its KVCR tier, its promotion pulls the chunks from A,
+    and A, which has them only in its primary tier (no KVCR DRAM), pins
+    them through vLLM's ParentManager (a store job of A's manager, released
+    when the pull is done)."""
+    a = engines(vt.kvcr_tier(secondary_g2_slots=0), primary_chunks=8, events=False)
+    b = engines(vt.kvcr_tier(secondary_g2_slots=0), primary_chunks=8, events=False)
+    prefix = [vt.key(100 + i) for i in range(3)]
+    ctx = a.request("a-prefill")
+    a.store(ctx, prefix, [vt.payload(100 + i) for i in range(3)])
+    a.until(a.idle, "A's own cascade")
+    hint = {"protocol_version": "0.1", "actions": [
+        {"action_type": "kv.fetch", "action_version": "1.0",
+         "payload": {"source_control_endpoint": a.control_endpoint,
+                     "block_hashes": [vt.router_hash(k) for k in prefix]}}]}
+    req = b.request("b-hinted", hint)
+    plain = b.request("b-plain")
+    assert b.manager.lookup(prefix[0], plain) is LookupResult.MISS
+    for i, k in enumerate(prefix):
+        assert b.load(req, k, others=[a]) == vt.payload(100 + i)
+    # A's pins were store jobs of its own manager, each finished and gone.
+    a.until(lambda: a.idle() and not a.kvcr_tier._framework_pin_adapter.has_active_pins(),
+            "A's pins released", others=[b])
+    b.manager.on_request_finished(req)
+    b.manager.on_request_finished(plain)
+    a.manager.on_request_finished(ctx)
+
+
+def metric_values(stats, name: str) -> list:
+    """Every value recorded under `name` in a vLLM OffloadingConnectorStats,
+    whatever the release's layout of it (nested mappings and sequences)."""
+    found = []
+
+    def walk(node, under):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, under or k == name)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v, under)
+        elif under and isinstance(node, (int, float)) and not isinstance(node, bool):
+            found.append(node)
+    walk(stats.data, False)
+    return found
+
+
+def test_stats_reach_vllm_with_the_kvcr_transfers(engines):
+    e = engines(primary_chunks=4)
+    ctx = e.request("fill")
+    e.store(ctx, [vt.key(i) for i in range(4)], [vt.payload(i) for i in range(4)])
+    e.until(e.idle, "cascade")
+    stats = e.kvcr_tier.get_stats()
+    assert stats is not None
+    blocks = metric_values(stats, "vllm:kvcr_transfer_blocks")
+    assert sum(blocks) >= 4, stats.data
+    assert metric_values(stats, "vllm:kvcr_transfer_bytes"), stats.data
+    e.manager.on_request_finished(ctx)

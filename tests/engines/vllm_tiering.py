@@ -212,6 +212,7 @@ class Engine:
         return data
 
     def close(self) -> None:
+        self.memory.release()  # the primary tier unmaps its region at shutdown
         self.manager.shutdown()
 
 

@@ -363,9 +363,19 @@ def test_legacy_framework_dram(mem):
     legacy = kvcr.FrameworkDramInput(address_of(fw), len(fw))
     assert refused(ValueError, config, bindings, dataclasses.replace(backends, framework_dram=legacy)) \
         == "configure either framework_dram or framework_regions, not both"
-    got = refused(NotImplementedError, config, bindings,
-                  dataclasses.replace(backends, framework_dram=legacy, framework_regions=()))
-    assert "framework_dram" in got and "framework_regions" in got
+    # The first API's rules (kvcr.legacy); test_legacy_api.py runs it.
+    alone = dataclasses.replace(backends, framework_dram=legacy, framework_regions=())
+    assert refused(ValueError, config, bindings,
+                   dataclasses.replace(alone, framework_dram=kvcr.FrameworkDramInput(
+                       address_of(fw), len(fw) - 1))).startswith(
+        "framework_dram must be a non-empty range at a non-zero address whose length is a "
+        "multiple of the block size 4096")
+    two = [("", BLOCK), ("b", BLOCK)]
+    assert "needs exactly one pool layout" in refused(
+        ValueError, dataclasses.replace(config, pool_layouts=two), bindings, alone)
+    assert refused(TypeError, config, bindings,
+                   dataclasses.replace(alone, framework_dram=(address_of(fw), len(fw)))) \
+        == "framework_dram must be a FrameworkDramInput or None"
 
 
 def test_argument_types(mem):

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The real-engine tests: makes (or finds) the engine environment
+# (scripts/engines-env.sh), runs every tests/engines test in it — vLLM's CPU
+# build with its own KVCR adapter, SGLang's HiCache, the end-to-end runs —
+# then vLLM's KVCR adapter tests once more for each other vLLM release in
+# requirements/vllm-revisions.txt, that release's `vllm` package put first
+# on the path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=$(scripts/engines-env.sh | tail -1)
+revisions=${KVCR_ENGINES_DIR:-/var/cache/kvcr/engines}/vllm-revisions
+# No model hub here: the tests make their own tiny model and tokenizer.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+run_pytest() { # LABEL [pytest args...]; pytest's "no tests ran" (5) is a failure too
+  local label=$1; shift
+  echo "== engine tests: $label =="
+  (cd tests/engines && "$python" -m pytest -q -p no:cacheprovider "$@")
+}
+
+run_pytest "$("$python" -c 'import vllm; print("vllm", vllm.__version__)')" .
+
+while read -r name version _; do
+  [ -n "$name" ] && [ "${name#\#}" = "$name" ] || continue
+  KVCR_EXPECT_VLLM=$version PYTHONPATH="$revisions/$version" \
+    run_pytest "$name $version's KVCR adapter" test_vllm_tier_adapter.py
+done < requirements/vllm-revisions.txt
