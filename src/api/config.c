@@ -1,6 +1,7 @@
 #include "api/config.h"
 #include "api/abi.h"
 
+#include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,8 +89,14 @@ static int check_scalars(const kvcr_config *cfg)
     if (cfg->operation_timeout_ms == 0)
         return kvcr_fail(KVCR_EINVAL, "operation_timeout_ms must be positive");
     if ((uint64_t)cfg->abandon_timeout_ms < 2 * (uint64_t)cfg->operation_timeout_ms)
+        /* Frameworks pass both from their own configuration (vLLM's kvcr
+         * tier config): say which value would be accepted. */
         return kvcr_fail(KVCR_EINVAL,
-                         "abandon_timeout_ms must be at least twice operation_timeout_ms");
+                         "abandon_timeout_ms must be at least twice operation_timeout_ms "
+                         "(%" PRIu32 " < 2 x %" PRIu32 "): set abandon_timeout_ms to %" PRIu64
+                         " or more",
+                         cfg->abandon_timeout_ms, cfg->operation_timeout_ms,
+                         2 * (uint64_t)cfg->operation_timeout_ms);
     double w = cfg->capacity_low_watermark_percent;
     if (!(w >= 0.0 && w <= 100.0)) /* also rejects NaN */
         return kvcr_fail(KVCR_EINVAL, "capacity_low_watermark_percent must be between 0 and 100");

@@ -78,7 +78,8 @@ CONFIG_CASES = [
     (dict(operation_timeout_ms=0), ValueError, "operation_timeout_ms must be positive"),
     (dict(operation_timeout_ms=True), TypeError, "operation_timeout_ms must be an int, not bool"),
     (dict(abandon_timeout_ms=1999), ValueError,
-     "abandon_timeout_ms must be at least twice operation_timeout_ms"),
+     "abandon_timeout_ms must be at least twice operation_timeout_ms (1999 < 2 x 1000): "
+     "set abandon_timeout_ms to 2000 or more"),
     (dict(capacity_low_watermark_percent=101), ValueError,
      "capacity_low_watermark_percent must be between 0 and 100"),
     (dict(capacity_low_watermark_percent=-0.5), ValueError,

@@ -106,7 +106,7 @@ static const rule rules[] = {
     {"unique", dup_pool_names, KVCR_EINVAL, "pool_layouts pool names must be unique"},
     {"empty name", empty_name_multi, KVCR_EINVAL, "pool_layouts cannot use an empty name with multiple pools"},
     {"timeout", zero_timeout, KVCR_EINVAL, "operation_timeout_ms must be positive"},
-    {"abandon", short_abandon, KVCR_EINVAL, "abandon_timeout_ms must be at least twice operation_timeout_ms"},
+    {"abandon", short_abandon, KVCR_EINVAL, "abandon_timeout_ms must be at least twice operation_timeout_ms (1999 < 2 x 1000): set abandon_timeout_ms to 2000 or more"},
     {"watermark", watermark_high, KVCR_EINVAL, "capacity_low_watermark_percent must be between 0 and 100"},
     {"watermark nan", watermark_nan, KVCR_EINVAL, "capacity_low_watermark_percent must be between 0 and 100"},
     {"copy threads", zero_copy_threads, KVCR_EINVAL, "copy_threads must be between 1 and 64"},
