@@ -2,7 +2,8 @@
 # Makes the virtual environment of the routers' tests (tests/routers): the
 # real consumers of KVCR's KV events (requirements/routers.txt: Dynamo's
 # runtime with its KV indexer, msgspec for vLLM's structs, pyzmq, msgpack)
-# and our kvcr package built from this tree.
+# and our kvcr package built from this tree, with the `kvcr` command
+# ($VENV/bin/kvcr) for its service.
 #
 #   scripts/routers-env.sh                 # prints the environment's python
 #   KVCR_ROUTERS_VENV=/some/dir scripts/routers-env.sh
@@ -61,6 +62,10 @@ if [ "$(cat "$VENV/.kvcr-package.sha256" 2>/dev/null)" != "$src_sum" ]; then
    KVCR_CMAKE_BUILD_DIR="$VENV/.kvcr-cmake" KVCR_BUILD_JOBS="${KVCR_BUILD_JOBS:-2}" \
      "$PY" -m pip install -q --disable-pip-version-check --require-virtualenv \
      --no-build-isolation --no-deps --no-index --force-reinstall .)
+  # The `kvcr` command too (its service: the Guard the tests SIGKILL an
+  # engine under), from the same CMake build.
+  cmake --build "$VENV/.kvcr-cmake" --target kvcr_tool -j "${KVCR_BUILD_JOBS:-2}" >/dev/null
+  install -m 755 "$VENV/.kvcr-cmake/tools/kvcr" "$VENV/bin/kvcr"
   echo "$src_sum" >"$VENV/.kvcr-package.sha256"
 else
   log "kvcr up to date ($src_sum)"
