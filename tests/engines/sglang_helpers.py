@@ -154,3 +154,112 @@ def zero_pool(pool) -> None:
     bufs = pool.kv_buffer if isinstance(pool.kv_buffer, (tuple, list)) else [pool.kv_buffer]
     for b in bufs:
         b.zero_()
+
+
+# ---- SGLang's own cache controller ------------------------------------------------------
+
+_PUBLISHED = []
+
+
+def publish_runtime(model_dir: str, layout: str) -> None:
+    """SGLang's process-wide runtime context, as a scheduler process has it
+    (the controller reads its TP rank and widths from there): server
+    arguments for a tiny model whose config.json is written here (no hub),
+    TP 1, world rank 0. Once per process."""
+    if _PUBLISHED:
+        return
+    import os
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+    from transformers import LlamaConfig
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                    architectures=["LlamaForCausalLM"]).save_pretrained(model_dir)
+    args = ServerArgs(model_path=model_dir, device="cpu", page_size=PAGE,
+                      enable_hierarchical_cache=True, hicache_mem_layout=layout,
+                      hicache_ratio=2.0, skip_tokenizer_init=True)
+    runtime_context.publish(args, role="scheduler",
+                            ranks=runtime_context.SpawnRanks(world_rank=0))
+    _PUBLISHED.append(layout)
+
+
+def controller(kind: str, layout: str, model_dir: str, metrics: bool = False, **extra):
+    """SGLang's HiCacheController over a CPU device pool (MHATokenToKVPool
+    or MLATokenToKVPool) and a host pool built from its buffer facts, its
+    storage the `dynamic` backend of `extra` (the controller calls SGLang's
+    factory, register_mem_pool_host and on_host_pools_registered itself).
+    The host pool is built directly, not by SGLang's assembler
+    (build_kv_host_pool), because the assembler pins host memory with
+    cudaHostRegister, which needs an NVIDIA driver."""
+    import threading
+    from sglang.srt.managers.cache_controller import HiCacheController
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
+    publish_runtime(model_dir, layout)
+    tokens = DEVICE_PAGES * PAGE
+    common = dict(host_to_device_ratio=2.0, host_size=0, page_size=PAGE, layout=layout,
+                  pin_memory=False, device="cpu", device_capacity_tokens=tokens,
+                  start_layer=0, end_layer=LAYERS)
+    if kind == "mla":
+        device = MLATokenToKVPool(tokens, PAGE, torch.bfloat16, KV_LORA_RANK, ROPE_DIM, LAYERS,
+                                  "cpu", False)
+        host = MLATokenToKVPoolHost(device.get_device_pool_infos()[0].buffer_info,
+                                    target_layer_num=LAYERS, **common)
+    else:
+        device = MHATokenToKVPool(tokens, PAGE, torch.bfloat16, HEADS, HEAD_DIM, LAYERS, "cpu",
+                                  False)
+        host = MHATokenToKVPoolHost(device._mha_buffer_info(), **common)
+    allocator = PagedTokenToKVPoolAllocator(tokens, PAGE, torch.bfloat16, "cpu", device,
+                                            need_sort=False)
+    extra.setdefault("interface_v1", 1)
+    extra.setdefault("dram_bytes", 1 << 20)
+    return HiCacheController(allocator, host, PAGE, None, threading.Event(),
+                             storage_backend="dynamic", model_name="kvcr-test-model",
+                             storage_backend_extra_config=dict(EXTRA, **extra),
+                             enable_storage_metrics=metrics)
+
+
+def token_ids(seed: int, pages: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 512, (pages * PAGE,), generator=g).tolist()
+
+
+def storage_keys(tokens: list) -> list:
+    """SGLang's own page keys of a token sequence (what the controller
+    hashes them to)."""
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+    return get_storage_hash_str(tokens, None, page_size=PAGE)
+
+
+def backup(ctrl, host_indices, tokens: list, timeout: float = 30) -> int:
+    """The controller's write-back to storage (write_storage, its backup
+    thread): the tokens it reports written."""
+    op_id = ctrl.write_storage(host_indices, tokens, hash_value=storage_keys(tokens),
+                               prefix_keys=[])
+    op = ctrl.ack_backup_queue.get(timeout=timeout)
+    assert op.id == op_id
+    return op.completed_tokens
+
+
+def prefetch(ctrl, request_id: str, tokens: list, timeout: float = 30):
+    """The controller's prefetch from storage, as SGLang's radix cache runs
+    it: prefetch() queues the request, the prefetch thread asks the backend
+    how many pages it has (batch_exists), the scheduler allocates host
+    pages for the hit and hands the operation to the IO thread
+    (batch_get_v1), which reports through PrefetchAcks until completed_req.
+    Returns (host indices of the hit, tokens completed)."""
+    ctrl.prefetch(request_id, tokens, None, [])
+    op = ctrl.prefetch_hit_queue.get(timeout=timeout)
+    if op.storage_hit_count == 0:
+        return None, 0
+    op.host_indices = ctrl.mem_pool_host.alloc(op.storage_hit_count)
+    ctrl.prefetch_buffer.put(op)
+    completed = 0
+    for _ in range(1000):
+        ack = ctrl.ack_prefetch_queue.get(timeout=timeout)
+        if ack.completed_tokens is not None:
+            completed = max(completed, ack.completed_tokens)
+        if ack.completed_req:
+            return op.host_indices, completed
+    raise AssertionError("no completed_req PrefetchAck")
