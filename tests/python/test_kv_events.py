@@ -279,6 +279,7 @@ def replay_all(ipc_dir):
 
 
 def test_stream_and_replay_decode_frame_by_frame(ipc_dir):
+    started_us = time.time_ns() // 1000
     kv, fw, pool = make_kv(ipc_dir, dp_rank=5)
     sub = subscribe(ipc_dir)
     seen = {"stored": set(), "removed": set()}
@@ -301,10 +302,14 @@ def test_stream_and_replay_decode_frame_by_frame(ipc_dir):
         assert seen["removed"], "evictions are announced"
 
         got = replay_all(ipc_dir)
-        assert [s for s, _ in got] == list(range(len(got)))
+        # numbered without a gap from the wall clock in microseconds when the
+        # stream opened: past any earlier process's numbers on the endpoint
+        first = got[0][0]
+        assert started_us <= first <= time.time_ns() // 1000
+        assert [s for s, _ in got] == list(range(first, first + len(got)))
         assert check_batch(got[0][1], 5, "CPU")[0][0] == "AllBlocksCleared"
         for seq, payload in seen["payloads"].items():
-            assert got[seq][1] == payload  # byte for byte what the subscriber got
+            assert got[seq - first][1] == payload  # byte for byte what the subscriber got
     finally:
         sub.close()
         kv.close()
