@@ -1,5 +1,6 @@
 """vLLM's own KVCR adapter (vllm/v1/kv_offload/tiering/kvcr/manager.py of
-the vLLM release under test, not the project's copy) on this kvcr package,
+the vLLM release under test) and the project's copy of the adapter
+(kvcr.integrations.vllm, loaded as an out-of-tree tier) on this package,
 driven by vLLM's own TieringOffloadingManager: stores cascade from the
 primary tier into KVCR, chunks the primary tier evicted come back from KVCR
 DRAM and G3 with their bytes, a second engine pulls a prefix peer to peer by
@@ -31,12 +32,21 @@ def test_vllm_0_31_factory_cannot_start_the_kvcr_tier():
         vt.TieringOffloadingSpec(vt.offloading_config(vt.kvcr_tier(), 4)).get_manager()
 
 
-@pytest.fixture
-def engines():
+@pytest.mark.skipif(vt.SEED_REVISION_RUNS, reason="vLLM 0.33 or later runs the copy")
+def test_the_projects_copy_names_the_releases_it_needs():
+    with pytest.raises(ImportError, match="the KVCR adapter of vLLM 0.33 and later"):
+        import kvcr.integrations.vllm  # noqa: F401
+
+
+@pytest.fixture(params=vt.ADAPTERS_HERE)
+def engines(request):
+    """Engines whose KVCR tier runs the adapter under test (vt.ADAPTERS);
+    keyword arguments other than primary_chunks and events go into the
+    tier's config."""
     made = []
 
-    def make(tier=None, **kw):
-        engine = vt.Engine(tier if tier is not None else vt.kvcr_tier(), **kw)
+    def make(primary_chunks=4, events=True, **tier):
+        engine = vt.Engine(vt.kvcr_tier(request.param, **tier), primary_chunks, events)
         made.append(engine)
         return engine
     yield make
@@ -82,7 +92,7 @@ def test_chunks_spilled_to_g3_come_back_from_disk(engines, tmp_path):
     """Two KVCR DRAM slots: the rest of what cascades spills to a G3 file
     (STORAGE events), and chunks the primary tier lost are read back."""
     g3 = {"paths": [str(tmp_path / "g3" / "slots.bin")], "capacity_bytes_per_file": 16 * vt.ROW}
-    e = engines(vt.kvcr_tier(secondary_g2_slots=2, g3=g3), primary_chunks=4)
+    e = engines(primary_chunks=4, secondary_g2_slots=2, g3=g3)
     ctx = e.request("fill")
     for first in range(0, 8, 2):  # two at a time: one cascade fits KVCR DRAM
         keys = [vt.key(i) for i in range(first, first + 2)]
@@ -106,8 +116,8 @@ def test_a_hinted_prefix_is_pulled_from_a_peer_engine_that_serves_it_through_its
     and A, which has them only in its primary tier (no KVCR DRAM), pins
     them through vLLM's ParentManager (a store job of A's manager, released
     when the pull is done)."""
-    a = engines(vt.kvcr_tier(secondary_g2_slots=0), primary_chunks=8, events=False)
-    b = engines(vt.kvcr_tier(secondary_g2_slots=0), primary_chunks=8, events=False)
+    a = engines(primary_chunks=8, events=False, secondary_g2_slots=0)
+    b = engines(primary_chunks=8, events=False, secondary_g2_slots=0)
     prefix = [vt.key(100 + i) for i in range(3)]
     ctx = a.request("a-prefill")
     a.store(ctx, prefix, [vt.payload(100 + i) for i in range(3)])

@@ -75,9 +75,26 @@ def offloading_config(tier: dict, primary_chunks: int, events: bool = True,
     ))
 
 
-def kvcr_tier(**overrides) -> dict:
+# Which KVCR adapter the tier runs: vLLM's own (tier type "kvcr", the file
+# in the vLLM release under test), or this package's copy of the adapter
+# (kvcr.integrations.vllm, the revision the project was built against),
+# loaded the way vLLM loads any out-of-tree tier.
+ADAPTERS = {
+    "vllm": dict(type="kvcr"),
+    "kvcr.integrations.vllm": dict(type="KVCRSecondaryTierManager",
+                                   module_path="kvcr.integrations.vllm"),
+}
+
+
+# The project's copy is the revision of vLLM 0.33 on (it refuses older
+# releases at import, which test_vllm_tier_adapter.py checks).
+SEED_REVISION_RUNS = tuple(int(p) for p in VLLM_VERSION.split(".")[:2]) >= (0, 33)
+ADAPTERS_HERE = sorted(ADAPTERS) if SEED_REVISION_RUNS else ["vllm"]
+
+
+def kvcr_tier(adapter: str = "vllm", **overrides) -> dict:
     """The `secondary_tiers` entry a user writes for KVCR, on loopback."""
-    tier = dict(type="kvcr", router_capabilities=["router_hint"], control_host="127.0.0.1",
+    tier = dict(ADAPTERS[adapter], router_capabilities=["router_hint"], control_host="127.0.0.1",
                 control_ports=[free_port()], control_advertise_host="127.0.0.1",
                 secondary_g2_slots=8, enable_telemetry=True, operation_timeout_ms=5000,
                 abandon_timeout_ms=10000)
@@ -118,6 +135,7 @@ def _manager_without_factory(spec):
     config = dict(spec.secondary_tier_configs[0])
     tier_cls = SecondaryTierFactory.get_tier_class(config)
     tier_type = config.pop("type")
+    config.pop("module_path", None)
     tier = tier_cls(offloading_spec=spec, primary_kv_view=primary.get_kv_memoryview(),
                     tier_type=tier_type, **config)
     return TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])

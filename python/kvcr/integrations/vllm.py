@@ -3,7 +3,10 @@
 The KVCRSecondaryTierManager class below is vLLM's adapter (the project's
 contract), unchanged, with its imports filled in from this package and the
 helpers it references defined here. Load it through vLLM's tier factory as
-`kvcr.integrations.vllm.KVCRSecondaryTierManager`.
+`kvcr.integrations.vllm.KVCRSecondaryTierManager` (module_path), with vLLM
+0.33 or later; every vLLM since 0.30 also carries its own copy of this
+adapter (tier type "kvcr"), of the revision that release was built with,
+and this package runs each of them (tests/engines).
 
 With this build of KVCR (see the kvcr package docstring):
 * The tier always runs the peer-to-peer tier: its ZmqPeerControlChannel
@@ -101,6 +104,14 @@ from kvcr.types import (
     QueryStatus,
     RegionDescriptor,
 )
+
+# This revision of the adapter reads vLLM's stats through metric_sections(),
+# which vLLM has since 0.33. Older releases carry their own adapter, which
+# this package runs too: there, use vLLM's tier type "kvcr".
+if not hasattr(OffloadingConnectorStats, "metric_sections"):
+    raise ImportError(
+        "kvcr.integrations.vllm is the KVCR adapter of vLLM 0.33 and later; this vLLM "
+        "is older: configure its own KVCR tier ({\"type\": \"kvcr\"}) instead")
 
 try:
     import msgspec
