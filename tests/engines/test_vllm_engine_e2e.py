@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiny_model import SPECIALS, make_tiny_model, vocabulary  # noqa: E402
 from vllm_engine_proc import (  # noqa: E402
-    BLOCK_TOKENS, CHUNK_BYTES, EngineChild, free_port, kv_hint, kvcr_tier, metric)
+    BLOCK_TOKENS, CHUNK_BYTES, EngineChild, free_port, kv_hint, kvcr_tier, metric, settle)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -94,12 +94,15 @@ def engines(tmp_path):
         assert code == 0, f"engine exited {code}; log {log}"
 
 
-def _offload_then_evict(engine: EngineChild, baseline: dict) -> dict:
-    """Runs FIRST (offloaded to KVCR), then the fillers; returns the metrics."""
+def _offload_then_evict(engine: EngineChild, baseline: dict, where: str) -> dict:
+    """Runs FIRST (offloaded to KVCR), then the fillers, until KVCR holds the
+    prefix's blocks in tier `where`; returns the metrics."""
     first = engine.generate(FIRST, MAX_TOKENS)
     assert first["tokens"] == baseline["first"]
     for f in FILLERS:
         engine.generate(f, MAX_TOKENS)
+    want = [where] * PREFIX_BLOCKS
+    assert settle(engine, PREFIX, want) == want
     return engine.metrics()
 
 
@@ -131,7 +134,7 @@ def _assert_served_by_kvcr(before: dict, after: dict, second: dict, operation: s
 def test_prefix_evicted_from_the_engine_is_served_from_kvcr_dram(
         model_dir, baseline, engines):
     engine = engines("dram", model=model_dir, kvcr=kvcr_tier(free_port(), g2_slots=64))
-    before = _offload_then_evict(engine, baseline)
+    before = _offload_then_evict(engine, baseline, "HIT:LOCAL_G2")
     # Every full block of FIRST and of the fillers went into KVCR DRAM.
     assert metric(before, "vllm:kvcr_transfer_blocks", operation="local_fill") == \
         PREFIX_BLOCKS * (1 + len(FILLERS))
@@ -150,7 +153,7 @@ def test_prefix_spilled_to_g3_is_served_from_the_g3_file(
     tier = kvcr_tier(free_port(), g2_slots=4,
                      g3={"paths": [str(g3_file)], "capacity_bytes_per_file": 64 * CHUNK_BYTES})
     engine = engines("g3", model=model_dir, kvcr=tier)
-    before = _offload_then_evict(engine, baseline)
+    before = _offload_then_evict(engine, baseline, "FETCHABLE:G3")
     assert metric(before, "vllm:kvcr_transfer_blocks", operation="g3_store") >= PREFIX_BLOCKS
     assert g3_file.stat().st_size >= PREFIX_BLOCKS * CHUNK_BYTES
     second = engine.generate(SECOND, MAX_TOKENS)
@@ -169,12 +172,13 @@ def test_second_engine_pulls_the_prefix_from_the_first_by_router_hint(
     # bits), which the source's KVCR holds and the target's does not.
     endpoint = source.call("endpoint")["endpoint"]
     assert endpoint.startswith("tcp://127.0.0.1:")
+    in_dram = ["HIT:LOCAL_G2"] * PREFIX_BLOCKS
+    assert settle(source, PREFIX, in_dram) == in_dram
     at_source = source.call("block_hashes", tokens=PREFIX)
     at_target = target.call("block_hashes", tokens=PREFIX)
     assert at_source["hashes"] == at_target["hashes"]
     assert len(at_source["hashes"]) == PREFIX_BLOCKS
-    assert at_source["kvcr"] == ["HIT"] * PREFIX_BLOCKS
-    assert at_target["kvcr"] == ["MISS"] * PREFIX_BLOCKS
+    assert at_target["kvcr"] == ["MISS:None"] * PREFIX_BLOCKS
 
     before = target.metrics()
     # The hint goes in the request (vLLM's kv_hints, the KvHintsEnvelope the
@@ -184,4 +188,4 @@ def test_second_engine_pulls_the_prefix_from_the_first_by_router_hint(
     after = target.metrics()
     _assert_served_by_kvcr(before, after, second, "remote_deliver", baseline)
     # A copy: the source's KVCR still holds the blocks.
-    assert source.call("block_hashes", tokens=PREFIX)["kvcr"] == ["HIT"] * PREFIX_BLOCKS
+    assert source.call("block_hashes", tokens=PREFIX)["kvcr"] == in_dram

@@ -24,7 +24,6 @@ SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 LAYERS = 2
 HIDDEN = 128
 HEADS = 2
-KV_HEADS = 2
 INTERMEDIATE = 256
 SEED = 1234
 
@@ -63,17 +62,17 @@ def _tokenizer(out: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
-def _config() -> dict:
+def _config(layers: int, hidden: int, heads: int, intermediate: int) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": len(vocabulary()),
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HIDDEN // HEADS,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": hidden // heads,
         "hidden_act": "silu",
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
@@ -88,13 +87,13 @@ def _config() -> dict:
     }
 
 
-def _weights(out: Path) -> None:
+def _weights(out: Path, layers: int, hidden: int, heads: int, intermediate: int) -> None:
     import torch
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(SEED)
-    V, H, I = len(vocabulary()), HIDDEN, INTERMEDIATE
-    hd = HIDDEN // HEADS
+    V, H, I = len(vocabulary()), hidden, intermediate
+    hd = hidden // heads
 
     def rnd(*shape: int, std: float) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * std).contiguous()
@@ -103,14 +102,14 @@ def _weights(out: Path) -> None:
     # Large enough a spread that the next token depends on the whole context
     # (attention not flat): KV bytes that came back wrong change the output.
     t["model.embed_tokens.weight"] = rnd(V, H, std=1.0)
-    for i in range(LAYERS):
+    for i in range(layers):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = torch.ones(H)
         t[p + "post_attention_layernorm.weight"] = torch.ones(H)
-        t[p + "self_attn.q_proj.weight"] = rnd(HEADS * hd, H, std=0.3)
-        t[p + "self_attn.k_proj.weight"] = rnd(KV_HEADS * hd, H, std=0.3)
-        t[p + "self_attn.v_proj.weight"] = rnd(KV_HEADS * hd, H, std=0.3)
-        t[p + "self_attn.o_proj.weight"] = rnd(H, HEADS * hd, std=0.1)
+        t[p + "self_attn.q_proj.weight"] = rnd(heads * hd, H, std=0.3)
+        t[p + "self_attn.k_proj.weight"] = rnd(heads * hd, H, std=0.3)
+        t[p + "self_attn.v_proj.weight"] = rnd(heads * hd, H, std=0.3)
+        t[p + "self_attn.o_proj.weight"] = rnd(H, heads * hd, std=0.1)
         t[p + "mlp.gate_proj.weight"] = rnd(I, H, std=0.1)
         t[p + "mlp.up_proj.weight"] = rnd(I, H, std=0.1)
         t[p + "mlp.down_proj.weight"] = rnd(H, I, std=0.1)
@@ -119,14 +118,24 @@ def _weights(out: Path) -> None:
     save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
-def make_tiny_model(out: str | os.PathLike) -> Path:
-    """Writes config, weights and tokenizer into `out` (created); returns it."""
+def kv_bytes_per_block(block_tokens: int, layers: int = LAYERS, hidden: int = HIDDEN,
+                       heads: int = HEADS, **_) -> int:
+    """Bytes of one KV block of the model (float32 K and V of every layer)."""
+    return layers * 2 * heads * (hidden // heads) * block_tokens * 4
+
+
+def make_tiny_model(out: str | os.PathLike, layers: int = LAYERS, hidden: int = HIDDEN,
+                    heads: int = HEADS, intermediate: int = INTERMEDIATE) -> Path:
+    """Writes config, weights and tokenizer into `out` (created); returns it.
+    The defaults make the 2-layer model of the tests; the TTFT bench asks for
+    a larger one, whose prefill costs enough to measure."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(_config(), indent=2))
+    dims = (layers, hidden, heads, intermediate)
+    (out / "config.json").write_text(json.dumps(_config(*dims), indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}))
-    _weights(out)
+    _weights(out, *dims)
     _tokenizer(out)
     return out
 

@@ -15,7 +15,8 @@ REPLY_FD (vLLM logs on stdout/stderr, which the test sends to a file):
   {"op": "metrics"}        -> {"metrics": {"name{label=v,...}": value}} (vllm:kvcr*,
                                tiering, prefix-cache and offload series)
   {"op": "block_hashes", "tokens": [...]}
-      -> {"hashes": [router hash of each full block], "kvcr": [query status name]}
+      -> {"hashes": [router hash of each full block],
+          "kvcr": ["STATUS:TIER" of KVCR's query of its offload key, e.g. "HIT:LOCAL_G2"]}
   {"op": "endpoint"}       -> {"endpoint": KVCR's control endpoint or null}
   {"op": "quit"}           -> {"bye": true}, then the engine shuts down
 Errors come back as {"error": traceback}.
@@ -134,7 +135,8 @@ def _block_hashes(llm, tokens):
     tier = _kvcr_tier(llm)
     status = []
     if tier is not None:
-        status = [s.name for s, _ in tier._kvcr.query(tuple(keys))]
+        status = [f"{s.name}:{t.name if t is not None else None}"
+                  for s, t in tier._kvcr.query(tuple(keys))]
     return {"hashes": hashes, "kvcr": status}
 
 

@@ -17,11 +17,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 
-# The tiny model's KV bytes per 32-token block: 2 layers x (K, V) x 2 heads x
-# 64 dims x 32 tokens x 4 bytes.
+from tiny_model import kv_bytes_per_block  # noqa: E402
+
+# The tiny model's KV bytes per 32-token block (the engine's block, vLLM's
+# offloaded chunk and a KVCR block alike): 2 layers x (K, V) x 2 heads x 64
+# dims x 32 tokens x 4 bytes.
 BLOCK_TOKENS = 32
-CHUNK_BYTES = 2 * 2 * 2 * 64 * BLOCK_TOKENS * 4
+CHUNK_BYTES = kv_bytes_per_block(BLOCK_TOKENS)
 
 
 def free_port() -> int:
@@ -69,10 +74,11 @@ def child_env() -> dict:
 class EngineChild:
     def __init__(self, model: Path, log: Path, kvcr: dict | None = None,
                  cpu_chunks: int = 4, engine_blocks: int = 10,
-                 prefix_caching: bool = True, start_timeout: float = 240.0) -> None:
+                 prefix_caching: bool = True, chunk_bytes: int = CHUNK_BYTES,
+                 start_timeout: float = 240.0) -> None:
         cfg = {"model": str(model), "kvcr": kvcr, "cpu_chunks": cpu_chunks,
                "engine_blocks": engine_blocks, "prefix_caching": prefix_caching,
-               "chunk_bytes": CHUNK_BYTES,
+               "chunk_bytes": chunk_bytes,
                "block_size": BLOCK_TOKENS, "max_model_len": 256}
         self.log = log
         r, w = os.pipe()
@@ -155,6 +161,29 @@ def metric(metrics: dict, name: str, **labels) -> float:
     """The value of one series (0 when absent): name plus its labels."""
     key = name + "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
     return metrics.get(key, 0)
+
+
+def settle(engine: EngineChild, prefix, want: list[str], tries: int = 20) -> list[str]:
+    """Steps the engine (a short prompt with no full block: it stores
+    nothing) until KVCR's query of the prefix's blocks answers `want`
+    ("STATUS:TIER" each) and vLLM has no cascade or promotion job of the
+    KVCR tier in flight, at most `tries` requests. vLLM submits a step's
+    stores at the start of the next step, cascades them to KVCR later, and
+    KVCR's spills to G3 finish after the eviction that starts them: all land
+    while the engine steps. Returns the last answer."""
+    def state():
+        m = engine.metrics()
+        busy = (metric(m, "vllm:kv_offload_tiering_active_cascade_jobs", tier="1:kvcr")
+                + metric(m, "vllm:kv_offload_tiering_active_promotion_jobs", tier="1:kvcr"))
+        return engine.call("block_hashes", tokens=list(prefix))["kvcr"], busy
+
+    seen, busy = state()
+    for i in range(tries):
+        if seen == want and not busy:
+            break
+        engine.generate([4 + (i % 300)] * 8, max_tokens=4)
+        seen, busy = state()
+    return seen
 
 
 def kv_hint(source_endpoint: str, hashes, message_id: str = "m-1") -> dict:
