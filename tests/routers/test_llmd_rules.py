@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 import kvcr
-from conftest import TOKENS, Publisher, chain, drain
+from conftest import TOKENS, WAIT_SECONDS, Publisher, chain, drain
 
 
 class Raw:
@@ -145,9 +145,17 @@ def test_every_batch_reads_by_llmds_rules(ipc_dir, positional):
     sub.setsockopt(zmq.SUBSCRIBE, b"kv@pod-9@model-l")
     sub.connect(pub.endpoint)
     try:
+        # The subscription is in place once a message comes: the stream's
+        # AllBlocksCleared, or the empty batch a subscription is answered with.
+        heard = []
+        for _ in range(WAIT_SECONDS * 100):
+            pub.kv.poll_completed()
+            heard += drain(sub, 0.01)
+            if heard:
+                break
+        assert heard, "the subscription never took"
         # small hashes on purpose (5, 6, 7: fixints unless written 8 bytes wide)
         blocks = chain(list(range(1, 1 + 3 * TOKENS)), keys=[b"small:5", b"small:6", b"small:7"])
-        heard = []
         for i, (k, _, rb) in enumerate(blocks):  # 2 slots: the first is evicted
             pub.deposit({k: pub.ref(i)}, router={k: rb})
             pub.kv.poll_completed()

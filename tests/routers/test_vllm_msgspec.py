@@ -141,17 +141,22 @@ def test_vllms_structs_decode_every_batch(ipc_dir, g3_dir, positional):
             pub.deposit({k: pub.ref(i)}, router={k: router[k]})
         for i in range(4):  # plain blocks push the described ones on
             pub.deposit({b"plain-%d" % i: pub.ref(8 + i)})
-        last = router_hash(b"plain-3").to_bytes(8, "big")
+        decoder = msgspec.msgpack.Decoder(batch_type)
+
+        def heard(kept, h, medium):
+            return any(isinstance(ev, stored_t) and h in ev.block_hashes and ev.medium == medium
+                       for _, p in kept for ev in decoder.decode(p).events)
+
         deadline = time.monotonic() + WAIT_SECONDS
-        while True:  # until the publisher's thread has sent the last store (bounded)
+        while True:  # until the last deposit and the first spill are sent (bounded)
             pub.kv.poll_completed()
             kept = replay_all(pub)
-            if any(last in p for _, p in kept) or time.monotonic() > deadline:
+            if (heard(kept, router_hash(b"plain-3"), "CPU") and
+                    heard(kept, blocks[0][1], "STORAGE")) or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
     finally:
         pub.close()
-    decoder = msgspec.msgpack.Decoder(batch_type)
     stored, removed, cleared = {}, [], 0
     for seq, payload in kept:
         batch = decoder.decode(payload)  # raises on anything vLLM's structs refuse
