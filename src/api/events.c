@@ -179,7 +179,8 @@ void api_events_feed(kvcr_t *kv, const kvcr_inventory_event *ev)
     pthread_mutex_unlock(&e->lock);
 }
 
-/* One JSON key or tuple element: a str or a non-negative integer. */
+/* No state: one JSON key or tuple element, a str or a non-negative
+ * integer, packed. NULL, or the rule it breaks. */
 static const char *pack_json_scalar(msgpack_packer *pk, const json_doc *d, const json_node *v)
 {
     if (v->type == JSON_STRING) {
@@ -192,6 +193,9 @@ static const char *pack_json_scalar(msgpack_packer *pk, const json_doc *d, const
     return "an extra key must be a string, a non-negative integer or a list of them";
 }
 
+/* No state: router_extra's JSON text as a block's packed extra keys (the
+ * array vLLM would send: a str, an int, a tuple as an array). NULL with
+ * *out (free() it), or the rule broken (nothing allocated). */
 static const char *extra_from_json(const char *json, size_t len, uint8_t **out, size_t *out_len)
 {
     json_doc d;

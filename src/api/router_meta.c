@@ -254,6 +254,8 @@ typedef struct parsed {
     uint8_t n_old;
 } parsed;
 
+/* No state: the stored bytes checked strictly (the format in
+ * router_meta.h) and located in *out; false at any deviation. */
 static bool parse(const uint8_t *b, size_t len, parsed *out)
 {
     reader r = {b, len, false};
@@ -295,8 +297,8 @@ static bool parse(const uint8_t *b, size_t len, parsed *out)
     return r.left == 0 && !r.bad;
 }
 
-/* The older form's list of strings, packed as a list of str. -1: out of
- * memory. */
+/* No state: the older form's list of strings (checked by parse), packed
+ * as a list of str. -1: out of memory. */
 static int pack_old_keys(const parsed *p, uint8_t **out, size_t *out_len)
 {
     char *text = malloc((size_t)p->n_old * 256);

@@ -36,9 +36,10 @@ const char *tenants_name(const kvcr_t *kv, uint8_t t)
     return t ? kv->conf.tenant_names[t - 1] : NULL;
 }
 
-/* A "tenant" member naming no configured tenant: refused when strict,
- * else counted and warned of (at most once a second) and the blocks take
- * no tenant. */
+/* Unlocked (takes the instance lock to count and warn): a "tenant" member
+ * naming no configured tenant, refused when strict (KVCR_EINVAL), else
+ * counted (hints_unknown_tenant) and warned of at most once a second, and
+ * the blocks take no tenant (0). */
 static int unknown_tenant(kvcr_t *kv, const json_doc *d, const json_node *t, bool strict)
 {
     int n = (int)(t->type == JSON_STRING ? (t->str_len > 64 ? 64 : t->str_len) : 0);
@@ -58,9 +59,10 @@ static int unknown_tenant(kvcr_t *kv, const json_doc *d, const json_node *t, boo
     return 0;
 }
 
-/* The "tenant" member of checked hints when tenants are configured: 0
- * for none, null or (not strict) a name not configured. Without tenants
- * the hints are the framework's alone and nothing in them is read. */
+/* Unlocked: the "tenant" member of checked hints when tenants are
+ * configured, *tenant 0 for none, null or (not strict) a name not
+ * configured. Without tenants the hints are the framework's alone and
+ * nothing in them is read. */
 static int hints_tenant(kvcr_t *kv, const json_doc *d, bool strict, uint8_t *tenant)
 {
     if (kv->conf.n_tenants == 0) return 0;

@@ -222,7 +222,7 @@ static void free_extra(kvev_event *e)
     e->extra_mp_len = NULL;
 }
 
-/* A str key within the bounds. */
+/* No state: a str key within the bounds; NULL, or why not. */
 static const char *check_key_str(const msgpack_object *o)
 {
     if (o->via.str.size > KVEV_MAX_STR) return "an extra key's str is too long";
@@ -230,7 +230,8 @@ static const char *check_key_str(const msgpack_object *o)
     return NULL;
 }
 
-/* One block's entry (not nil): an array of str, int and arrays of them. */
+/* No state: one block's entry (not nil), an array of str, int and arrays
+ * of them within the bounds; NULL, or why not. */
 static const char *check_extra_obj(const msgpack_object *b)
 {
     if (b->type != MSGPACK_OBJECT_ARRAY || b->via.array.size > KVEV_MAX_EXTRA)
