@@ -248,8 +248,12 @@ typedef struct kvcr_callbacks {
 /* KV events (config version 2): KVCR's inventory published in the wire
  * format KV-aware routers read (vLLM's ZeroMQ KV events: Dynamo, llm-d).
  * Each batch is one message of exactly three frames: the topic, an 8-byte
- * big-endian sequence number counting from 0, and the msgpack payload
- * [timestamp float64, [events], dp_rank]. Events are BlockStored (a block
+ * big-endian sequence number, +1 a batch (from the wall clock in
+ * microseconds when the stream opens, past an earlier process's numbers;
+ * in guard mode on from where the group's stream stopped), and the msgpack
+ * payload [timestamp float64, [events], dp_rank]; a subscription is
+ * answered with an empty batch numbered as the next. Hashes are always
+ * written in the 8-byte form. Events are BlockStored (a block
  * became resident in KVCR DRAM, medium medium_dram, or in G3, medium
  * medium_g3), BlockRemoved and AllBlocksCleared, as maps whose first key
  * is "type" (legacy_positional: the older arrays, tag first). Block hashes
