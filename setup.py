@@ -74,6 +74,7 @@ setup(
     description="KV Cache Runner: the KV-cache tier beside an LLM inference engine",
     package_dir={"": "python"},
     packages=find_packages("python"),
+    package_data={"kvcr": ["py.typed"]},  # typed: its annotations are the API's
     ext_modules=[
         Extension(
             "kvcr._native",

@@ -34,23 +34,26 @@ Committed blocks are journalled for the group's Guard, which keeps them
 (and serves them to peers on this worker's control endpoint) when the
 process dies; the next KVCR claiming the group recovers them.
 
-Errors: configuration and argument rules raise ValueError (libkvcr's
-KVCR_EINVAL text: libkvcr checks the values) / TypeError (a field of the
-wrong type, checked in Python) before anything starts; parts not built raise
-NotImplementedError (a RuntimeError); a guard-mode claim the service refuses
-raises KVCRServiceError, one that cannot reach it KVCRSocketError, a broken
-service answer KVCRGuardProtocolError (all RuntimeError subclasses); other
-libkvcr failures RuntimeError.
+Errors: every libkvcr failure raises the kvcr.errors class of its code, a
+KVCRError with `.code` (KVCR_E*) that is also the builtin raised before
+those classes existed: KVCRInvalidArgument (a ValueError: libkvcr's text
+names the rule), KVCRNotSupported (NotImplementedError), KVCRClosedError,
+KVCRLimitError, KVCROutOfMemory, KVCRServiceError / KVCRSocketError /
+KVCRGuardProtocolError (guard mode) and the rest (RuntimeError). A field of
+the wrong type raises TypeError, checked in Python before anything starts.
 """
-from . import config, policy, types  # noqa: F401  (submodules users import)
+from . import config, errors, policy, types  # noqa: F401  (submodules users import)
 from .api import (DURATION_METRIC, KVCR, STATE_METRIC, TRANSFER_BLOCKS_METRIC,
                   TRANSFER_BYTES_METRIC, KVCRBindings)
 from .config import (FRAMEWORK_MEMORY_TYPES, FrameworkControl, FrameworkDramInput, G3Options,
                      InventorySink, KeyAdapter, KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig,
                      KVCRLimits, KVEventsOptions, LocalDramOptions, RemoteFWDramOptions,
                      TelemetryStats, TenantQuota)
-from .control_channels import (KVCRGuardProtocolError, KVCRMsgFramingError, KVCRServiceError,
-                               KVCRSocketError, ZmqPeerControlChannel)
+from .control_channels import ZmqPeerControlChannel
+from .errors import (KVCRBusyError, KVCRClosedError, KVCRError, KVCRGuardProtocolError,
+                     KVCRInvalidArgument, KVCRLimitError, KVCRMsgFramingError, KVCRNotFound,
+                     KVCRNotSupported, KVCROutOfMemory, KVCRServiceError, KVCRSocketError,
+                     KVCRSystemError)
 from .hints import ROUTER_HINT_CAPABILITIES, ROUTER_HINT_KEY
 from .policy import (FIFOPolicy, G3FIFOPolicy, G3LRUPolicy, G3TenantLRUPolicy, KVCachePolicy,
                      LRUPolicy, TenantLRUPolicy)
@@ -82,7 +85,10 @@ __all__ = [
     "KVCachePolicy", "FIFOPolicy", "LRUPolicy", "G3FIFOPolicy", "G3LRUPolicy",
     "TenantLRUPolicy", "G3TenantLRUPolicy", "TenantQuota",
     # kvcr.control_channels
-    "ZmqPeerControlChannel", "KVCRServiceError", "KVCRSocketError", "KVCRMsgFramingError",
-    "KVCRGuardProtocolError",
+    "ZmqPeerControlChannel",
+    # kvcr.errors
+    "KVCRError", "KVCRInvalidArgument", "KVCROutOfMemory", "KVCRClosedError",
+    "KVCRNotSupported", "KVCRBusyError", "KVCRNotFound", "KVCRSystemError", "KVCRServiceError",
+    "KVCRGuardProtocolError", "KVCRMsgFramingError", "KVCRLimitError", "KVCRSocketError",
     "__version__",
 ]

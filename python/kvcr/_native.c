@@ -9,25 +9,21 @@
 PyObject *g_status[N_STATUS];
 PyObject *g_tier[N_TIER];
 PyObject *g_memref_type;
-/* kvcr.control_channels' service errors (NULL until init: RuntimeError). */
-static PyObject *g_err_service; /* KVCR_EREFUSED: the service refused */
-static PyObject *g_err_socket;  /* KVCR_EUNAVAIL: the service is not reachable */
-static PyObject *g_err_proto;   /* KVCR_EPROTO: the service broke the claim protocol */
+/* kvcr.errors' classes by -code (NULL until init: RuntimeError). */
+#define N_ERR 12
+static PyObject *g_err[N_ERR];
 
-/* Only the KVCR service's code returns KVCR_EREFUSED, KVCR_EUNAVAIL and
- * KVCR_EPROTO. */
+PyObject *nat_raise_message(int rc, const char *msg)
+{
+    PyObject *type = rc < 0 && -rc < N_ERR && g_err[-rc] ? g_err[-rc] : PyExc_RuntimeError;
+    PyErr_SetString(type, msg);
+    return NULL;
+}
+
 PyObject *nat_raise(int rc)
 {
     const char *msg = kvcr_last_error();
-    if (msg == NULL || msg[0] == '\0') msg = kvcr_strerror(rc);
-    PyObject *type = PyExc_RuntimeError; /* ECLOSED, EBUSY, ENOMEM, ESYS, ... */
-    if (rc == KVCR_EINVAL) type = PyExc_ValueError;
-    else if (rc == KVCR_ENOTSUP) type = PyExc_NotImplementedError; /* "... is not built yet" */
-    else if (rc == KVCR_EREFUSED && g_err_service) type = g_err_service;
-    else if (rc == KVCR_EPROTO && g_err_proto) type = g_err_proto;
-    else if (rc == KVCR_EUNAVAIL && g_err_socket) type = g_err_socket;
-    PyErr_SetString(type, msg);
-    return NULL;
+    return nat_raise_message(rc, msg == NULL || msg[0] == '\0' ? kvcr_strerror(rc) : msg);
 }
 
 int nat_ready(void)
@@ -60,10 +56,10 @@ void *nat_alloc(size_t n, size_t size)
     return p;
 }
 
-/* init(query_statuses, tiers, memory_ref_type, service_errors=None): the
- * Python values of the C enums, by C value (tiers[0] is None, for
- * KVCR_TIER_NONE), and the exception types for KVCR_EREFUSED, KVCR_EUNAVAIL
- * and KVCR_EPROTO (without them: RuntimeError). */
+/* init(query_statuses, tiers, memory_ref_type, errors=None): the Python
+ * values of the C enums, by C value (tiers[0] is None, for KVCR_TIER_NONE),
+ * and kvcr.errors' class for each KVCR_E* code, by -code (errors[0] is
+ * None; without them: RuntimeError). */
 static PyObject *mod_init(PyObject *mod, PyObject *args)
 {
     (void)mod;
@@ -76,25 +72,22 @@ static PyObject *mod_init(PyObject *mod, PyObject *args)
         return NULL;
     }
     if (errors != NULL) {
-        if (PyTuple_GET_SIZE(errors) != 3) {
-            PyErr_SetString(PyExc_ValueError, "init needs 3 service error types");
+        if (PyTuple_GET_SIZE(errors) != N_ERR) {
+            PyErr_Format(PyExc_ValueError, "init needs %d error types", N_ERR);
             return NULL;
         }
-        for (Py_ssize_t i = 0; i < 3; i++) {
+        for (Py_ssize_t i = 1; i < N_ERR; i++) {
             PyObject *t = PyTuple_GET_ITEM(errors, i);
             if (!PyType_Check(t) ||
-                !PyType_IsSubtype((PyTypeObject *)t, (PyTypeObject *)PyExc_RuntimeError)) {
-                PyErr_SetString(PyExc_TypeError, "service error types must subclass RuntimeError");
+                !PyType_IsSubtype((PyTypeObject *)t, (PyTypeObject *)PyExc_Exception)) {
+                PyErr_SetString(PyExc_TypeError, "error types must be exception classes");
                 return NULL;
             }
         }
     }
     if (g_memref_type != NULL) Py_RETURN_NONE; /* once per process */
-    if (errors != NULL) {
-        g_err_service = Py_NewRef(PyTuple_GET_ITEM(errors, 0));
-        g_err_socket = Py_NewRef(PyTuple_GET_ITEM(errors, 1));
-        g_err_proto = Py_NewRef(PyTuple_GET_ITEM(errors, 2));
-    }
+    for (Py_ssize_t i = 1; errors != NULL && i < N_ERR; i++)
+        g_err[i] = Py_NewRef(PyTuple_GET_ITEM(errors, i));
     for (int i = 0; i < N_STATUS; i++) g_status[i] = Py_NewRef(PyTuple_GET_ITEM(statuses, i));
     for (int i = 0; i < N_TIER; i++) g_tier[i] = Py_NewRef(PyTuple_GET_ITEM(tiers, i));
     g_memref_type = Py_NewRef(memref);
@@ -111,7 +104,7 @@ static PyObject *mod_reason_name(PyObject *mod, PyObject *arg)
 
 static PyMethodDef module_methods[] = {
     {"init", mod_init, METH_VARARGS,
-     "init(query_statuses, tiers, MemoryRef, (service, socket, protocol error types))"},
+     "init(query_statuses, tiers, MemoryRef, errors by -code)"},
     {"reason_name", mod_reason_name, METH_O, "reason_name(value) -> kvcr_reason_name(value)"},
     {NULL, NULL, 0, NULL},
 };

@@ -72,6 +72,8 @@ extern PyTypeObject nat_instance_type; /* kvcr._native.Instance */
 /* Raises the exception for libkvcr error `rc` with kvcr_last_error() as its
  * message; returns NULL. */
 PyObject *nat_raise(int rc);
+/* The exception of libkvcr code rc (kvcr.errors) with this message. */
+PyObject *nat_raise_message(int rc, const char *msg);
 /* 1 once init() has run, else 0 with RuntimeError set. */
 int nat_ready(void);
 /* A new reference to a callback slot (or NULL): another thread may drop

@@ -37,8 +37,8 @@ static void Instance_dealloc(Instance *self)
 static int live(Instance *self)
 {
     if (self->kv != NULL) return 1;
-    PyErr_SetString(PyExc_RuntimeError, self->closed ? "the instance is closed"
-                                                     : "the KVCR instance is not initialised");
+    if (self->closed) nat_raise_message(KVCR_ECLOSED, "the instance is closed");
+    else PyErr_SetString(PyExc_RuntimeError, "the KVCR instance is not initialised");
     return 0;
 }
 

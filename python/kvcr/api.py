@@ -10,12 +10,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from . import _native
+from . import _native, errors
 from .config import (KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig, config_args, g3_args,
                      guard_args, kv_events_args, local_dram_args, region_args, remote_args)
 from .config import control_endpoint as control_endpoint_of
-from .control_channels import (KVCRGuardProtocolError, KVCRServiceError, KVCRSocketError,
-                               ZmqPeerControlChannel)
+from .control_channels import ZmqPeerControlChannel
 from .hints import encode_hints, encode_router_hint
 from .legacy import framework_region, region_of
 from .policy import KVCachePolicy, native_builtin
@@ -45,8 +44,7 @@ _U64 = 2**64
 
 # libkvcr's service errors, for kvcr._native: KVCR_EREFUSED, KVCR_EUNAVAIL,
 # KVCR_EPROTO.
-_native.init(_QUERY, _TIERS, MemoryRef,
-             (KVCRServiceError, KVCRSocketError, KVCRGuardProtocolError))
+_native.init(_QUERY, _TIERS, MemoryRef, errors.BY_CODE)
 
 # Instances whose start-up failed and could not be stopped (KVCRStartupError).
 _RETAINED_INSTANCES: list = []
@@ -902,6 +900,14 @@ class KVCR:
             return None
         snapshot = self._native.stats(True)
         return None if snapshot is None else snapshot["prometheus"]
+
+    def __enter__(self) -> "KVCR":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        """`with KVCR(...) as kv:` closes it at the end of the block, also
+        when the block raises (close() stops every KVCR thread first)."""
+        self.close()
 
     def fileno(self) -> int:
         """A descriptor readable while poll_completed() has results to collect."""

@@ -26,25 +26,15 @@ It also holds the KVCR service's exceptions, raised by
   so this build raises KVCRGuardProtocolError for them; the class exists
   for code that catches it.
 
-All are RuntimeError subclasses.
+All are RuntimeError subclasses, and KVCRError (kvcr.errors) ones.
 """
 from __future__ import annotations
 
 
-class KVCRServiceError(RuntimeError):
-    """The KVCR service refused a request (its message says why)."""
-
-
-class KVCRSocketError(KVCRServiceError):
-    """The KVCR service could not be reached: connect, connection or timeout."""
-
-
-class KVCRMsgFramingError(KVCRServiceError):
-    """A malformed length-prefixed frame on the service's socket."""
-
-
-class KVCRGuardProtocolError(KVCRServiceError):
-    """A malformed or incompatible message from the KVCR service."""
+# The service's errors live in kvcr.errors with the others; here for code
+# that imports them from this module.
+from .errors import (KVCRGuardProtocolError, KVCRMsgFramingError,  # noqa: E402,F401
+                     KVCRServiceError, KVCRSocketError)
 
 
 class ZmqPeerControlChannel:
