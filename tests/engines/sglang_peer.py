@@ -13,15 +13,29 @@ keys), model_dir (for "controller").
 Page i holds page_data(seed * 1000 + i, page bytes). Once stored, the host
 pool is zeroed (only KVCR holds the pages) and one JSON line is printed:
 {"endpoint", "keys", "stored"}. Then each line read is a command: "stop"
-prints {"stats"} and exits."""
+prints {"stats"} (the backend's counters and its warnings) and exits."""
 import json
+import logging
 import sys
 
 import sglang_helpers as h
 
 
+class Warnings(logging.Handler):
+    """The backend's warnings, reported when the peer stops."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record) -> None:
+        self.messages.append(record.getMessage())
+
+
 def main() -> int:
     opts = json.loads(sys.argv[1])
+    warnings = Warnings()
+    logging.getLogger("kvcr.sglang").addHandler(warnings)
     kind, layout, n, seed = opts["kind"], opts["layout"], opts["n"], opts["seed"]
     extra = {"control_port": opts.get("control_port", 0)}
     if opts.get("via") == "controller":
@@ -47,7 +61,8 @@ def main() -> int:
           flush=True)
     for line in sys.stdin:
         if line.strip() == "stop":
-            print(json.dumps({"stats": backend.stats()}), flush=True)
+            print(json.dumps({"stats": dict(backend.stats(), warnings=warnings.messages)}),
+                  flush=True)
             break
     if ctrl is not None:
         ctrl.detach_storage_backend()

@@ -229,6 +229,46 @@ def test_keys_carry_the_ranks_namespace_and_ports_the_rank_offset(backends):
     assert b"tp1" not in m._key(k)  # MLA pages are the same on every rank
 
 
+def test_pages_spilled_to_g3_come_back_into_layer_first_pieces(backends):
+    d = tempfile.mkdtemp(prefix="kvcr-sgl-g3-", dir="/var/tmp")  # O_DIRECT: not tmpfs
+    try:
+        # G3 slots are whole 4 KiB sectors: a page of 4 KiB (head_dim 64).
+        pool = h.host_pool("mha", "layer_first", head_dim=64)
+        page = h.page_bytes(pool)
+        assert page == 4096
+        b, _ = backends("mha", "layer_first", pool=pool, dram_bytes=4 * page,
+                        g3_paths=os.path.join(d, "g3"), g3_bytes_per_file=64 * page)
+        keys = [h.page_key(i) for i in range(6)]
+        data = [h.fill_page(pool, i, i) for i in range(6)]
+        for at in range(0, 6, 2):  # more pages than KVCR DRAM holds: the oldest spill
+            assert b.batch_set_v1(keys[at:at + 2], h.indices(pool, range(at, at + 2))) == \
+                [True] * 2
+        deadline = time.monotonic() + 10
+        while b.batch_exists(keys) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert b.batch_exists(keys) == 6
+        import kvcr
+        assert [t for _, t in b._kv.query([b._key(k) for k in keys[:2]])] == \
+            [kvcr.CacheTier.G3] * 2
+        h.zero_pool(pool)
+        # Pages 0 and 1 only G3 holds, 4 and 5 KVCR DRAM.
+        assert b.batch_get_v1(keys[:2], h.indices(pool, [8, 9])) == [True] * 2
+        assert b.batch_get_v1(keys[4:], h.indices(pool, [12, 13])) == [True] * 2
+        for i, at in ((0, 8), (1, 9), (4, 12), (5, 13)):
+            assert h.read_page(pool, at) == data[i]
+        assert os.path.exists(os.path.join(d, "g3.tp0"))
+        # libkvcr's G3 takes one KVCR pool, the KV pool's: flat (draft)
+        # pages and other host pools are refused, not lost silently.
+        assert b.batch_set([keys[0] + ".draft"], [pool.get_data_page(0)]) is False
+        b.register_mem_host_pool_v2(h.host_pool("mha", "layer_first", layers=1),
+                                    PoolName.DRAFT)
+        assert b.batch_set_v2([PoolTransfer(name=PoolName.DRAFT, host_indices=h.indices(
+            pool, [0]), keys=keys[:1])]) == {PoolName.DRAFT: [False]}
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
 # ---- SGLang's own cache controller --------------------------------------------------
 
 @pytest.mark.parametrize("kind,layout,v1", [
@@ -263,7 +303,7 @@ def test_the_controller_backs_up_and_prefetches_pages(controllers, kind, layout,
     assert m.backup_pgs == [6] and m.prefetch_pgs == [6]
 
 
-def test_a_backend_kvcr_refuses_fails_the_controllers_attach(model_dir, caplog):
+def test_a_backend_kvcr_refuses_fails_the_controllers_attach(model_dir):
     with pytest.raises(ValueError, match="holds no page"):
         h.controller("mha", "page_first", model_dir, dram_bytes=16)
 
@@ -420,9 +460,7 @@ def test_v2_calls_store_and_serve_other_host_pools(backends, caplog):
     for i in range(4):
         assert h.read_page(draft, 6 + i) == draft_data[i]
     assert [h.read_page(swa, p) for p in (7, 8)] == swa_data[2:]
-    # The KV pages survived KVCR being made anew over the added pools? No:
-    # pools are added at attach, before any page is stored; these were
-    # stored after.
+    # KV pages are served beside them.
     h.zero_pool(pool)
     assert b.batch_get_v1(keys, h.indices(pool, range(10, 14))) == [True] * 4
     assert [h.read_page(pool, 10 + i) for i in range(4)] == kv_data
@@ -474,7 +512,7 @@ def test_hints_in_every_shape_sglang_carries_pull_pages_from_the_peer(backends, 
             assert h.read_page(pool, at + j) == h.page_data(3000 + n + j, size)
     assert b.stats()["hinted_requests"] == 4
     final = src.stop()
-    assert final["set_pages"] == 6
+    assert final["set_pages"] == 6 and final["warnings"] == []
 
 
 def test_an_mha_rank_pulls_from_the_same_rank_of_the_hinted_source(backends, peers):
@@ -605,6 +643,7 @@ def test_data_path_calls_never_raise(backends, caplog):
         raise RuntimeError("KVCR went away")
     b._kv.deliver = boom
     assert b.batch_get_v1([key], h.indices(pool, [0])) == [False]
+    assert any("not 1 whole pages" in r.getMessage() for r in caplog.records)
     assert b.stats()["failures"] >= 1
     b.close()
     assert b.batch_get_v1([key], h.indices(pool, [0])) == [False]

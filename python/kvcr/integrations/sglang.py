@@ -26,6 +26,8 @@ where the KVCR instance of this TP rank is created:
   with or without `interface_v1`: SGLang sends speculative decoding's draft
   KV (`<key>.draft`) through them even when `interface_v1` is on. A flat
   value may be smaller than a page (a draft page holds fewer layers).
+  (Not with `g3_paths` and `interface_v1` together: libkvcr's G3 takes one
+  KVCR pool, the KV pool's.)
 * SGLang's hybrid controller registers more host pools
   (`register_mem_host_pool_v2`: draft, SWA, Mamba, indexer, ...) and calls
   `batch_exists_v2` / `batch_get_v2` / `batch_set_v2`: each pool becomes a
@@ -66,10 +68,14 @@ where the KVCR instance of this TP rank is created:
 Configuration (`storage_config.extra_config`, all optional):
   dram_bytes          KVCR DRAM of this rank (default 1 GiB; whole pages),
                       shared by its pools
-  legacy_dram_bytes   the part of it for flat pages (default: all of it
-                      without interface_v1, an eighth with it)
+  legacy_dram_bytes   with interface_v1, the part of it for flat pages
+                      (default an eighth; without interface_v1 flat pages
+                      have all of it)
   g3_paths            G3 slot files (a list, or one comma-separated string);
-                      the rank's files are "<path>.tp<r>"
+                      the rank's files are "<path>.tp<r>". libkvcr's G3 takes
+                      one KVCR pool: with interface_v1 it is the KV pool's,
+                      and flat pages (draft KV) and other host pools are
+                      then refused (logged)
   g3_bytes_per_file   data capacity of each G3 file (default 4 x dram_bytes)
   control_host        address the peer tier binds (default 127.0.0.1)
   control_port        base port: this rank binds base + tp_rank (0: any free)
@@ -284,13 +290,16 @@ class KVCRHiCacheStorage(HiCacheStorage):
         self.is_mla = bool(getattr(storage_config, "is_mla_model", False))
         self.v1 = bool(extra.get("interface_v1"))
         self.dram_bytes = int(extra.get("dram_bytes", DEFAULT_DRAM))
-        self.legacy_bytes = int(extra.get("legacy_dram_bytes",
-                                          self.dram_bytes // 8 if self.v1 else self.dram_bytes))
         paths = extra.get("g3_paths") or []
         if isinstance(paths, str):
             paths = [p for p in paths.split(",") if p.strip()]
         self.g3_paths = [Path(f"{os.path.expanduser(str(p).strip())}.tp{self.tp_rank}")
                          for p in paths]
+        # libkvcr's G3 takes one KVCR pool: with it and interface_v1 that is
+        # the KV pool alone, and flat pages and other host pools are refused.
+        self.one_pool = self.v1 and bool(self.g3_paths)
+        self.legacy_bytes = (self.dram_bytes if not self.v1 else 0 if self.one_pool
+                             else int(extra.get("legacy_dram_bytes", self.dram_bytes // 8)))
         self.g3_bytes = int(extra.get("g3_bytes_per_file", 4 * self.dram_bytes))
         self.control_host = str(extra.get("control_host", "127.0.0.1"))
         self.control_base = base = int(extra.get("control_port", 0))
@@ -302,10 +311,10 @@ class KVCRHiCacheStorage(HiCacheStorage):
         self.kv_events_endpoint = extra.get("kv_events_endpoint")
         self.op_ms = int(extra.get("operation_timeout_ms", 5000))
         if self.dram_bytes <= 0 or self.op_ms <= 0 or not 0 <= self.control_port <= 65535 \
-                or not 0 < self.legacy_bytes <= self.dram_bytes \
+                or not (not self.v1 or self.one_pool or 0 < self.legacy_bytes < self.dram_bytes) \
                 or not (self.hint_port is None or 0 <= self.hint_port <= 65535):
             raise ValueError("KVCR HiCache backend: dram_bytes and operation_timeout_ms must be "
-                             "positive, legacy_dram_bytes positive and at most dram_bytes, and "
+                             "positive, legacy_dram_bytes positive and less than dram_bytes, and "
                              "control_port / hint_port + tp_rank port numbers")
         self.control_endpoint: Optional[str] = None
         self.hint_endpoint: Optional[str] = None
@@ -376,6 +385,8 @@ class KVCRHiCacheStorage(HiCacheStorage):
         if name == POOL or host_pool is self.mem_pool_host:
             return
         try:
+            if self.one_pool:
+                raise ValueError("with g3_paths KVCR keeps the KV pool alone")
             self._extra_pools[name] = _HostPages(name, host_pool)
             self._refused_pools.pop(name, None)
         except Exception as exc:
@@ -425,14 +436,16 @@ class KVCRHiCacheStorage(HiCacheStorage):
                 regions += h.regions()
                 layouts.append((h.name, h.page_bytes))
                 dram.append((h.name, slots * h.page_bytes))
-        flat_slots = self.legacy_bytes // self.flat_bytes
-        if flat_slots < 1:
-            raise ValueError(f"dram_bytes {self.legacy_bytes} holds no page of "
-                             f"{self.flat_bytes} bytes")
-        regions.append(kvcr.RegionDescriptor(addr=_address(self._stage), size=self.flat_bytes,
-                                             count=STAGE_PAGES, label=FLAT))
-        layouts.append((FLAT, self.flat_bytes))
-        dram.append((FLAT, flat_slots * self.flat_bytes))
+        if not self.one_pool:
+            flat_slots = self.legacy_bytes // self.flat_bytes
+            if flat_slots < 1:
+                raise ValueError(f"dram_bytes {self.legacy_bytes} holds no page of "
+                                 f"{self.flat_bytes} bytes")
+            regions.append(kvcr.RegionDescriptor(addr=_address(self._stage),
+                                                 size=self.flat_bytes, count=STAGE_PAGES,
+                                                 label=FLAT))
+            layouts.append((FLAT, self.flat_bytes))
+            dram.append((FLAT, flat_slots * self.flat_bytes))
         self._arenas = [(name, mmap.mmap(-1, n)) for name, n in dram]
         g3 = None
         if self.g3_paths:
@@ -867,9 +880,10 @@ class KVCRHiCacheStorage(HiCacheStorage):
         smaller) into the staging region and deposits it into KVCR's flat
         pool: with or without interface_v1 (SGLang sends draft KV here)."""
         try:
-            if self._kv is None or values is None or len(values) != len(keys):
+            if self._kv is None or self.one_pool or values is None or len(values) != len(keys):
                 log.warning("batch_set: %s", "no host pool registered" if self._kv is None
-                            else "values do not match keys")
+                            else "with g3_paths and interface_v1 KVCR keeps no flat pages"
+                            if self.one_pool else "values do not match keys")
                 return False
             for at in range(0, len(keys), STAGE_PAGES):
                 if not self._set_chunk(keys[at:at + STAGE_PAGES], values[at:at + STAGE_PAGES]):
@@ -908,7 +922,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
         """Fills each target flat page from KVCR's flat pool (fetched into
         KVCR DRAM, copied out, released): the target, or None for a miss."""
         try:
-            if self._kv is None or target_locations is None:
+            if self._kv is None or self.one_pool or target_locations is None:
                 return [None] * len(keys)
             nkeys = [self._key(k, FLAT) for k in keys]
             t0 = time.perf_counter()
