@@ -182,6 +182,21 @@ static int bench_python(int argc, char **argv)
     return 1;
 }
 
+/* The anchors (the reference kvcr, NIXL, Mooncake's transfer engine) are
+ * Python packages in a virtual environment of their own, beside this tree's
+ * package on another interpreter: a Python driver runs both sides. */
+static int bench_anchors(int argc, char **argv)
+{
+    const char *driver = getenv("KVCR_ANCHORS_DRIVER");
+    if (driver == NULL) driver = KVCR_ANCHORS_DRIVER;
+    char *args[16] = {"/usr/bin/python3", (char *)driver};
+    int n = 2;
+    for (int i = 0; i < argc && n < 15; i++) args[n++] = argv[i];
+    args[n] = NULL;
+    execv(args[0], args);
+    fprintf(stderr, "kvcr: cannot run %s %s: %s\n", args[0], driver, strerror(errno));
+    return 1;
+}
 
 static const command benches[] = {
     {"local", bench_local, "[--json] [--quick]",
@@ -194,6 +209,8 @@ static const command benches[] = {
      "KVCR service: first block served after an engine's SIGKILL, reattach of 100k blocks"},
     {"python", bench_python, "[--json] [--quick]",
      "query and poll_completed cost from Python (needs the package)"},
+    {"anchors", bench_anchors, "[--json] [--quick] [--runs N]",
+     "beside the reference kvcr, NIXL and Mooncake, alternating (scripts/anchors-env.sh)"},
 };
 
 static int cmd_bench(int argc, char **argv);

@@ -1,0 +1,295 @@
+"""One side of `kvcr bench anchors`: the same calls on whichever `kvcr` the
+interpreter running this file imports -- this tree's package (system python)
+or the reference implementation 0.1.1 (the anchors venv). Both take the
+seed's API, so one script measures both and neither gets a kinder workload.
+
+    python kvcr_side.py query  '{"blocks": 1000000, "calls": 20000}'  # then "run" lines
+    python kvcr_side.py bw     '{"block": 2097152, "count": 64, "rounds": 8}'
+    python kvcr_side.py source '{"block": 16384, "count": 256, "host": "127.0.0.1"}'
+    python kvcr_side.py pull   '{"block": 16384, "count": 256, "rounds": 8, "endpoint": ...}'
+
+Each mode prints JSON lines: {"case": ..., "value": ..., "unit": ...} (the
+median of its rounds), or for `source` first {"endpoint": ...}; errors go to
+stderr with exit status 1. Every wait is bounded. Blocks carry a pattern of
+their index, checked after the first round of every copy.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import random
+import select
+import socket
+import statistics
+import sys
+import time
+
+import kvcr
+import kvcr.config
+import kvcr.control_channels
+import kvcr.types
+
+# Peers need distinct NIXL agent names: sources and targets set their own.
+AGENT = "anchors"
+WAIT_S = 60.0
+
+
+def is_reference() -> bool:
+    # This tree's package carries KVCR's own config fields; the reference does not.
+    return "copy_threads" not in kvcr.config.KVCRConfig.__dataclass_fields__
+
+
+def addr(buf) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def key(i: int) -> bytes:
+    """Key i: a tag and the router hash i, as a peer's hint names it."""
+    return b"blk:" + i.to_bytes(8, "big")
+
+
+class IntKeyAdapter:
+    def encode(self, framework_key):
+        return bytes(framework_key)
+
+    def decode(self, k):
+        return int.from_bytes(bytes(k)[4:], "big")
+
+
+def fill(buf, i: int, block: int) -> None:
+    stamp = b"%010d|" % i
+    buf[i * block:(i + 1) * block] = (stamp * (block // len(stamp) + 1))[:block]
+
+
+def check(buf, i: int, block: int, want: int) -> None:
+    stamp = b"%010d|" % want
+    if buf[i * block:i * block + len(stamp)] != stamp or \
+            buf[(i + 1) * block - 11:(i + 1) * block] != \
+            (stamp * (block // len(stamp) + 1))[block - 11:block]:
+        fail(f"element {i} does not hold block {want}")
+
+
+def fail(msg: str) -> None:
+    print(f"kvcr_side ({'reference' if is_reference() else 'kvcr'}): {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def no_pins():
+    """Pin bindings that never pin: the reference requires callables, and
+    these benches serve peers from KVCR DRAM only."""
+    return dict(request_pin=lambda keys: 0, poll_pin_results=lambda: (),
+                release_pin=lambda handle: True)
+
+
+def make_kvcr(block: int, fw_blocks: int, slots: int, control=None):
+    fw = mmap.mmap(-1, block * fw_blocks)
+    pool = mmap.mmap(-1, block * slots) if slots else None
+    config = dict(nixl_agent_name=AGENT, pool_layouts=[("", block)],
+                  operation_timeout_ms=int(WAIT_S * 1000),
+                  abandon_timeout_ms=int(2 * WAIT_S * 1000))
+    if is_reference():
+        config["nixl_listen_port"] = 0  # the reference refuses to start without one
+    backends = dict(framework_regions=[kvcr.types.RegionDescriptor(addr=addr(fw), size=block,
+                                                                   count=fw_blocks)])
+    if pool is not None:
+        backends["local_dram"] = kvcr.config.LocalDramOptions(pools=[("", addr(pool),
+                                                                      block * slots)])
+    bindings = dict(no_pins())
+    if control is not None:
+        bindings.update(framework_control=control, key_adapter=IntKeyAdapter())
+    kv = kvcr.KVCR(kvcr.config.KVCRConfig(**config), kvcr.KVCRBindings(**bindings),
+                   kvcr.config.KVCRBackendConfigs(**backends))
+    return kv, fw, pool
+
+
+def refs(indices):
+    return [[kvcr.types.MemoryRef(end_point_name=AGENT, element_index=i)] for i in indices]
+
+
+def wait(kv, op, n: int, what: str) -> None:
+    """Polls until op completes; every entry must succeed. time.sleep(0)
+    gives the GIL to the reference's progress thread between polls without
+    adding a timer's delay to either side."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        for handle, entries in kv.poll_completed():
+            if handle != op:
+                continue
+            bad = [e for e in entries.values() if not e.success]
+            if len(entries) != n or bad:
+                fail(f"{what}: {len(entries)} entries for {n} blocks, {len(bad)} failed "
+                     f"({bad[0].status if bad else ''})")
+            return
+        time.sleep(0)
+    fail(f"{what} did not complete within {WAIT_S:.0f} s")
+
+
+def emit(case: str, value: float, unit: str) -> None:
+    print(json.dumps({"case": case, "value": value, "unit": unit}), flush=True)
+
+
+# ---- modes -----------------------------------------------------------------------
+
+def mode_query(o: dict) -> None:
+    """KVCR.query of 32 resident keys drawn at random, at `blocks` resident
+    64-byte blocks: filled once (the reference fills about 5 k blocks/s
+    here), then one figure, ns per call (median of 5 repetitions of `calls`
+    calls), for each "run" line on stdin, so that the driver can alternate
+    the two sides without filling again. Prints {"ready": n} when filled."""
+    n, fw_blocks = o["blocks"], 64
+    batch = o.get("batch", 4096)
+    kv, fw, pool = make_kvcr(64, fw_blocks, n)
+    try:
+        keys = [i.to_bytes(32, "little") for i in range(n)]
+        for first in range(0, n, batch):
+            part = keys[first:first + batch]
+            op = kv.deposit(dict(zip(part, refs(i % fw_blocks for i in range(len(part))))))
+            wait(kv, op, len(part), "filling")
+        rng = random.Random(1)
+        samples = [rng.sample(keys, 32) for _ in range(64)]
+        for s in samples:
+            if any(st is not kvcr.types.QueryStatus.HIT for st, _ in kv.query(s)):
+                fail("a resident key did not answer HIT")
+        print(json.dumps({"ready": n}), flush=True)
+        for line in sys.stdin:
+            if line.strip() != "run":
+                break
+            calls, times = o["calls"], []
+            for _ in range(5):
+                t0 = time.perf_counter_ns()
+                for c in range(calls):
+                    kv.query(samples[c & 63])
+                times.append((time.perf_counter_ns() - t0) / calls)
+            emit(o["case"], statistics.median(times), "ns")
+    finally:
+        kv.close()
+
+
+def mode_bw(o: dict) -> None:
+    """Deposit and deliver of `count` blocks of `block` bytes per round
+    (region and pool each count x block, past the L3 at the sizes used):
+    each deposit round under new keys evicts the last one; each deliver round
+    writes the resident blocks to other elements. GB/s, median of rounds."""
+    block, count, rounds = o["block"], o["count"], o["rounds"]
+    kv, fw, pool = make_kvcr(block, count, count)
+    try:
+        for i in range(count):
+            fill(fw, i, block)
+        deposit, deliver = [], []
+        resident = []
+        for r in range(rounds):
+            resident = [key(r * count + i) for i in range(count)]
+            t0 = time.perf_counter()
+            op = kv.deposit(dict(zip(resident, refs(range(count)))))
+            wait(kv, op, count, "deposit")
+            deposit.append(count * block / (time.perf_counter() - t0) / 1e9)
+        for r in range(rounds):
+            shift = r % count + 1
+            t0 = time.perf_counter()
+            op = kv.deliver(dict(zip(resident, refs((i + shift) % count for i in range(count)))))
+            wait(kv, op, count, "deliver")
+            deliver.append(count * block / (time.perf_counter() - t0) / 1e9)
+            if r == 0:
+                for i in range(count):
+                    check(fw, (i + shift) % count, block, i)
+        emit(o["case"] + "_deposit", statistics.median(deposit), "GB/s")
+        emit(o["case"] + "_deliver", statistics.median(deliver), "GB/s")
+    finally:
+        kv.close()
+
+
+def mode_source(o: dict) -> None:
+    """A peer holding blocks 0..count-1 in its KVCR DRAM (the framework copy
+    zeroed), serving until stdin closes or says "stop"."""
+    global AGENT
+    AGENT = "anchors-source"
+    block, count = o["block"], o["count"]
+    host = o.get("host", "127.0.0.1")
+    control = kvcr.control_channels.ZmqPeerControlChannel(host, 0 if not is_reference() else free_port(), host)
+    kv, fw, pool = make_kvcr(block, count, count, control)
+    try:
+        for i in range(count):
+            fill(fw, i, block)
+        op = kv.deposit({key(i): ref for i, ref in enumerate(refs(range(count)))})
+        wait(kv, op, count, "source deposit")
+        fw[:] = bytes(len(fw))
+        endpoint = kv.control_endpoint if not is_reference() else control.endpoint
+        print(json.dumps({"endpoint": endpoint}), flush=True)
+        deadline = time.monotonic() + o.get("lifetime", 600)
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([sys.stdin], [], [], 0.001)
+            if ready:
+                line = sys.stdin.readline()
+                if not line or line.strip() == "stop":
+                    break
+            kv.poll_completed()
+    finally:
+        kv.close()
+
+
+def mode_pull(o: dict) -> None:
+    """Pulls blocks 0..count-1 from the source at `endpoint` into framework
+    memory (no KVCR DRAM here, so every round crosses the lane): a hint, then
+    deliver with its request id, timed until the result is polled. The first
+    round (connection set-up) is checked and not counted."""
+    global AGENT
+    AGENT = "anchors-target"
+    block, count, rounds = o["block"], o["count"], o["rounds"]
+    host = o.get("host", "127.0.0.1")
+    control = kvcr.control_channels.ZmqPeerControlChannel(host, 0 if not is_reference() else free_port(), host)
+    kv, fw, pool = make_kvcr(block, count, 0, control)
+    envelope = {"protocol_version": "0.1", "actions": [
+        {"action_type": "kv.fetch", "action_version": "1.0",
+         "payload": {"source_control_endpoint": o["endpoint"],
+                     "block_hashes": list(range(count))}}]}
+    keys = [key(i) for i in range(count)]
+    try:
+        times = []
+        for r in range(rounds + 1):
+            request = f"pull-{r}"
+            kv.submit_hint(envelope, request_id=request)
+            t0 = time.perf_counter()
+            op = kv.deliver(dict(zip(keys, refs(range(count)))), request_id=request)
+            wait(kv, op, count, "pull")
+            dt = time.perf_counter() - t0
+            kv.discard_hint(request)
+            if r == 0:
+                for i in range(count):
+                    check(fw, i, block, i)
+            else:
+                times.append(dt)
+            fw[:block] = bytes(block)
+        dt = statistics.median(times)
+        if count == 1:
+            emit(o["case"], dt * 1e9, "ns")
+        else:
+            emit(o["case"], count * block / dt / 1e9, "GB/s")
+    finally:
+        kv.close()
+
+
+MODES = {"query": mode_query, "bw": mode_bw, "source": mode_source, "pull": mode_pull}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in MODES:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    # The reference logs every failed poll of pins it never asked for at
+    # WARNING; its logger stays quiet unless the driver asks for it.
+    if not os.environ.get("KVCR_ANCHORS_LOG"):
+        import logging
+        logging.disable(logging.WARNING)
+    MODES[sys.argv[1]](json.loads(sys.argv[2]))
+    # NIXL 1.5.1's agent dies of SIGSEGV in interpreter teardown here, even
+    # one that was created and never used; everything is closed by now, so
+    # teardown is skipped and a crash there cannot pass for the bench's.
+    sys.stdout.flush()
+    os._exit(0)

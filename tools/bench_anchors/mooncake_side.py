@@ -1,0 +1,109 @@
+"""Mooncake's transfer engine over its TCP transport, the same pulls as
+kvcr_side.py's `pull`: the target reads count blocks of `block` bytes from
+the source's registered host memory (batch_transfer_sync_read, one call a
+round), with no metadata server (P2PHANDSHAKE: peers are "host:rpc_port").
+
+    python mooncake_side.py source '{"block": 16384, "count": 256, "host": "198.18.0.1"}'
+    python mooncake_side.py pull   '{"block": 16384, "count": 256, "rounds": 8, "host": ...}'
+
+The source prints {"peer": "<host>:<rpc port>", "addr": <base>} and serves
+until stdin closes or says "stop"; the target reads that line from its
+stdin. The first round (the handshake) is checked and not counted. Prints
+{"case", "value", "unit"}: GB/s, or ns for one block.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import select
+import statistics
+import sys
+import time
+
+from mooncake.engine import TransferEngine
+
+
+def addr(buf) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def stamp(i: int, block: int) -> bytes:
+    s = b"%010d|" % i
+    return (s * (block // len(s) + 1))[:block]
+
+
+def fail(msg: str) -> None:
+    print(f"mooncake_side: {msg}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def engine(host: str) -> TransferEngine:
+    te = TransferEngine()
+    rc = te.initialize(host, "P2PHANDSHAKE", "tcp", "")
+    if rc != 0:
+        fail(f"initialize({host!r}, P2PHANDSHAKE, tcp) returned {rc}")
+    return te
+
+
+def mode_source(o: dict) -> None:
+    block, count = o["block"], o["count"]
+    buf = mmap.mmap(-1, block * count)
+    for i in range(count):
+        buf[i * block:(i + 1) * block] = stamp(i, block)
+    te = engine(o["host"])
+    if te.register_memory(addr(buf), block * count) != 0:
+        fail("register_memory failed")
+    print(json.dumps({"peer": f"{o['host']}:{te.get_rpc_port()}", "addr": addr(buf)}), flush=True)
+    deadline = time.monotonic() + o.get("lifetime", 600)
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([sys.stdin], [], [], 0.05)
+        if ready:
+            line = sys.stdin.readline()
+            if not line or line.strip() == "stop":
+                break
+    te.unregister_memory(addr(buf))
+
+
+def mode_pull(o: dict) -> None:
+    block, count, rounds = o["block"], o["count"], o["rounds"]
+    peer = json.loads(sys.stdin.readline())
+    buf = mmap.mmap(-1, block * count)
+    te = engine(o["host"])
+    if te.register_memory(addr(buf), block * count) != 0:
+        fail("register_memory failed")
+    local = [addr(buf) + i * block for i in range(count)]
+    far = [peer["addr"] + i * block for i in range(count)]
+    sizes = [block] * count
+    times = []
+    for r in range(rounds + 1):
+        t0 = time.perf_counter()
+        rc = te.batch_transfer_sync_read(peer["peer"], local, far, sizes)
+        dt = time.perf_counter() - t0
+        if rc != 0:
+            fail(f"batch_transfer_sync_read round {r} returned {rc}")
+        if r == 0:
+            for i in range(count):
+                if buf[i * block:(i + 1) * block] != stamp(i, block):
+                    fail(f"block {i} arrived wrong")
+        else:
+            times.append(dt)
+        buf[:block] = bytes(block)
+    te.unregister_memory(addr(buf))
+    dt = statistics.median(times)
+    if count == 1:
+        print(json.dumps({"case": o["case"], "value": dt * 1e9, "unit": "ns"}), flush=True)
+    else:
+        print(json.dumps({"case": o["case"], "value": count * block / dt / 1e9,
+                          "unit": "GB/s"}), flush=True)
+
+
+MODES = {"source": mode_source, "pull": mode_pull}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in MODES:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    MODES[sys.argv[1]](json.loads(sys.argv[2]))
+    sys.stdout.flush()

@@ -1,0 +1,120 @@
+"""NIXL's own transfer, the ceiling the reference's peer tier sits on: the
+same pulls as kvcr_side.py's `pull` (count blocks of `block` bytes, read by
+the target from the source's registered host memory), with NIXL's UCX
+backend and the UCX NIXL bundles, in the anchors venv.
+
+    python nixl_side.py source '{"block": 16384, "count": 256}'
+    python nixl_side.py pull   '{"block": 16384, "count": 256, "rounds": 8}'  # metadata on stdin
+
+The source prints {"metadata": <hex>, "addr": <base>} and serves until stdin
+closes or says "stop"; the target reads that line from its stdin. The
+transfer is made once (NIXL's advice: prepare once, post many) and posted
+once per round, timed until check_xfer_state says DONE; the first round is
+checked and not counted. Prints {"case", "value", "unit"}: GB/s, or ns for
+one block.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import select
+import statistics
+import sys
+import time
+
+from nixl._api import nixl_agent, nixl_agent_config
+
+WAIT_S = 60.0
+
+
+def addr(buf) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def stamp(i: int, block: int) -> bytes:
+    s = b"%010d|" % i
+    return (s * (block // len(s) + 1))[:block]
+
+
+def fail(msg: str) -> None:
+    print(f"nixl_side: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def agent(name: str):
+    # No listener thread: metadata goes through the driver's pipes, as the
+    # reference's control channel carries it.
+    return nixl_agent(name, nixl_agent_config(enable_listen_thread=False, backends=["UCX"]))
+
+
+def mode_source(o: dict) -> None:
+    block, count = o["block"], o["count"]
+    buf = mmap.mmap(-1, block * count)
+    for i in range(count):
+        buf[i * block:(i + 1) * block] = stamp(i, block)
+    a = agent("nixl-source")
+    reg = a.register_memory([(addr(buf), block * count, 0, "")], "DRAM")
+    print(json.dumps({"metadata": a.get_agent_metadata().hex(), "addr": addr(buf)}), flush=True)
+    deadline = time.monotonic() + o.get("lifetime", 600)
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([sys.stdin], [], [], 0.05)
+        if ready:
+            line = sys.stdin.readline()
+            if not line or line.strip() == "stop":
+                break
+    a.deregister_memory(reg)
+
+
+def mode_pull(o: dict) -> None:
+    block, count, rounds = o["block"], o["count"], o["rounds"]
+    peer = json.loads(sys.stdin.readline())
+    buf = mmap.mmap(-1, block * count)
+    a = agent("nixl-target")
+    reg = a.register_memory([(addr(buf), block * count, 0, "")], "DRAM")
+    remote = a.add_remote_agent(bytes.fromhex(peer["metadata"]))
+    local = a.get_xfer_descs([(addr(buf) + i * block, block, 0) for i in range(count)], "DRAM")
+    far = a.get_xfer_descs([(peer["addr"] + i * block, block, 0) for i in range(count)], "DRAM")
+    handle = a.initialize_xfer("READ", local, far, remote)
+    times = []
+    for r in range(rounds + 1):
+        t0 = time.perf_counter()
+        state = a.transfer(handle)
+        deadline = time.monotonic() + WAIT_S
+        while state == "PROC" and time.monotonic() < deadline:
+            state = a.check_xfer_state(handle)
+        if state != "DONE":
+            fail(f"transfer round {r}: {state}")
+        dt = time.perf_counter() - t0
+        if r == 0:
+            for i in range(count):
+                if buf[i * block:(i + 1) * block] != stamp(i, block):
+                    fail(f"block {i} arrived wrong")
+        else:
+            times.append(dt)
+        buf[:block] = bytes(block)
+    a.release_xfer_handle(handle)
+    a.remove_remote_agent(remote)
+    a.deregister_memory(reg)
+    dt = statistics.median(times)
+    case = o["case"]
+    if count == 1:
+        print(json.dumps({"case": case, "value": dt * 1e9, "unit": "ns"}), flush=True)
+    else:
+        print(json.dumps({"case": case, "value": count * block / dt / 1e9, "unit": "GB/s"}),
+              flush=True)
+
+
+MODES = {"source": mode_source, "pull": mode_pull}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in MODES:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    MODES[sys.argv[1]](json.loads(sys.argv[2]))
+    # NIXL 1.5.1's agent dies of SIGSEGV in interpreter teardown here, even
+    # one that was created and never used; everything is closed by now, so
+    # teardown is skipped and a crash there cannot pass for the bench's.
+    sys.stdout.flush()
+    os._exit(0)
