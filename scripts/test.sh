@@ -2,8 +2,9 @@
 # The whole test suite: set-up (which makes the release build), the layer
 # rules on it (scripts/check-layers.sh), then the C tests in that release
 # build, an ASan+UBSan build, a TSan build and under valgrind, bounded
-# fuzzing, the Python tests, and last the real-engine stage: vLLM and SGLang
-# from the package registry in a cached virtual environment
+# fuzzing, the Python tests, and last the stages with real packages from
+# the registry, each in a cached virtual environment: the routers
+# (scripts/test-routers.sh) and the engines, vLLM and SGLang
 # (scripts/test-engines.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,6 +87,9 @@ if [ -d tests/python ]; then
   echo "== Python tests =="
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
 fi
+
+echo "== real routers (Dynamo's KV indexer, llm-d's rules) =="
+scripts/test-routers.sh
 
 echo "== real engines (vLLM, SGLang) =="
 scripts/test-engines.sh

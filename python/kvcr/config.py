@@ -112,7 +112,8 @@ class KVEventsOptions:
     router's bound SUB socket). `replay_endpoint` — an optional ROUTER
     endpoint (always bound) answering an 8-byte start sequence with every
     kept batch from there. `topic` — the first frame, "kv@<pod>@<model>"
-    for llm-d. `dp_rank` — the payload's data-parallel rank.
+    for llm-d. `dp_rank` — the payload's data-parallel rank, at most
+    2**31 - 1 (Dynamo reads it as a signed 32-bit integer; libkvcr checks).
     `buffer_batches` — batches kept for replay (10,000). Events wait at
     most `batch_interval_ms` and a batch holds at most `max_batch_events`;
     `max_queued_batches` bound what waits for the publisher's thread (a

