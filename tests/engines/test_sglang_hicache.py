@@ -132,16 +132,21 @@ def signed(hashes):
 
 
 def free_ports(n: int) -> int:
-    """A base port with n free ports from it on 127.0.0.1."""
+    """A base port with n free ports from it on 127.0.0.1, below the
+    kernel's ephemeral range (32768 and up here), where no other process's
+    outgoing connection or any-port bind can take one before the backend
+    binds it (a peer binds its port seconds later, once SGLang imported)."""
+    import random
     errors = []
     for _ in range(100):
+        base = random.randrange(20000, 32000 - n)
         socks = []
         try:
             for i in range(n):
                 s = socket.socket()
                 socks.append(s)
-                s.bind(("127.0.0.1", socks[0].getsockname()[1] + i if i else 0))
-            return socks[0].getsockname()[1]
+                s.bind(("127.0.0.1", base + i))
+            return base
         except OSError as exc:
             errors.append(exc)
         finally:
