@@ -30,7 +30,8 @@ namespace hosts made here (own network, IPC and UTS namespaces; a veth pair,
 anchor cannot run prints a row with "status" and "why" instead of figures.
 
 --json prints one object per line: bench, case, value, unit, baseline,
-baseline_value, ratio, runs, goal, and each side's per-run values. Load
+baseline_value, ratio, runs, goal (and whether it was met), each side's
+per-run values, and which side ran first in each run. Load
 averages at the start and end are printed as a row of their own ("load"):
 the machine is shared, and these figures are only as quiet as it was.
 
@@ -307,6 +308,11 @@ class Figures:
         self.values: dict = {}
         self.units: dict = {}
         self.errors: dict = {}
+        self.first: dict = {}  # case -> the side that ran first, each run
+
+    def started(self, cases: list, order: list) -> None:
+        for c in cases:
+            self.first.setdefault(c, []).append(order[0])
 
     def add(self, who: str, row: dict) -> None:
         self.values.setdefault((row["case"], who), []).append(row["value"])
@@ -356,7 +362,9 @@ def query_case(interp, fig, sides, runs, quick) -> None:
                 fig.fail(who, case, str(e))
                 procs.pop(who).finish()
         for r in range(runs):
-            for who in rotated([w for w in sides if w in procs], r):
+            order = rotated([w for w in sides if w in procs], r)
+            fig.started([case], order)
+            for who in order:
                 procs[who].send("run")
                 attempt(fig, who, [case], lambda: [procs[who].json_line("case", CASE_S)])
     finally:
@@ -384,7 +392,9 @@ def measure(interp: Interpreters, hosts: Hosts | None, runs: int, quick: bool,
         log(f"run {r + 1} of {runs}")
         for block, count, name in bw:
             cases = [f"deposit_{name}", f"deliver_{name}"]
-            for who in rotated(ours + ref, r):
+            order = rotated(ours + ref, r)
+            fig.started(cases, order)
+            for who in order:
                 attempt(fig, who, cases,
                         lambda: [dict(row, case=row["case"].rsplit("_", 1)[1] + "_" + name)
                                  for row in run_bw(interp, who, f"bw_{name}", block, count,
@@ -393,7 +403,9 @@ def measure(interp: Interpreters, hosts: Hosts | None, runs: int, quick: bool,
             for block, count, name in pulls:
                 case = f"{name}_{lane}"
                 n_rounds = rounds * 5 if count == 1 else rounds
-                for who in rotated(ours + anchors, r):
+                order = rotated(ours + anchors, r)
+                fig.started([case], order)
+                for who in order:
                     attempt(fig, who, [case],
                             lambda: [run_pull(interp, h, who, case, block, count, n_rounds)])
     return fig
@@ -435,7 +447,8 @@ def rows(fig: Figures, baselines_of, runs: int) -> list:
             row.update(value=round(v, 4), unit=unit, baseline=base,
                        baseline_value=round(b, 4), ratio=round(ratio, 3), runs=len(ours),
                        values=[round(x, 4) for x in ours],
-                       baseline_values=[round(x, 4) for x in got])
+                       baseline_values=[round(x, 4) for x in got],
+                       first=fig.first.get(case, []))
             g = goal_of(base, case)
             if g is not None:
                 row["goal"] = g
