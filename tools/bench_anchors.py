@@ -24,6 +24,8 @@ Cases and baselines (sizes for --quick in brackets):
   pull_2mib_{host,xhost}        16 [4] x 2 MiB from a peer     kvcr-ref, nixl (+ mooncake-te on xhost)
   pull_16kib_x256_{host,xhost}  256 x 16 KiB from a peer       kvcr-ref, nixl (+ mooncake-te on xhost)
   pull_1block_{host,xhost}      one 16 KiB block, ns           kvcr-ref, nixl (+ mooncake-te on xhost)
+  failover_first_block    an engine in guard mode SIGKILLed: ns until a peer
+                          is served a block again (the Guard)  kvcr-ref
 "host": two processes on this host (127.0.0.1); "xhost": two network-
 namespace hosts made here (own network, IPC and UTS namespaces; a veth pair,
 198.19.77.1 and .2), so nothing can pass through shared memory. A case an
@@ -64,7 +66,7 @@ GOALS = {  # (baseline, case prefix) -> goal as the ratio ours / baseline must r
     ("kvcr-ref", "deposit_2mib"): 1.0, ("kvcr-ref", "deliver_2mib"): 1.0,
     ("kvcr-ref", "deposit_16kib"): 2.0, ("kvcr-ref", "deliver_16kib"): 2.0,
     ("kvcr-ref", "pull_2mib"): 1.0, ("kvcr-ref", "pull_16kib_x256"): 2.0,
-    ("kvcr-ref", "pull_1block"): 2.0,
+    ("kvcr-ref", "pull_1block"): 2.0, ("kvcr-ref", "failover_first_block"): 2.0,
     ("nixl", "pull_2mib"): 0.9, ("nixl", "pull_16kib_x256"): 0.9,
     ("mooncake-te", "pull_2mib"): 1.0, ("mooncake-te", "pull_16kib_x256"): 1.0,
 }
@@ -288,6 +290,55 @@ def run_pull(interp: Interpreters, hosts: Hosts | None, who: str, case: str, blo
         src.finish()
 
 
+def run_failover(interp: Interpreters, who: str, case: str) -> list:
+    """One side of the Guard's failover: that side's own service (ours: `kvcr
+    service`, the reference's: python -m kvcr.kvcr_service, same options), an
+    engine in guard mode holding 64 blocks of 16 KiB, a peer pulling one
+    block at a time from it; the engine is SIGKILLed and reaped, and the
+    peer times from then until a block is served again (by the Guard, on
+    the engine's endpoint)."""
+    py, env = interp.side(who)
+    work = tempfile.mkdtemp(prefix="kvcr-anchors-fo.",
+                            dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    sock = os.path.join(work, "s.sock")
+    opts = ["--socket-path", sock, "--pool-dir", work, "--guard-count", "1",
+            "--pool-sizes-gb", "0.002", "--compatibility-digest", "kvcr-bench-anchors"]
+    if who == "kvcr":
+        svc_argv = [os.environ["KVCR_TOOL"], "service", *opts, "--log-level", "warn"]
+    else:
+        svc_argv = py + ["-m", "kvcr.kvcr_service", *opts, "--log-level", "WARNING"]
+    svc = Proc(svc_argv, env)
+    engine = peer = None
+    try:
+        deadline = time.monotonic() + START_S
+        while not os.path.exists(sock):
+            if svc.p.poll() is not None or time.monotonic() > deadline:
+                raise SideError("the service did not make its socket; stderr:\n"
+                                + svc.stderr_tail())
+            time.sleep(0.01)
+        engine = Proc(py + [script(who), "engine", json.dumps(
+            {"block": 16 * KIB, "count": 64, "socket": sock, "digest": "kvcr-bench-anchors"})],
+            env)
+        hello = engine.json_line("endpoint", START_S)
+        peer = Proc(py + [script(who), "failover", json.dumps(
+            {"case": case, "block": 16 * KIB, "count": 64, "endpoint": hello["endpoint"]})], env)
+        peer.json_line("live", START_S)
+        engine.p.kill()
+        engine.p.wait(timeout=30)
+        peer.send("dead")
+        try:
+            return [peer.json_line("case", CASE_S)]
+        except SideError as e:
+            raise SideError(f"{e}\nservice's stderr:\n{svc.stderr_tail(800)}") from None
+    finally:
+        for p in (peer, engine):
+            if p is not None:
+                p.finish()
+        svc.p.terminate()
+        svc.finish()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run_bw(interp: Interpreters, who: str, case: str, block: int, count: int,
            rounds: int) -> list:
     py, env = interp.side(who)
@@ -383,6 +434,7 @@ def measure(interp: Interpreters, hosts: Hosts | None, runs: int, quick: bool,
     pulls = [(2 * MIB, 4 if quick else 16, "pull_2mib"),
              (16 * KIB, 256, "pull_16kib_x256"), (16 * KIB, 1, "pull_1block")]
     rounds = 3 if quick else 8
+    failover = "KVCR_TOOL" in os.environ and not self_test
     log(f"query at {'20 k' if quick else '1 M'} resident blocks (filling first)")
     query_case(interp, fig, ours + ref, runs, quick)
     lanes = [("host", None, pull_anchors)]
@@ -408,6 +460,12 @@ def measure(interp: Interpreters, hosts: Hosts | None, runs: int, quick: bool,
                 for who in order:
                     attempt(fig, who, [case],
                             lambda: [run_pull(interp, h, who, case, block, count, n_rounds)])
+        if failover:
+            order = rotated(ours + ref, r)
+            fig.started(["failover_first_block"], order)
+            for who in order:
+                attempt(fig, who, ["failover_first_block"],
+                        lambda: run_failover(interp, who, "failover_first_block"))
     return fig
 
 
@@ -480,15 +538,6 @@ def print_rows(all_rows: list, as_json: bool) -> None:
               f"{row['baseline']:<12} {row['baseline_value']:>12.4g} {row['ratio']:>8.3f}  {note}")
 
 
-NOT_BUILT = {
-    "guard_failover": ("kvcr-ref", "not run",
-                       "the reference's death-to-first-served-block needs its Guard "
-                       "(python -m kvcr.kvcr_service, guard mode) driven through an "
-                       "engine's SIGKILL; this driver does not drive it yet. KVCR's own "
-                       "figure: kvcr bench service (first_block_after_kill)."),
-}
-
-
 def main(argv: list) -> int:
     as_json = quick = self_test = False
     runs = 3
@@ -529,7 +578,7 @@ def main(argv: list) -> int:
     def baselines_of(case: str) -> list:
         if self_test:
             return ["kvcr-self"]
-        if case.startswith("query") or case.startswith(("deposit", "deliver")):
+        if case.startswith(("query", "deposit", "deliver", "failover")):
             return ["kvcr-ref"]
         return ["kvcr-ref", "nixl"] + (["mooncake-te"] if case.endswith("xhost") else [])
 
@@ -543,9 +592,11 @@ def main(argv: list) -> int:
         if not have_hosts:
             out.append({"bench": "anchors", "case": "*_xhost", "baseline": "*",
                         "status": "not run", "why": hosts.why})
-        for case, (base, status, why) in NOT_BUILT.items():
-            out.append({"bench": "anchors", "case": case, "baseline": base, "status": status,
-                        "why": why})
+        if "KVCR_TOOL" not in os.environ:
+            out.append({"bench": "anchors", "case": "failover_first_block",
+                        "baseline": "kvcr-ref", "status": "not run",
+                        "why": "KVCR_TOOL (the kvcr program, for `kvcr service`) is not set: "
+                               "run the driver as `kvcr bench anchors`"})
     print_rows(out, as_json)
     return 0
 

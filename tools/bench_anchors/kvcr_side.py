@@ -7,6 +7,8 @@ seed's API, so one script measures both and neither gets a kinder workload.
     python kvcr_side.py bw     '{"block": 2097152, "count": 64, "rounds": 8}'
     python kvcr_side.py source '{"block": 16384, "count": 256, "host": "127.0.0.1"}'
     python kvcr_side.py pull   '{"block": 16384, "count": 256, "rounds": 8, "endpoint": ...}'
+    python kvcr_side.py engine '{"block": 16384, "count": 64, "socket": ..., "digest": ...}'
+    python kvcr_side.py failover '{"block": 16384, "count": 64, "endpoint": ...}'  # "dead"
 
 Each mode prints JSON lines: {"case": ..., "value": ..., "unit": ...} (the
 median of its rounds), or for `source` first {"endpoint": ...}; errors go to
@@ -89,12 +91,12 @@ def no_pins():
                 release_pin=lambda handle: True)
 
 
-def make_kvcr(block: int, fw_blocks: int, slots: int, control=None):
+def make_kvcr(block: int, fw_blocks: int, slots: int, control=None, guard=None,
+              op_ms: int = int(WAIT_S * 1000)):
     fw = mmap.mmap(-1, block * fw_blocks)
     pool = mmap.mmap(-1, block * slots) if slots else None
     config = dict(nixl_agent_name=AGENT, pool_layouts=[("", block)],
-                  operation_timeout_ms=int(WAIT_S * 1000),
-                  abandon_timeout_ms=int(2 * WAIT_S * 1000))
+                  operation_timeout_ms=op_ms, abandon_timeout_ms=2 * op_ms)
     if is_reference():
         config["nixl_listen_port"] = 0  # the reference refuses to start without one
     backends = dict(framework_regions=[kvcr.types.RegionDescriptor(addr=addr(fw), size=block,
@@ -106,7 +108,7 @@ def make_kvcr(block: int, fw_blocks: int, slots: int, control=None):
     if control is not None:
         bindings.update(framework_control=control, key_adapter=IntKeyAdapter())
     kv = kvcr.KVCR(kvcr.config.KVCRConfig(**config), kvcr.KVCRBindings(**bindings),
-                   kvcr.config.KVCRBackendConfigs(**backends))
+                   kvcr.config.KVCRBackendConfigs(**backends), guard)
     return kv, fw, pool
 
 
@@ -276,7 +278,93 @@ def mode_pull(o: dict) -> None:
         kv.close()
 
 
-MODES = {"query": mode_query, "bw": mode_bw, "source": mode_source, "pull": mode_pull}
+def mode_engine(o: dict) -> None:
+    """An engine in guard mode: its KVCR DRAM is pool group 0 of the node's
+    service at `socket`, its blocks 0..count-1 deposited there (so the
+    group's Guard holds them too); serves until the driver SIGKILLs it."""
+    global AGENT
+    AGENT = "anchors-engine"
+    block, count, host = o["block"], o["count"], o.get("host", "127.0.0.1")
+    control = kvcr.control_channels.ZmqPeerControlChannel(
+        host, 0 if not is_reference() else free_port(), host)
+    guard = kvcr.config.KVCRGuardConfig(kvcr_service_socket_path=o["socket"], guard_index=0,
+                                        compatibility_digest=o["digest"])
+    kv, fw, _ = make_kvcr(block, count, 0, control, guard)
+    for i in range(count):
+        fill(fw, i, block)
+    op = kv.deposit({key(i): ref for i, ref in enumerate(refs(range(count)))})
+    wait(kv, op, count, "engine deposit")
+    fw[:] = bytes(len(fw))
+    endpoint = kv.control_endpoint if not is_reference() else control.endpoint
+    print(json.dumps({"endpoint": endpoint, "pid": os.getpid()}), flush=True)
+    deadline = time.monotonic() + o.get("lifetime", 600)
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([sys.stdin], [], [], 0.001)
+        if ready and not sys.stdin.readline():
+            break
+        kv.poll_completed()
+    kv.close()
+
+
+def mode_failover(o: dict) -> None:
+    """A peer of the engine at `endpoint`: one-block pulls until one succeeds,
+    9 more timed ({"live": ns, median}); then, once the driver says "dead"
+    (it has SIGKILLed and reaped the engine), pulls the same way, 1 ms apart
+    after a failure, until one succeeds: {"case", "value": ns since "dead"}.
+    Every served block is checked. Operation timeout 2 s, as bench service's
+    peer."""
+    global AGENT
+    AGENT = "anchors-peer"
+    block, count, host = o["block"], o["count"], o.get("host", "127.0.0.1")
+    control = kvcr.control_channels.ZmqPeerControlChannel(
+        host, 0 if not is_reference() else free_port(), host)
+    kv, fw, _ = make_kvcr(block, 1, 0, control, op_ms=2000)
+    attempt = [0]
+
+    def pull_one() -> bool:
+        attempt[0] += 1
+        i = attempt[0] % count
+        request = f"fo-{attempt[0]}"
+        kv.submit_hint({"protocol_version": "0.1", "actions": [
+            {"action_type": "kv.fetch", "action_version": "1.0",
+             "payload": {"source_control_endpoint": o["endpoint"], "block_hashes": [i]}}]},
+            request_id=request)
+        fw[:] = bytes(block)
+        op = kv.deliver({key(i): refs([0])[0]}, request_id=request)
+        deadline = time.monotonic() + 10
+        ok = None
+        while ok is None and time.monotonic() < deadline:
+            for handle, entries in kv.poll_completed():
+                if handle == op:
+                    ok = all(e.success for e in entries.values()) and len(entries) == 1
+            time.sleep(0)
+        kv.discard_hint(request)
+        if ok:
+            check(fw, 0, block, i)
+        return bool(ok)
+
+    def until_served(limit_s: float) -> float:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < limit_s:
+            if pull_one():
+                return time.perf_counter() - t0
+            time.sleep(0.001)
+        fail(f"no block served within {limit_s:.0f} s")
+        return 0.0
+
+    try:
+        until_served(30)
+        live = [until_served(10) for _ in range(9)]
+        print(json.dumps({"live": statistics.median(live) * 1e9}), flush=True)
+        if sys.stdin.readline().strip() != "dead":
+            return
+        emit(o["case"], until_served(30) * 1e9, "ns")
+    finally:
+        kv.close()
+
+
+MODES = {"query": mode_query, "bw": mode_bw, "source": mode_source, "pull": mode_pull,
+         "engine": mode_engine, "failover": mode_failover}
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] not in MODES:
