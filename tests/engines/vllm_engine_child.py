@@ -4,9 +4,11 @@
 
 CONFIG_JSON: {"model": dir, "kvcr": null | {tier options}, "cpu_chunks": n,
 "engine_blocks": n, "prefix_caching": bool}. With "kvcr", the engine offloads through vLLM's
-OffloadingConnector, its tiering spec (vllm_engine_cpu_offload's host-copy
-worker: vLLM's own worker needs CUDA) and vLLM's KVCR tier; without, it has
-no connector at all (the baseline).
+OffloadingConnector, its tiering spec and vLLM's KVCR tier
+(vllm_engine_proc.connector_config: on the CPU platform with
+vllm_engine_cpu_offload's host-copy worker, vLLM's own worker needing CUDA;
+with KVCR_VLLM_OFFLOAD_SPEC=vllm, vLLM's TieringOffloadingSpec as it is, for
+a GPU); without, it has no connector at all (the baseline).
 
 Commands, one JSON object a line on stdin; one JSON reply a line on
 REPLY_FD (vLLM logs on stdout/stderr, which the test sends to a file):
@@ -37,7 +39,8 @@ def _engine(cfg: dict):
     from vllm.config import KVTransferConfig
 
     kw = dict(
-        model=cfg["model"], tokenizer=cfg["model"], dtype="float32", enforce_eager=True,
+        model=cfg["model"], tokenizer=cfg["model"],
+        dtype=os.environ.get("KVCR_VLLM_DTYPE", "float32"), enforce_eager=True,
         seed=0, block_size=cfg.get("block_size", 32),
         max_model_len=cfg.get("max_model_len", 256),
         max_num_seqs=4, max_num_batched_tokens=cfg.get("max_model_len", 256),
@@ -47,15 +50,9 @@ def _engine(cfg: dict):
     tier = cfg.get("kvcr")
     if tier is not None:
         chunk_bytes = cfg["chunk_bytes"]
-        tier = dict(tier, type="kvcr")
+        from vllm_engine_proc import connector_config
         kw["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="OffloadingConnector", kv_role="kv_both",
-            kv_connector_extra_config={
-                "spec_name": "HostCopyTieringOffloadingSpec",
-                "spec_module_path": "vllm_engine_cpu_offload",
-                "cpu_bytes_to_use": cfg.get("cpu_chunks", 4) * chunk_bytes,
-                "secondary_tiers": [tier],
-            })
+            **connector_config(tier, cfg.get("cpu_chunks", 4), chunk_bytes))
     return LLM(**kw)
 
 

@@ -62,7 +62,8 @@ def child_env() -> dict:
         # KVCR tier's state through it, and there is one process to reap.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # vLLM's CPU build sizes its KV cache from this (GiB); the engine's
-        # blocks are then cut to a few by num_gpu_blocks_override.
+        # blocks are then cut to a few by num_gpu_blocks_override. (A GPU
+        # build ignores it.)
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join(
@@ -158,17 +159,22 @@ class EngineChild:
 
 
 def connector_config(tier: dict, cpu_chunks: int = 4, chunk_bytes: int = CHUNK_BYTES) -> dict:
-    """--kv-transfer-config: vLLM's OffloadingConnector, its tiering spec
-    with the host-copy worker (vllm_engine_cpu_offload.py) and the KVCR tier."""
+    """--kv-transfer-config: vLLM's OffloadingConnector, its tiering spec and
+    the KVCR tier. The spec is vLLM's TieringOffloadingSpec with the host-copy
+    worker of vllm_engine_cpu_offload.py (vLLM's CPU platform), or vLLM's spec
+    as it is with KVCR_VLLM_OFFLOAD_SPEC=vllm (a CUDA GPU: scripts/vllm-gpu-e2e.sh)."""
+    if os.environ.get("KVCR_VLLM_OFFLOAD_SPEC", "host-copy") == "vllm":
+        spec = {"spec_name": "TieringOffloadingSpec"}
+    else:
+        spec = {"spec_name": "HostCopyTieringOffloadingSpec",
+                "spec_module_path": "vllm_engine_cpu_offload"}
     return {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "spec_name": "HostCopyTieringOffloadingSpec",
-            "spec_module_path": "vllm_engine_cpu_offload",
-            "cpu_bytes_to_use": cpu_chunks * chunk_bytes,
-            "secondary_tiers": [dict(tier, type="kvcr")],
-        },
+        "kv_connector_extra_config": dict(
+            spec,
+            cpu_bytes_to_use=cpu_chunks * chunk_bytes,
+            secondary_tiers=[dict(tier, type="kvcr")]),
     }
 
 
@@ -190,7 +196,8 @@ class ApiServer:
         self.argv = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "float32", "--enforce-eager", "--seed", "0",
+            "--dtype", os.environ.get("KVCR_VLLM_DTYPE", "float32"),
+            "--enforce-eager", "--seed", "0",
             "--block-size", str(BLOCK_TOKENS), "--max-model-len", "256",
             "--max-num-batched-tokens", "256", "--max-num-seqs", "4",
             "--num-gpu-blocks-override", str(engine_blocks),
