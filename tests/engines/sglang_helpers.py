@@ -263,3 +263,42 @@ def prefetch(ctrl, request_id: str, tokens: list, timeout: float = 30):
         if ack.completed_req:
             return op.host_indices, completed
     raise AssertionError("no completed_req PrefetchAck")
+
+
+def hybrid_controller(model_dir: str, **extra):
+    """SGLang's HybridCacheController over a host pool group: the KV pool
+    (the index anchor) and a one-layer draft pool (speculative decoding's
+    draft KV, a sidecar taking the KV pool's indices), MHA page_first on
+    CPU. Returns (controller, KV host pool, draft host pool)."""
+    import threading
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
+    publish_runtime(model_dir, "page_first")
+    tokens = DEVICE_PAGES * PAGE
+
+    def pools(layers):
+        device = MHATokenToKVPool(tokens, PAGE, torch.bfloat16, HEADS, HEAD_DIM, layers, "cpu",
+                                  False)
+        host = MHATokenToKVPoolHost(device._mha_buffer_info(), 2.0, 0, PAGE, "page_first",
+                                    pin_memory=False, device="cpu",
+                                    device_capacity_tokens=tokens, start_layer=0,
+                                    end_layer=layers)
+        return device, host
+
+    kv_device, kv_host = pools(LAYERS)
+    draft_device, draft_host = pools(1)
+    group = HostPoolGroup([
+        PoolEntry(PoolName.KV, kv_host, kv_device, lambda layer: layer,
+                  is_primary_index_anchor=True),
+        PoolEntry(PoolName.DRAFT, draft_host, draft_device, lambda layer: layer)])
+    allocator = PagedTokenToKVPoolAllocator(tokens, PAGE, torch.bfloat16, "cpu", kv_device,
+                                            need_sort=False)
+    extra.setdefault("interface_v1", 1)
+    extra.setdefault("dram_bytes", 1 << 20)
+    ctrl = HybridCacheController(allocator, group, PAGE, None, threading.Event(),
+                                 storage_backend="dynamic", model_name="kvcr-test-model",
+                                 storage_backend_extra_config=dict(EXTRA, **extra))
+    return ctrl, kv_host, draft_host

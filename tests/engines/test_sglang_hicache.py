@@ -481,6 +481,52 @@ def test_v2_calls_store_and_serve_other_host_pools(backends, caplog):
     assert any("hit policy" in r.getMessage() for r in caplog.records)
 
 
+def test_the_hybrid_controller_backs_up_and_prefetches_a_draft_sidecar(model_dir):
+    # SGLang's own HybridCacheController: it registers the draft pool
+    # (register_mem_host_pool_v2, on_host_pools_registered), backs the
+    # draft sidecar up with batch_set_v2 beside batch_set_v1, asks
+    # batch_exists_v2, and reads the draft pages with batch_get_v2 into the
+    # KV pages' host indices.
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+    ctrl, kv, draft = h.hybrid_controller(model_dir)
+    try:
+        backend = ctrl.storage_backend
+        assert list(backend._extra_pools) == [str(PoolName.DRAFT)]
+        sidecar = [PoolTransfer(name=PoolName.DRAFT, indices_from_pool=PoolName.KV)]
+        tokens = h.token_ids(9, 4)
+        where = kv.alloc(4 * h.PAGE)
+        pages = [int(where[i * h.PAGE]) // h.PAGE for i in range(4)]
+        kv_data = [h.fill_page(kv, p, i) for i, p in enumerate(pages)]
+        draft_data = [h.fill_page(draft, p, 100 + i) for i, p in enumerate(pages)]
+        ctrl.write_storage(where, tokens, hash_value=h.storage_keys(tokens), prefix_keys=[],
+                           extra_pools=sidecar)
+        op = ctrl.ack_backup_queue.get(timeout=WAIT)
+        assert op.completed_tokens == 4 * h.PAGE
+        assert op.pool_storage_result.extra_pool_hit_pages == {PoolName.DRAFT: 4}
+        h.zero_pool(kv)
+        h.zero_pool(draft)
+        kv.free(where)
+        ctrl.prefetch(CacheRequestHandle("req-h", 0), tokens, None, [],
+                      extra_pools=[PoolTransfer(name=PoolName.DRAFT,
+                                                indices_from_pool=PoolName.KV)])
+        op = ctrl.prefetch_hit_queue.get(timeout=WAIT)
+        assert op.storage_hit_count == 4 * h.PAGE
+        op.host_indices = ctrl.alloc_prefetch_host_buffers(op, op.storage_hit_count)
+        ctrl.prefetch_buffer.put(op)
+        completed = 0
+        for _ in range(100):
+            ack = ctrl.ack_prefetch_queue.get(timeout=WAIT)
+            completed = max(completed, ack.completed_tokens or 0)
+            if ack.completed_req:
+                break
+        assert ack.completed_req and completed == 4 * h.PAGE
+        got = [int(op.host_indices[i * h.PAGE]) // h.PAGE for i in range(4)]
+        assert [h.read_page(kv, p) for p in got] == kv_data
+        assert [h.read_page(draft, p) for p in got] == draft_data
+    finally:
+        ctrl.detach_storage_backend()
+
+
 # ---- router hints: the shapes SGLang carries -----------------------------------------------
 
 @pytest.mark.parametrize("kind,layout", [("mha", "layer_first"), ("mla", "page_first")])
