@@ -19,8 +19,10 @@ vLLM loads this out-of-tree spec by name:
 from __future__ import annotations
 
 import ctypes
+import time
 
 import numpy as np
+import torch
 
 from vllm.utils.math_utils import cdiv
 from vllm.v1.kv_offload.base import (
@@ -34,8 +36,6 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.gpu_worker import compute_sub_block_ptrs
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
-
-import time
 
 
 class _HostCopyDirection:
@@ -89,7 +89,6 @@ class HostCopyOffloadingWorker(OffloadingWorker):
         self._region = region
         engine, host = [], []
         for t in kv_caches.tensors:
-            import torch
             page = t.page_size_bytes
             engine.append(t.tensor.view(torch.int8).view((-1, page)))
             host.append(region.create_next_worker_view(page * blocks_per_chunk))
@@ -119,6 +118,9 @@ class HostCopyOffloadingWorker(OffloadingWorker):
         pass  # every copy completed in its submit
 
     def shutdown(self) -> None:
+        # Drop the views of the region first, as vLLM's worker does: a
+        # mapping with views into it cannot be closed.
+        self._store = self._load = None
         if self._region is not None:
             self._region.cleanup()
             self._region = None
