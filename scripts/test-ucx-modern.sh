@@ -37,7 +37,8 @@ echo "== peer tests (UCX $(sed -n 's/^Version: //p' "$prefix/lib/pkgconfig/ucx.p
 # marks a skipped one, and the log of the run above holds every test's output.
 skipped=$(awk '/^[0-9]+\/[0-9]+ Test: / {t = $3}
                /SKIPPED \] test_/ && (t == "test-remote-peer-failures-tcp" ||
-                                      t == "test-ucx-peer-dies-during-setup") {print t ": " $0}' \
+                                      t == "test-ucx-peer-dies-during-setup" ||
+                                      t == "test-ucx-link-drops-during-setup") {print t ": " $0}' \
           "$build/Testing/Temporary/LastTest.log")
 if [ -n "$skipped" ]; then
   echo "$skipped" >&2
