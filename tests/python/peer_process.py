@@ -18,10 +18,6 @@ Modes (option "mode"):
           is held in parts, one region ":p<k>" per size, pinned as ":*".
   vllm  - vLLM's KVCRSecondaryTierManager (secondary_g2_slots=0) over the
           stand-ins, serving its primary rows through its pin adapter.
-  sglang - SGLang's KVCRHiCacheStorage (kvcr.integrations.sglang) over the
-          stand-ins' host pool ("pool": mha or mla, "layout"): pages 0..n-1
-          hold sglang_page(i) and are stored with batch_set_v1 under
-          sglang_key(i), then the host pool is zeroed.
 
 Blocks are pattern(i, block) everywhere, so any side can check any bytes.
 """
@@ -63,45 +59,6 @@ class BytesKeyAdapter(IntKeyAdapter):
 
     def decode(self, k):
         return bytes(k)[4:]
-
-
-def sglang_hash(i: int) -> int:
-    """Page i's router hash: spread over all 64 bits (half of them have the
-    top bit set, which SGLang's own events send as negative)."""
-    return (i * 0x9E3779B97F4A7C15 + 1) % (1 << 64)
-
-
-def sglang_key(i: int) -> str:
-    """An SGLang page key (64 hex digits) whose router hash is sglang_hash(i)."""
-    return format(sglang_hash(i), "016x") + "5a" * 24
-
-
-def sglang_pool(kind: str, layout: str, pages: int = 16):
-    """A stand-in host pool: 2 layers, 4 tokens a page."""
-    import sglang_standins as s
-    if kind == "mla":
-        return s.MLATokenToKVPoolHost(pages * 4, 4, 2, 36, layout=layout)
-    return s.MHATokenToKVPoolHost(pages * 4, 4, 2, 2, 16, layout=layout)
-
-
-def sglang_page(i: int, size: int) -> bytes:
-    unit = b"page-%06d|" % i
-    return (unit * (size // len(unit) + 1))[:size]
-
-
-def sglang_backend(kind: str, layout: str, pool, port: int = 0, **extra):
-    """A KVCRHiCacheStorage loaded as SGLang's dynamic backend loads it."""
-    import sglang_standins as s
-    config = s.HiCacheStorageConfig(
-        tp_rank=extra.pop("tp_rank", 0), tp_size=2, pp_rank=0, pp_size=1,
-        is_mla_model=kind == "mla", is_page_first_layout=layout == "page_first",
-        model_name="test-model",
-        enable_storage_metrics=extra.pop("enable_storage_metrics", False),
-        extra_config=dict({"backend_name": "kvcr", "module_path": "kvcr.integrations.sglang",
-                           "class_name": "KVCRHiCacheStorage", "interface_v1": 1,
-                           "dram_bytes": 1 << 20, "control_port": port,
-                           "advertise_host": "127.0.0.1"}, **extra))
-    return s.StorageBackendFactory.create_dynamic(config, pool)
 
 
 def vllm_key(i: int, group: int = 0) -> bytes:
@@ -341,29 +298,6 @@ def _child(options: dict) -> int:
 
         def close():
             tier.shutdown()
-    elif mode == "sglang":
-        sys.path.insert(0, os.path.join(HERE, "stubs"))
-        import sglang_standins
-        sglang_standins.install()
-        pool = sglang_pool(options["pool"], options["layout"])
-        size = pool.page_bytes()
-        for i in range(n):
-            pool.write_page(i * pool.page_size, sglang_page(i, size))
-        kv = sglang_backend(options["pool"], options["layout"], pool, options.get("port", 0))
-        stored = kv.batch_set_v1([sglang_key(i) for i in range(n)], list(range(n * pool.page_size)))
-        if not all(stored):
-            print(f"peer: batch_set_v1 failed: {stored}", file=sys.stderr)
-            return 3
-        pool.kv_buffer.write(0, bytes(pool.kv_buffer.numel() * pool.dtype.itemsize))
-
-        def step():
-            pass
-
-        def counters():
-            return dict(kv.stats(), warnings=counting.messages)
-
-        def close():
-            kv.close()
     else:
         import ctypes
         import mmap
@@ -446,7 +380,7 @@ def _child(options: dict) -> int:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
-    agent_name = kv.agent if mode == "sglang" else kv.config.nixl_agent_name
+    agent_name = kv.config.nixl_agent_name
     emit({"endpoint": kv.control_endpoint, "agent": agent_name})
     deadline = time.monotonic() + options["lifetime"]
     buf = b""
