@@ -5,7 +5,8 @@
 # tree's kvcr, plus the `vllm` package of each other vLLM release whose KVCR
 # adapter we test (requirements/vllm-revisions.txt), unpacked beside it.
 #
-#   scripts/engines-env.sh            # prints the venv's python at the end
+#   scripts/engines-env.sh            # prints the venv's python (the only line
+#                                     # on stdout; progress goes to stderr)
 #
 # Where: KVCR_ENGINES_DIR (default /var/cache/kvcr/engines), outside the
 # work tree so that a fresh clone on the same machine reuses it. Idempotent:
@@ -28,7 +29,7 @@ ensure_debian_packages engines-env "${PACKAGES[@]}"
 
 stamp_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
 stamp_matches() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
-log() { echo "engines-env: $*"; }
+log() { echo "engines-env: $*" >&2; }
 
 # The registry packages: made anew when a lock file changes, so that a
 # package dropped from a lock does not linger.
@@ -44,9 +45,9 @@ make_venv() {
   rm -rf "$VENV"
   mkdir -p "$DIR"
   $PY -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pip==25.3
-  "$VENV/bin/pip" install -q --no-deps -r requirements/engines.txt
-  "$VENV/bin/pip" install -q --no-deps -r requirements/sglang.txt
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pip==25.3 >&2
+  "$VENV/bin/pip" install -q --no-deps -r requirements/engines.txt >&2
+  "$VENV/bin/pip" install -q --no-deps -r requirements/sglang.txt >&2
   echo "$want" > "$VENV/.kvcr-packages"
   log "packages installed in $((SECONDS - start)) s ($(du -sh "$VENV" | cut -f1))"
 }
@@ -64,7 +65,7 @@ install_kvcr() {
   local work
   work=$(mktemp -d)
   KVCR_CMAKE_BUILD_DIR="$work/cmake" KVCR_BUILD_JOBS="${KVCR_BUILD_JOBS:-$(nproc)}" \
-    "$VENV/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall .
+    "$VENV/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall . >&2
   rm -rf "$work"
   (cd / && "$VENV/bin/python" -c "import kvcr._native")
   echo "$want" > "$VENV/.kvcr-self"
@@ -88,7 +89,7 @@ unpack_revisions() {
     [ -n "${line// }" ] || continue
     read -r name version sha <<<"$line"
     log "unpacking $name $version"
-    "$VENV/bin/pip" download -q --no-deps -d "$REVISIONS/wheels" "$name==$version"
+    "$VENV/bin/pip" download -q --no-deps -d "$REVISIONS/wheels" "$name==$version" >&2
     wheel=$(ls "$REVISIONS/wheels/${name//-/_}-$version-"*.whl)
     if [ "$(sha256sum "$wheel" | cut -d' ' -f1)" != "$sha" ]; then
       echo "engines-env: $wheel does not have the sha256 pinned in requirements/vllm-revisions.txt" >&2

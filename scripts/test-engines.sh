@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python=$(scripts/engines-env.sh | tail -1)
+python=$(scripts/engines-env.sh)
 revisions=${KVCR_ENGINES_DIR:-/var/cache/kvcr/engines}/vllm-revisions
 # No model hub here: the tests make their own tiny model and tokenizer.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
