@@ -47,6 +47,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -136,7 +137,6 @@ class Hosts:
     ADDRS = ("198.19.77.1", "198.19.77.2")
 
     def __init__(self) -> None:
-        self.up = False
         self.why = ""
 
     def _ip(self, *args: str) -> None:
@@ -155,7 +155,6 @@ class Hosts:
         try:
             for n in self.NAMES:
                 self._ip("netns", "add", n)
-            self.up = True
             # Made inside the first host with its peer in the second: no
             # interface of this process's namespace is created or touched.
             self._ip("-n", self.NAMES[0], "link", "add", "eth0", "type", "veth",
@@ -178,7 +177,6 @@ class Hosts:
     def down(self) -> None:
         for n in self.NAMES:
             subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
-        self.up = False
 
 
 # ---- running sides -----------------------------------------------------------------
@@ -476,7 +474,9 @@ def goal_of(baseline: str, case: str):
     return None
 
 
-def rows(fig: Figures, baselines_of, runs: int) -> list:
+def rows(fig: Figures, baselines_of) -> list:
+    """A row per case and baseline: the medians and ratio, or, when a side
+    has no figure at all, why. Runs a side failed are counted in the row."""
     out = []
     cases = []
     for case, _ in fig.values:
@@ -491,12 +491,10 @@ def rows(fig: Figures, baselines_of, runs: int) -> list:
         for base in baselines_of(case):
             got = fig.values.get((case, base), [])
             row = {"bench": "anchors", "case": case}
-            if not ours or len(got) < len(ours):
-                why = fig.errors.get((case, base), ["no figure"])[0]
-                row.update(baseline=base, status="failed" if got or fig.errors.get(
-                    (case, base)) else "not run", why=why[-1200:])
-                if got:
-                    row["baseline_values"] = got
+            errors = fig.errors.get((case, base), [])
+            if not ours or not got:
+                row.update(baseline=base, status="failed" if errors else "not run",
+                           why=(errors or ["no figure"])[0][-1200:])
                 out.append(row)
                 continue
             v, b = statistics.median(ours), statistics.median(got)
@@ -507,6 +505,8 @@ def rows(fig: Figures, baselines_of, runs: int) -> list:
                        values=[round(x, 4) for x in ours],
                        baseline_values=[round(x, 4) for x in got],
                        first=fig.first.get(case, []))
+            if errors:
+                row.update(failed_runs=len(errors), why_failed=errors[0][-1200:])
             g = goal_of(base, case)
             if g is not None:
                 row["goal"] = g
@@ -562,6 +562,10 @@ def main(argv: list) -> int:
                   "[--runs N] [--self-test]", file=sys.stderr)
             return 2
     start = loadavg()
+    # A signal unwinds like an error, so that every side is reaped and the
+    # namespaces are removed.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(f"bench anchors: signal {signum}"))
     interp = Interpreters(self_test)
     if interp.anchor_py is None and not self_test:
         log(f"no anchors: {interp.anchor_why}")
@@ -584,7 +588,7 @@ def main(argv: list) -> int:
 
     out = [{"bench": "anchors", "case": "load", "start": start, "end": loadavg(),
             "runs": runs, "quick": quick}]
-    out += rows(fig, baselines_of, runs)
+    out += rows(fig, baselines_of)
     if not self_test:
         if interp.anchor_py is None:
             out += [{"bench": "anchors", "case": "*", "baseline": b, "status": "not run",

@@ -60,16 +60,17 @@ class IntKeyAdapter:
         return int.from_bytes(bytes(k)[4:], "big")
 
 
-def fill(buf, i: int, block: int) -> None:
+def pattern(i: int, block: int) -> bytes:
     stamp = b"%010d|" % i
-    buf[i * block:(i + 1) * block] = (stamp * (block // len(stamp) + 1))[:block]
+    return (stamp * (block // len(stamp) + 1))[:block]
+
+
+def fill(buf, i: int, block: int) -> None:
+    buf[i * block:(i + 1) * block] = pattern(i, block)
 
 
 def check(buf, i: int, block: int, want: int) -> None:
-    stamp = b"%010d|" % want
-    if buf[i * block:i * block + len(stamp)] != stamp or \
-            buf[(i + 1) * block - 11:(i + 1) * block] != \
-            (stamp * (block // len(stamp) + 1))[block - 11:block]:
+    if buf[i * block:(i + 1) * block] != pattern(want, block):
         fail(f"element {i} does not hold block {want}")
 
 
@@ -128,6 +129,25 @@ def idle(kv) -> None:
         time.sleep(0)
     else:
         select.select([fileno()], [], [], 0.1)
+
+
+def serve(kv, lifetime: float) -> None:
+    """A source's main thread until stdin closes or says "stop". The
+    reference serves peers partly in the caller's poll_completed() (its
+    pins and writes start there), so it is polled every 50 us -- what an
+    engine's busy loop would give it without taking a whole vCPU; this
+    tree's KVCR serves from its own threads and is polled only when its
+    descriptor says results are due."""
+    fileno = getattr(kv, "fileno", None)
+    watch = [sys.stdin] + ([fileno()] if fileno is not None else [])
+    deadline = time.monotonic() + lifetime
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select(watch, [], [], 1.0 if fileno is not None else 50e-6)
+        if sys.stdin in ready:
+            line = sys.stdin.readline()
+            if not line or line.strip() == "stop":
+                return
+        kv.poll_completed()
 
 
 def wait(kv, op, n: int, what: str) -> None:
@@ -237,14 +257,7 @@ def mode_source(o: dict) -> None:
         fw[:] = bytes(len(fw))
         endpoint = kv.control_endpoint if not is_reference() else control.endpoint
         print(json.dumps({"endpoint": endpoint}), flush=True)
-        deadline = time.monotonic() + o.get("lifetime", 600)
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([sys.stdin], [], [], 0.001)
-            if ready:
-                line = sys.stdin.readline()
-                if not line or line.strip() == "stop":
-                    break
-            kv.poll_completed()
+        serve(kv, o.get("lifetime", 600))
     finally:
         kv.close()
 
@@ -309,12 +322,7 @@ def mode_engine(o: dict) -> None:
     fw[:] = bytes(len(fw))
     endpoint = kv.control_endpoint if not is_reference() else control.endpoint
     print(json.dumps({"endpoint": endpoint, "pid": os.getpid()}), flush=True)
-    deadline = time.monotonic() + o.get("lifetime", 600)
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([sys.stdin], [], [], 0.001)
-        if ready and not sys.stdin.readline():
-            break
-        kv.poll_completed()
+    serve(kv, o.get("lifetime", 600))
     kv.close()
 
 
