@@ -854,11 +854,6 @@ class KVCR:
         policies are not told (they score from BlockMeta.last_access)."""
         self._native.align_sequence(ordered_keys, bool(use_current_time))
 
-    def stored_hint(self, request_id: str) -> Optional[tuple]:
-        """(source endpoint, sorted unique block hashes, failed) of the hint
-        kept for request_id, or None. For tests and diagnostics."""
-        return self._native.hint(request_id)
-
     def get_stats(self):
         """The interval's telemetry in a stats_factory() object (filled with
         set_gauge / increase_counter / observe_histogram), replaced by a

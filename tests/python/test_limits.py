@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 import kvcr
+from kvcr.testing import stored_hint
 
 
 def envelope(hashes):
@@ -55,7 +56,7 @@ def test_hints_over_their_limits_are_refused(rig_factory):
         r.kv.submit_hint(envelope(range(100)), request_id="b")
     with pytest.raises(RuntimeError, match=r"limits.max_hinted_requests \(1\)"):
         r.kv.submit_hint(envelope([3]), request_id="b")
-    assert r.kv.stored_hint("b") is None
+    assert stored_hint(r.kv, "b") is None
     r.kv.submit_hint(envelope([3]), request_id="a")  # replacing a kept one is fine
     text = r.kv.prometheus_text()
     assert 'kvcr_limit_refusals_total{limit="hint_bytes"} 1\n' in text

@@ -7,7 +7,8 @@ import time
 import pytest
 
 import kvcr
-from conftest import address_of, poll_until, read, write
+from kvcr.testing import stored_hint
+from conftest import address_of, poll_until, read, thread_count, write
 from kvcr import CacheTier, OpEntryResult, OpEntryStatus, QueryStatus
 
 
@@ -222,10 +223,16 @@ def test_calls_after_close_raise(rig_factory):
 
 
 def test_pending_work_fails_at_close_and_memory_may_then_be_released(rig_factory):
+    before = thread_count()
     r = rig_factory(block=256 * 1024, fw_blocks=64, slots=64, copy_threads=1)
+    assert thread_count() > before
     r.kv.deposit({b"c%d" % i: r.ref(i) for i in range(64)})
     r.kv.close()  # running copies are waited for, queued ones cancelled
-    r.pool[:] = bytes(len(r.pool))  # nothing writes into the pool any more
+    # Every KVCR thread is gone: nothing can write into the pool any more.
+    assert thread_count() == before
+    r.pool[:] = bytes(len(r.pool))
+    with pytest.raises(kvcr.KVCRClosedError):
+        r.kv.poll_completed()
 
 
 HINT = {"protocol_version": "0.1", "message_id": "m", "actions": [
@@ -243,23 +250,23 @@ def envelope(**payload):
 def test_hints_are_validated_and_kept_per_request(rig_factory):
     r = rig_factory()
     r.kv.submit_hint(HINT, request_id="r1")
-    assert r.kv.stored_hint("r1") == ("tcp://127.0.0.1:1", (1, 2), False)
+    assert stored_hint(r.kv, "r1") == ("tcp://127.0.0.1:1", (1, 2), False)
     # Same source: the hash set is replaced.
     r.kv.submit_hint(envelope(source_control_endpoint="tcp://127.0.0.1:1", block_hashes=[7]),
                      request_id="r1")
-    assert r.kv.stored_hint("r1") == ("tcp://127.0.0.1:1", (7,), False)
+    assert stored_hint(r.kv, "r1") == ("tcp://127.0.0.1:1", (7,), False)
     # A different source fails the request's hint closed.
     r.kv.submit_hint(envelope(source_control_endpoint="tcp://other:2", block_hashes=[8]),
                      request_id="r1")
-    assert r.kv.stored_hint("r1")[2] is True
+    assert stored_hint(r.kv, "r1")[2] is True
     # No request id: validated, nothing kept.
     r.kv.submit_hint(HINT)
-    assert r.kv.stored_hint("None") is None
+    assert stored_hint(r.kv, "None") is None
     # Without a framework_control the peer tier is off: a hint never makes a key fetchable.
     r.kv.submit_hint(envelope(source_control_endpoint="s", block_hashes=[1]), request_id="r2")
     assert r.kv.query([b"\x00" * 7 + b"\x01"], request_id="r2") == [(QueryStatus.MISS, None)]
     r.kv.discard_hint("r1")
-    assert r.kv.stored_hint("r1") is None
+    assert stored_hint(r.kv, "r1") is None
     r.kv.discard_hint("unknown")
 
 
@@ -291,7 +298,7 @@ def test_invalid_hints_are_refused_with_the_rule(rig_factory, hint, message):
     with pytest.raises(ValueError) as info:
         r.kv.submit_hint(hint, request_id="r")
     assert str(info.value) == message
-    assert r.kv.stored_hint("r") is None
+    assert stored_hint(r.kv, "r") is None
 
 
 def test_calls_from_many_threads(rig_factory):

@@ -14,6 +14,7 @@ import pytest
 import vllm_standins as v
 
 import kvcr
+from kvcr.testing import stored_hint
 from kvcr.integrations import vllm as tier_module
 from kvcr.integrations.vllm import KVCRSecondaryTierManager
 
@@ -216,7 +217,7 @@ def test_hints_from_the_request_context_are_submitted_and_discarded():
         "source_control_endpoint": "tcp://127.0.0.1:9", "block_hashes": (7, 8)})])
     ctx = v.ReqContext(req_id="r1", kv_hints=env)
     assert tier.on_new_request(ctx) == v.RequestOffloadingContext()
-    assert tier._kvcr.stored_hint("r1") == ("tcp://127.0.0.1:9", (7, 8), False)
+    assert stored_hint(tier._kvcr, "r1") == ("tcp://127.0.0.1:9", (7, 8), False)
     # The hinted keys are loadable from the peer (the adapter's default
     # opportunistic_query=True makes every key of the request so).
     assert tier.lookup(v.make_offload_key((7).to_bytes(8, "big"), 0), ctx) is v.LookupResult.HIT
@@ -225,10 +226,10 @@ def test_hints_from_the_request_context_are_submitted_and_discarded():
     assert tier.lookup(v.make_offload_key((7).to_bytes(8, "big"), 0), other) is \
         v.LookupResult.MISS
     tier.on_request_finished(ctx)
-    assert tier._kvcr.stored_hint("r1") is None
+    assert stored_hint(tier._kvcr, "r1") is None
     assert tier.lookup(v.make_offload_key((7).to_bytes(8, "big"), 0), ctx) is v.LookupResult.MISS
     tier.on_new_request(v.ReqContext(req_id="r2"))  # no hint: nothing submitted
-    assert tier._kvcr.stored_hint("r2") is None
+    assert stored_hint(tier._kvcr, "r2") is None
     bad = v.ReqContext(req_id="r3", kv_hints={"actions": []})
     with pytest.raises(ValueError, match="invalid router hint"):
         tier.on_new_request(bad)
