@@ -659,6 +659,24 @@ def test_a_router_hint_by_prefix_steers_the_controllers_prefetch(controllers, pe
     assert src.stop()["set_pages"] == 5
 
 
+def test_the_hint_listener_serves_a_bounded_number_of_routers(backends):
+    from kvcr.integrations.sglang import HINT_CONNECTIONS_MAX
+    b, _ = backends(hint_port=0)
+    host, port = b.hint_endpoint[len("tcp://"):].rsplit(":", 1)
+    held = [socket.create_connection((host, int(port)), timeout=10)
+            for _ in range(HINT_CONNECTIONS_MAX)]
+    try:
+        for s in held:  # each is served: a blank line is read and skipped
+            s.sendall(b"\n{not json\n")
+            assert s.makefile("rb").readline().startswith(b"error: invalid router hint")
+        with socket.create_connection((host, int(port)), timeout=10) as extra:
+            assert extra.makefile("rb").readline() == b"error: too many hint connections\n"
+        assert b.stats()["hint_connections_refused"] == 1
+    finally:
+        for s in held:
+            s.close()
+
+
 # ---- errors never raise --------------------------------------------------------------------
 
 def test_data_path_calls_never_raise(backends, caplog):

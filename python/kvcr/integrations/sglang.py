@@ -125,6 +125,7 @@ FLAT = "flat"         # flat data pages of the legacy calls
 STAGE_PAGES = 128     # the controller's largest batch
 HINTS_KEPT = 1024     # hints kept per path (per request, per prefix)
 HINT_LINE_MAX = 1 << 20  # the longest hint line the listener reads
+HINT_CONNECTIONS_MAX = 16  # router connections a rank's hint listener serves at once
 HINT_KEYS = ("kv_hint", "kv_hints", "kvcc_router_hint")  # where extra_info carries one
 RANK0_REQUEST = "sglang-mla-tp0"  # an MLA rank's reads from its rank 0
 DEFAULT_DRAM = 1 << 30
@@ -244,8 +245,34 @@ def _address(buf) -> int:
 
 
 class _HintServer(socketserver.ThreadingTCPServer):
+    """The rank's hint listener: a thread per router connection, at most
+    HINT_CONNECTIONS_MAX at once (a router keeps one; more are refused with
+    a line saying so and counted in the backend's stats)."""
+
     daemon_threads = True
     allow_reuse_address = True
+
+    def __init__(self, address, handler, backend) -> None:
+        self.backend = backend
+        self._slots = threading.BoundedSemaphore(HINT_CONNECTIONS_MAX)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.sendall(b"error: too many hint connections\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            self.backend._count("hint_connections_refused", 1)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _HintHandler(socketserver.StreamRequestHandler):
@@ -342,7 +369,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
         self._hint_lock = threading.Lock()
         self._hint_server: Optional[_HintServer] = None
         self._stats = {"set_pages": 0, "get_pages": 0, "exists_hits": 0, "hinted_requests": 0,
-                       "prefix_hints": 0, "failures": 0}
+                       "prefix_hints": 0, "failures": 0, "hint_connections_refused": 0}
         # SGLang's storage metrics (get_stats): pages and GB/s of each batch,
         # kept only when SGLang asks for them, the newest METRIC_BATCHES.
         self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
@@ -480,8 +507,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
                  self.tp_rank, layouts, len(regions), self.control_endpoint)
 
     def _start_hint_server(self) -> None:
-        server = _HintServer((self.control_host, self.hint_port), _HintHandler)
-        server.backend = self
+        server = _HintServer((self.control_host, self.hint_port), _HintHandler, self)
         self._hint_server = server
         host, port = server.server_address[:2]
         self.hint_endpoint = f"tcp://{self.advertise_host}:{port}"
