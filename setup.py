@@ -10,6 +10,8 @@ Environment:
   KVCR_CMAKE_BUILD_DIR  reuse this CMake build directory instead of a
                         temporary one (faster rebuilds)
   KVCR_BUILD_JOBS       parallel compile jobs (default 1)
+  KVCR_UCX_ROOT         build against the UCX at this prefix (scripts/ucx-modern.sh
+                        makes one) and find it at run time through RUNPATH
 """
 import os
 import shutil
@@ -22,10 +24,20 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
+# A UCX at this prefix instead of the system's (scripts/ucx-modern.sh; the
+# CMake option of the same name, docs/ARCHITECTURE.md "Peer failures over TCP").
+UCX_ROOT = os.environ.get("KVCR_UCX_ROOT", "")
+
 
 def _pkg_config(*args):
+    env = dict(os.environ)
+    if UCX_ROOT:
+        env["PKG_CONFIG_PATH"] = os.pathsep.join(
+            p for p in (os.path.join(UCX_ROOT, "lib", "pkgconfig"), env.get("PKG_CONFIG_PATH"))
+            if p)
     try:
-        out = subprocess.run(["pkg-config", *args], check=True, capture_output=True, text=True)
+        out = subprocess.run(["pkg-config", *args], check=True, capture_output=True, text=True,
+                             env=env)
         return out.stdout.split()
     except (OSError, subprocess.CalledProcessError):
         return []
@@ -42,10 +54,11 @@ class BuildWithLibkvcr(build_ext):
         build_dir = keep or tmp
         try:
             gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+            # Every time: a kept build directory follows KVCR_UCX_ROOT too.
+            configure = ["cmake", "-S", ROOT, "-B", build_dir, f"-DKVCR_UCX_ROOT={UCX_ROOT}"]
             if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
-                subprocess.run(["cmake", "-S", ROOT, "-B", build_dir, *gen,
-                                "-DCMAKE_BUILD_TYPE=Release", "-DKVCR_BUILD_TESTS=OFF"],
-                               check=True)
+                configure += [*gen, "-DCMAKE_BUILD_TYPE=Release", "-DKVCR_BUILD_TESTS=OFF"]
+            subprocess.run(configure, check=True)
             jobs = os.environ.get("KVCR_BUILD_JOBS", "1")
             subprocess.run(["cmake", "--build", build_dir, "--target", "kvcr_static",
                             "-j", jobs], check=True)
@@ -59,6 +72,8 @@ class BuildWithLibkvcr(build_ext):
                     or ["xxhash", "ucp", "uct", "ucs", "zmq", "msgpackc", "uring"]
                 ext.libraries += ["pthread", "m"]
                 ext.library_dirs = [l[2:] for l in _pkg_config("--libs-only-L", *deps)]
+                # That UCX is found at run time by the extension's RUNPATH.
+                ext.runtime_library_dirs = [os.path.join(UCX_ROOT, "lib")] if UCX_ROOT else []
                 # libkvcr's symbols stay inside the extension.
                 ext.extra_link_args = ["-Wl,--exclude-libs,ALL"]
             self.force = True  # relink: libkvcr.a is not among the tracked sources
