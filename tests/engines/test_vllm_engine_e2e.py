@@ -164,30 +164,87 @@ def test_prefix_spilled_to_g3_is_served_from_the_g3_file(
     _assert_served_by_kvcr(before, after, second, "g3_deliver", baseline)
 
 
+class _Router:
+    """The router's side of vLLM's KV events: a SUB socket on the source
+    engine's publisher (ZeroMQ, three frames: topic, sequence, msgpack
+    [ts, [events], dp_rank]), keeping what each BlockStored says."""
+
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+        self.sock = zmq.Context.instance().socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.connect(endpoint)
+        self.stored: list[dict] = []
+
+    def drain(self, first_wait_ms: int) -> int:
+        import msgspec
+        n, wait = 0, first_wait_ms
+        while self.sock.poll(wait):
+            _topic, _seq, payload = self.sock.recv_multipart()
+            _ts, events, _rank = msgspec.msgpack.decode(payload)
+            self.stored += [e for e in events
+                            if isinstance(e, dict) and e.get("type") == "BlockStored"]
+            n, wait = n + 1, 100
+        return n
+
+    def kvcr_blocks(self) -> dict:
+        """{router hash: token ids} of the blocks announced in KVCR DRAM."""
+        return {h: e.get("token_ids") for e in self.stored
+                if e.get("medium") == "CPU" and e.get("ownership") == "kvcr"
+                for h in e["block_hashes"]}
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def test_second_engine_pulls_the_prefix_from_the_first_by_router_hint(
-        model_dir, baseline, engines):
-    source = engines("source", model=model_dir, kvcr=kvcr_tier(free_port(), g2_slots=64))
+        model_dir, baseline, engines, tmp_path):
+    # The source publishes vLLM's KV events on an ipc endpoint it binds (no
+    # network); the router subscribes.
+    events = f"ipc://{tmp_path}/source-kv-events"
+    source = engines("source", model=model_dir, kvcr=kvcr_tier(free_port(), g2_slots=64),
+                     kv_events=events)
     target = engines("target", model=model_dir, kvcr=kvcr_tier(free_port(), g2_slots=64))
-    assert source.generate(FIRST, MAX_TOKENS)["tokens"] == baseline["first"]
+    router = _Router(events)
+    try:
+        # A subscription takes effect some time after connect: one-block
+        # prompts until the first event arrives (at most 20).
+        warm = random.Random(5)
+        for _ in range(20):
+            source.generate(_tokens(warm, BLOCK_TOKENS + 4), 2)
+            if router.drain(500):
+                break
+        assert router.stored, "no KV event reached the router"
+
+        assert source.generate(FIRST, MAX_TOKENS)["tokens"] == baseline["first"]
+        in_dram = ["HIT:LOCAL_G2"] * PREFIX_BLOCKS
+        assert settle(source, PREFIX, in_dram) == in_dram
+        router.drain(500)
+        announced = router.kvcr_blocks()
+    finally:
+        router.close()
 
     # The router's part: where the prefix lives (the source's KVCR control
-    # endpoint) and its blocks' router hashes (vLLM's block hashes, low 64
-    # bits), which the source's KVCR holds and the target's does not.
+    # endpoint) and its blocks' router hashes, as the source's KVCR announced
+    # them through vLLM (BlockStored, medium CPU, ownership kvcr, each with
+    # its 32 token ids): vLLM's block hashes, low 64 bits, the same the
+    # target computes; its KVCR holds none of them.
     endpoint = source.call("endpoint")["endpoint"]
     assert endpoint.startswith("tcp://127.0.0.1:")
-    in_dram = ["HIT:LOCAL_G2"] * PREFIX_BLOCKS
-    assert settle(source, PREFIX, in_dram) == in_dram
     at_source = source.call("block_hashes", tokens=PREFIX)
     at_target = target.call("block_hashes", tokens=PREFIX)
     assert at_source["hashes"] == at_target["hashes"]
     assert len(at_source["hashes"]) == PREFIX_BLOCKS
+    for i, h in enumerate(at_source["hashes"]):
+        assert announced.get(h) == PREFIX[i * BLOCK_TOKENS:(i + 1) * BLOCK_TOKENS]
     assert at_target["kvcr"] == ["MISS:None"] * PREFIX_BLOCKS
+    hinted = [h for h in at_source["hashes"] if h in announced]
 
     before = target.metrics()
     # The hint goes in the request (vLLM's kv_hints, the KvHintsEnvelope the
     # KVCR tier hands to kvcr.submit_hint).
-    second = target.generate(SECOND, MAX_TOKENS,
-                             kv_hints=kv_hint(endpoint, at_source["hashes"]))
+    second = target.generate(SECOND, MAX_TOKENS, kv_hints=kv_hint(endpoint, hinted))
     after = target.metrics()
     _assert_served_by_kvcr(before, after, second, "remote_deliver", baseline)
     # A copy: the source's KVCR still holds the blocks.

@@ -3,7 +3,7 @@
     python vllm_engine_child.py CONFIG_JSON REPLY_FD
 
 CONFIG_JSON: {"model": dir, "kvcr": null | {tier options}, "cpu_chunks": n,
-"engine_blocks": n, "prefix_caching": bool}. With "kvcr", the engine offloads through vLLM's
+"engine_blocks": n, "prefix_caching": bool, "kv_events": null | "tcp://127.0.0.1:port"}. With "kvcr", the engine offloads through vLLM's
 OffloadingConnector, its tiering spec and vLLM's KVCR tier
 (vllm_engine_proc.connector_config: on the CPU platform with
 vllm_engine_cpu_offload's host-copy worker, vLLM's own worker needing CUDA;
@@ -51,8 +51,17 @@ def _engine(cfg: dict):
     if tier is not None:
         chunk_bytes = cfg["chunk_bytes"]
         from vllm_engine_proc import connector_config
+        events = cfg.get("kv_events")
         kw["kv_transfer_config"] = KVTransferConfig(
-            **connector_config(tier, cfg.get("cpu_chunks", 4), chunk_bytes))
+            **connector_config(tier, cfg.get("cpu_chunks", 4), chunk_bytes,
+                               self_describing_events=events is not None))
+        if events is not None:
+            from vllm.config import KVEventsConfig
+            # vLLM connects its PUB socket to a tcp://host:port endpoint;
+            # the test's subscriber (the router) binds it.
+            kw["kv_events_config"] = KVEventsConfig(
+                enable_kv_cache_events=True, publisher="zmq", endpoint=events,
+                topic="kvcr-e2e")
     return LLM(**kw)
 
 

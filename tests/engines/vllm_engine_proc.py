@@ -76,8 +76,8 @@ class EngineChild:
     def __init__(self, model: Path, log: Path, kvcr: dict | None = None,
                  cpu_chunks: int = 4, engine_blocks: int = 10,
                  prefix_caching: bool = True, chunk_bytes: int = CHUNK_BYTES,
-                 start_timeout: float = 240.0) -> None:
-        cfg = {"model": str(model), "kvcr": kvcr, "cpu_chunks": cpu_chunks,
+                 kv_events: str | None = None, start_timeout: float = 240.0) -> None:
+        cfg = {"model": str(model), "kvcr": kvcr, "cpu_chunks": cpu_chunks, "kv_events": kv_events,
                "engine_blocks": engine_blocks, "prefix_caching": prefix_caching,
                "chunk_bytes": chunk_bytes,
                "block_size": BLOCK_TOKENS, "max_model_len": 256}
@@ -158,7 +158,8 @@ class EngineChild:
         return self.proc.returncode
 
 
-def connector_config(tier: dict, cpu_chunks: int = 4, chunk_bytes: int = CHUNK_BYTES) -> dict:
+def connector_config(tier: dict, cpu_chunks: int = 4, chunk_bytes: int = CHUNK_BYTES,
+                     self_describing_events: bool = False) -> dict:
     """--kv-transfer-config: vLLM's OffloadingConnector, its tiering spec and
     the KVCR tier. The spec is vLLM's TieringOffloadingSpec with the host-copy
     worker of vllm_engine_cpu_offload.py (vLLM's CPU platform), or vLLM's spec
@@ -174,6 +175,9 @@ def connector_config(tier: dict, cpu_chunks: int = 4, chunk_bytes: int = CHUNK_B
         "kv_connector_extra_config": dict(
             spec,
             cpu_bytes_to_use=cpu_chunks * chunk_bytes,
+            # With KV events on, vLLM's KVCR tier requires its inventory to be
+            # announced with the blocks' metadata (BlockStored carrying tokens).
+            self_describing_kv_events=self_describing_events,
             secondary_tiers=[dict(tier, type="kvcr")]),
     }
 
