@@ -11,11 +11,17 @@ and the primary tier 4, so a prefix is gone from both once a few other
 prompts have run.
 
 Each test compares the greedy tokens token for token with those of the same
-engine without a connector (the baseline), and proves where the prefix came
-from with KVCR's own counters as vLLM exports them (vllm:kvcr_transfer_blocks
-by operation) and vLLM's tiering counters (chunk hits by tier).
+engine without a connector and without prefix caching (the baseline), and
+proves where the prefix came from with KVCR's own counters as vLLM exports
+them (vllm:kvcr_transfer_blocks by operation) and vLLM's tiering counters
+(chunk hits by tier): KVCR DRAM, a G3 file, a second vLLM process pulling
+from the first by the router's kv_hint (the router, this test, learns the
+prefix from the first engine's KV events), and vLLM's OpenAI server.
 
     /var/cache/kvcr/engines/venv/bin/python -m pytest tests/engines/test_vllm_engine_e2e.py
+
+On a GPU: scripts/vllm-gpu-e2e.sh (KVCR_VLLM_OFFLOAD_SPEC=vllm: vLLM's own
+offloading worker instead of the stand-in). docs/VLLM.md has the details.
 """
 
 from __future__ import annotations
