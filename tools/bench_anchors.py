@@ -521,6 +521,9 @@ def loadavg() -> list:
 
 
 def print_rows(all_rows: list, as_json: bool) -> None:
+    if not as_json:
+        print(f"{'case':<22} {'median':>12} {'unit':<5} {'baseline':<12} {'its median':>12} "
+              f"{'ratio':>8}  goal")
     for row in all_rows:
         if as_json:
             print(json.dumps(row, separators=(",", ":")), flush=True)
