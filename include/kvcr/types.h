@@ -36,7 +36,8 @@ const char *kvcr_tier_name(kvcr_tier tier); /* "DRAM", "G3", ... or "": static *
 typedef enum kvcr_query_status {
     KVCR_QUERY_MISS = 0,
     KVCR_QUERY_HIT,       /* READY in KVCR DRAM */
-    KVCR_QUERY_FETCHING,  /* being filled into KVCR DRAM */
+    KVCR_QUERY_FETCHING,  /* being filled into KVCR DRAM (tier LOCAL_G2), or evicted
+                           * from it while its spill is written (tier G3) */
     KVCR_QUERY_FETCHABLE  /* a lower tier or a hinted peer has it */
 } kvcr_query_status;
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from . import _native, errors
-from .config import (KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig, config_args, g3_args,
+from .config import (FrameworkControl, InventorySink, KeyAdapter, TelemetryStats,
+                     KVCRBackendConfigs, KVCRConfig, KVCRGuardConfig, config_args, g3_args,
                      guard_args, kv_events_args, local_dram_args, region_args, remote_args)
 from .config import control_endpoint as control_endpoint_of
 from .control_channels import ZmqPeerControlChannel
@@ -19,8 +20,9 @@ from .hints import encode_hints, encode_router_hint
 from .legacy import framework_region, region_of
 from .policy import KVCachePolicy, native_builtin
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError, MemoryRef,
-                    OpEntryResult, OpEntryStatus, OpHandle, PlacementAction, PlacementFailure,
-                    QueryStatus, ReleaseHandle, RouterBlock, TransferError)
+                    OpEntryResult, OpEntryStatus, OpHandle, PinHandle, PinRequestId,
+                    PlacementAction, PlacementFailure, QueryStatus, ReleaseHandle, RouterBlock,
+                    TransferError)
 
 logger = logging.getLogger("kvcr")
 
@@ -64,17 +66,17 @@ class KVCRBindings:
     stats_factory and policy work with or without it. resize_g2_memory is
     accepted and not used."""
 
-    request_pin: Callable
-    poll_pin_results: Callable
-    release_pin: Callable
-    cancel_pin_request: Optional[Callable] = None
-    framework_control: Any = None
-    key_adapter: Any = None
-    inventory_sink: Optional[Callable] = None
-    capacity_needed_callback: Optional[Callable] = None
-    stats_factory: Optional[Callable] = None
+    request_pin: Optional[Callable[[list], PinRequestId]]
+    poll_pin_results: Optional[Callable[[], Iterable[tuple]]]
+    release_pin: Optional[Callable[[PinHandle], bool]]
+    cancel_pin_request: Optional[Callable[[PinRequestId], None]] = None
+    framework_control: Optional[FrameworkControl] = None
+    key_adapter: Optional[KeyAdapter] = None
+    inventory_sink: Optional[InventorySink] = None
+    capacity_needed_callback: Optional[Callable[[list], None]] = None
+    stats_factory: Optional[Callable[[], TelemetryStats]] = None
     policy: Optional[KVCachePolicy] = None
-    on_resilience_event: Optional[Callable] = None
+    on_resilience_event: Optional[Callable[[TransferError], None]] = None
     resize_g2_memory: Optional[Callable] = None
 
 
@@ -753,6 +755,7 @@ class KVCR:
     def query(self, keys, request_id: Optional[str] = None) -> list:
         """[(QueryStatus, CacheTier | None)] per key, in order: (HIT, LOCAL_G2)
         when READY in KVCR DRAM, (FETCHING, LOCAL_G2) while being filled,
+        (FETCHING, G3) while its spill from KVCR DRAM is written,
         (FETCHABLE, G3) when a G3 slot holds it (written and committed),
         (FETCHABLE, REMOTE_G2) when the router hint kept for request_id
         covers the key (its key_adapter hash is hinted, or any key with

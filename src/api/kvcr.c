@@ -423,6 +423,14 @@ static kvcr_query_result query_one(kvcr_t *kv, const kvcr_key *k, uint64_t hash,
     }
     int t = lower_reads_holder(kv, lr, id, k->data, (uint32_t)k->len);
     if (t >= 0) return (kvcr_query_result){KVCR_QUERY_FETCHABLE, kv->tiers[t].ops->id};
+    /* Evicted from KVCR DRAM while its spill is still being written: not
+     * readable yet, but soon. A MISS here made engines recompute blocks
+     * KVCR was about to hold (FETCHING makes them ask again). */
+    if (id != BLOCK_NONE && kv->spill_tier != NULL) {
+        uint8_t lower = index_get(&kv->index, id)->lower.state;
+        if (lower != 0 && !(lower & LOWER_READY))
+            return (kvcr_query_result){KVCR_QUERY_FETCHING, kv->spill_tier->ops->id};
+    }
     return (kvcr_query_result){KVCR_QUERY_MISS, KVCR_TIER_NONE};
 }
 

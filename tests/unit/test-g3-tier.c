@@ -495,6 +495,9 @@ static void test_spill_past_the_staging_bound_is_dropped_whole(void **state)
     deposit(&g, 6);                   /* block 4 cannot be staged: dropped */
     assert_int_equal(gauge(&g, "g3_pending_stores"), 2);
     assert_int_equal(query(&g, 4).status, KVCR_QUERY_MISS);
+    /* A spill still being written is on its way, not gone. */
+    assert_int_equal(query(&g, 2).status, KVCR_QUERY_FETCHING);
+    assert_int_equal(query(&g, 2).tier, KVCR_TIER_G3);
     kvcr__test_g3_hold(g.r.kv, false);
     settle(&g);
     for (int i = 0; i < 4; i++) {
