@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "pipes.h"
 #include "net/ucx.h"
 #include "netrig.h"
 #include "util/clock.h"
@@ -38,16 +39,6 @@
 #define MSG 4096         /* what a connector writes in a round */
 
 /* ---- pipes ------------------------------------------------------------------ */
-
-static void put_all(int fd, const void *p, size_t n)
-{
-    for (size_t done = 0; done < n;) {
-        ssize_t w = write(fd, (const char *)p + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) _exit(90);
-        done += (size_t)w;
-    }
-}
 
 /* Reads n bytes within ms: false on end of file, error or time out. */
 static bool get_within(int fd, void *p, size_t n, int ms)
@@ -211,7 +202,7 @@ static int survivor(int cmd, int resp)
     side s;
     static card mine, far;
     side_open(&s, &mine);
-    put_all(resp, &mine, sizeof mine);
+    pipe_put_all(resp, &mine, sizeof mine);
     for (;;) {
         ucx_progress(s.c);
         struct pollfd fds[2] = {{cmd, POLLIN, 0}, {ucx_fd(s.c), POLLIN, 0}};
@@ -224,7 +215,7 @@ static int survivor(int cmd, int resp)
         return 3;
     done_rec d = {0};
     int rc = write_pattern(&s, &far, seed, BUF, &d) != 0 ? 1 : wait_pattern(&s, seed + 1, BUF);
-    put_all(resp, &rc, sizeof rc);
+    pipe_put_all(resp, &rc, sizeof rc);
     return rc;
 }
 
@@ -248,9 +239,9 @@ static int connector(int cmd, int resp)
     done_rec d = {0};
     ucx_seg seg = {src, NULL, far.buf, rk, MSG};
     if (ucx_write(p, &seg, 1, 0, on_done, &d) != 0) return 2;
-    put_all(resp, "c", 1);
+    pipe_put_all(resp, "c", 1);
     while (d.calls == 0) ucx_progress(s.c);
-    put_all(resp, &d.status, sizeof d.status);
+    pipe_put_all(resp, &d.status, sizeof d.status);
     for (;;) ucx_progress(s.c);
 }
 
@@ -262,13 +253,13 @@ static int partner(int cmd, int resp)
     side s;
     static card mine, far;
     side_open(&s, &mine);
-    put_all(resp, &mine, sizeof mine);
+    pipe_put_all(resp, &mine, sizeof mine);
     uint32_t seed;
     if (!get_within(cmd, &far, sizeof far, 30000) || !get_within(cmd, &seed, sizeof seed, 1000))
         return 3;
     done_rec d = {0};
     int rc = write_pattern(&s, &far, seed + 1, BUF, &d) != 0 ? 1 : wait_pattern(&s, seed, BUF);
-    put_all(resp, &rc, sizeof rc);
+    pipe_put_all(resp, &rc, sizeof rc);
     return rc;
 }
 
@@ -301,7 +292,7 @@ static void test_survivor_serves_after_links_drop_during_setup(void **state)
     for (unsigned r = 0; r < ROUNDS; r++) {
         child c;
         fork_on(&c, 1, connector);
-        put_all(c.cmd, &surv_card, sizeof surv_card);
+        pipe_put_all(c.cmd, &surv_card, sizeof surv_card);
         char got = 0;
         assert_true(get_within(c.resp, &got, 1, 30000));
         assert_int_equal(got, 'c');
@@ -331,10 +322,10 @@ static void test_survivor_serves_after_links_drop_during_setup(void **state)
     fork_on(&last, 1, partner);
     assert_true(get_within(last.resp, &last_card, sizeof last_card, 30000));
     uint32_t seed = 61;
-    put_all(last.cmd, &surv_card, sizeof surv_card);
-    put_all(last.cmd, &seed, sizeof seed);
-    put_all(surv.cmd, &seed, sizeof seed);
-    put_all(surv.cmd, &last_card, sizeof last_card);
+    pipe_put_all(last.cmd, &surv_card, sizeof surv_card);
+    pipe_put_all(last.cmd, &seed, sizeof seed);
+    pipe_put_all(surv.cmd, &seed, sizeof seed);
+    pipe_put_all(surv.cmd, &last_card, sizeof last_card);
     int rc_last = -1, rc_surv = -1;
     assert_true(get_within(last.resp, &rc_last, sizeof rc_last, 60000));
     assert_true(get_within(surv.resp, &rc_surv, sizeof rc_surv, 60000));

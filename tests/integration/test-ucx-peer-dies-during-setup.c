@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "pipes.h"
 #include "kvcr/error.h"
 #include "net/ucx.h"
 #include "util/clock.h"
@@ -44,28 +45,7 @@ static void on_log(void *ud, kvcr_log_level level, const char *msg)
     if (level <= KVCR_LOG_ERROR) fprintf(stderr, "  [ucx error] %s\n", msg);
 }
 
-/* ---- pipes between this process and its helpers --------------------------- */
-
-static void put_all(int fd, const void *p, size_t n)
-{
-    for (size_t done = 0; done < n;) {
-        ssize_t w = write(fd, (const char *)p + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) _exit(90);
-        done += (size_t)w;
-    }
-}
-
-static bool get_all(int fd, void *p, size_t n)
-{
-    for (size_t done = 0; done < n;) {
-        ssize_t r = read(fd, (char *)p + done, n - done);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        done += (size_t)r;
-    }
-    return true;
-}
+/* ---- what the processes tell each other over their pipes ---------------------- */
 
 /* What one side tells the other to reach it: its worker address, the rkey
  * of its buffer and the buffer's address. */
@@ -177,7 +157,7 @@ static int dies_connecting(int cmd)
 {
     card us;
     uint32_t k;
-    if (!get_all(cmd, &us, sizeof us) || !get_all(cmd, &k, sizeof k)) return 3;
+    if (!pipe_get_all(cmd, &us, sizeof us) || !pipe_get_all(cmd, &k, sizeof k)) return 3;
     kvcr_logger lg;
     kvcr_logger_init(&lg, "dier", NULL, NULL);
     side s;
@@ -207,7 +187,7 @@ static int serves(int cmd, int resp)
     if (side_open(&s, &lg) != 0) return 2;
     static card mine;
     card_make(&mine, s.c, s.m);
-    put_all(resp, &mine, sizeof mine);
+    pipe_put_all(resp, &mine, sizeof mine);
     for (;;) {
         ucx_progress(s.c);
         struct pollfd fds[2] = {{cmd, POLLIN, 0}, {ucx_fd(s.c), POLLIN, 0}};
@@ -217,7 +197,7 @@ static int serves(int cmd, int resp)
     }
     uint32_t seed;
     static card us;
-    if (!get_all(cmd, &seed, sizeof seed) || !get_all(cmd, &us, sizeof us)) return 3;
+    if (!pipe_get_all(cmd, &seed, sizeof seed) || !pipe_get_all(cmd, &us, sizeof us)) return 3;
     uint8_t *want = malloc(BUF);
     fill_pattern(want, BUF, seed);
     /* Sent is not yet taken: our sink copies them as they arrive. */
@@ -233,7 +213,7 @@ static int serves(int cmd, int resp)
         write_to(p, rk, us.buf, want, 0, BUF, &d) != 0 ||
         !progress_until(s.c, &d.calls, 1, kvcr_now_ns() + 20 * SEC) || d.status != 0)
         rc = 5;
-    put_all(resp, &rc, sizeof rc);
+    pipe_put_all(resp, &rc, sizeof rc);
     if (rc != 5) {
         ucx_rkey_destroy(rk);
         ucx_peer_close(p);
@@ -320,8 +300,8 @@ static void test_peers_killed_while_connecting_to_us(void **state)
     if (skip_setup_aborts()) skip();
     for (uint32_t r = 0; r < ROUNDS; r++) {
         uint32_t k = r < 4 ? r : 1u << (r - 2); /* 0 1 2 3 4 8 16 ... 512 */
-        put_all(diers[r].cmd, &our_card, sizeof our_card);
-        put_all(diers[r].cmd, &k, sizeof k);
+        pipe_put_all(diers[r].cmd, &our_card, sizeof our_card);
+        pipe_put_all(diers[r].cmd, &k, sizeof k);
         progress_while_alive(&diers[r]);
     }
     /* Whatever of their messages arrived was taken whole or not at all. */
@@ -340,7 +320,7 @@ static void test_peers_killed_while_we_connect_and_write(void **state)
     for (uint32_t r = 0; r < ROUNDS; r++) {
         helper *h = &targets[r];
         static card far;
-        assert_true(get_all(h->resp, &far, sizeof far));
+        assert_true(pipe_get_all(h->resp, &far, sizeof far));
         ucx_peer *p;
         ucx_rkey *rk;
         assert_int_equal(ucx_peer_connect(us.c, far.addr, far.addr_len, &p), 0);
@@ -392,7 +372,7 @@ static void test_a_live_peer_is_served_afterwards(void **state)
 {
     (void)state;
     static card far;
-    assert_true(get_all(partner.resp, &far, sizeof far));
+    assert_true(pipe_get_all(partner.resp, &far, sizeof far));
     ucx_peer *p;
     ucx_rkey *rk;
     assert_int_equal(ucx_peer_connect(us.c, far.addr, far.addr_len, &p), 0);
@@ -406,8 +386,8 @@ static void test_a_live_peer_is_served_afterwards(void **state)
     memset(us.buf, 0, BUF);
     us.taken = 0;
     uint32_t seed = 41;
-    put_all(partner.cmd, &seed, sizeof seed);
-    put_all(partner.cmd, &our_card, sizeof our_card);
+    pipe_put_all(partner.cmd, &seed, sizeof seed);
+    pipe_put_all(partner.cmd, &our_card, sizeof our_card);
     /* Its answer comes once its write to us is done; we progress for it. */
     int rc = -1;
     struct pollfd pf = {partner.resp, POLLIN, 0};
@@ -415,7 +395,7 @@ static void test_a_live_peer_is_served_afterwards(void **state)
         ucx_progress(us.c);
         if (poll(&pf, 1, 0) == 1) break;
     }
-    assert_true(get_all(partner.resp, &rc, sizeof rc));
+    assert_true(pipe_get_all(partner.resp, &rc, sizeof rc));
     assert_int_equal(rc, 0); /* it held our bytes and its write to us ended well */
     for (uint64_t end = kvcr_now_ns() + 10 * SEC; us.taken < BUF && kvcr_now_ns() < end;)
         ucx_progress(us.c);

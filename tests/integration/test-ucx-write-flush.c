@@ -20,6 +20,7 @@
 
 #include "core/instance.h"
 #include "harness.h"
+#include "pipes.h"
 #include "kvcr/error.h"
 #include "kvcr/stats.h"
 #include "net/ucx.h"
@@ -766,27 +767,6 @@ typedef struct helper {
 
 static helper verifier, victim;
 
-static void write_all(int fd, const void *p, size_t n)
-{
-    for (size_t done = 0; done < n;) {
-        ssize_t w = write(fd, (const char *)p + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) _exit(90);
-        done += (size_t)w;
-    }
-}
-
-static bool read_all(int fd, void *p, size_t n)
-{
-    for (size_t done = 0; done < n;) {
-        ssize_t r = read(fd, (char *)p + done, n - done);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        done += (size_t)r;
-    }
-    return true;
-}
-
 /* The helper: a context and a registered buffer, announced to the parent,
  * then progress (the parent's writes need it) until told to verify the
  * buffer: exit 0 only if it holds the pattern. */
@@ -805,11 +785,11 @@ static int helper_main(int cmd, int resp)
     ucx_mem_rkey(m, &rkey, &rkey_len);
     uint32_t al = (uint32_t)addr_len, rl = (uint32_t)rkey_len;
     uint64_t where = (uint64_t)(uintptr_t)buf;
-    write_all(resp, &al, sizeof al);
-    write_all(resp, addr, al);
-    write_all(resp, &rl, sizeof rl);
-    write_all(resp, rkey, rl);
-    write_all(resp, &where, sizeof where);
+    pipe_put_all(resp, &al, sizeof al);
+    pipe_put_all(resp, addr, al);
+    pipe_put_all(resp, &rl, sizeof rl);
+    pipe_put_all(resp, rkey, rl);
+    pipe_put_all(resp, &where, sizeof where);
     for (;;) {
         ucx_progress(c);
         struct pollfd fds[2] = {{cmd, POLLIN, 0}, {ucx_fd(c), POLLIN, 0}};
@@ -817,7 +797,7 @@ static int helper_main(int cmd, int resp)
         poll(fds, armed ? 2 : 1, armed ? 1000 : 0);
         if (fds[0].revents == 0) continue;
         uint32_t seed = 0;
-        if (!read_all(cmd, &seed, sizeof seed)) return 3; /* parent gone */
+        if (!pipe_get_all(cmd, &seed, sizeof seed)) return 3; /* parent gone */
         uint8_t *want = malloc(HELPER_BUF);
         fill_pattern(want, HELPER_BUF, seed);
         int rc = memcmp(want, buf, HELPER_BUF) == 0 ? 0 : 1;
@@ -878,11 +858,11 @@ static void connect_helper(helper *h, far_end *r)
     assert_int_equal(poll(&pf, 1, 10000), 1);
     uint32_t al, rl;
     uint8_t addr[8192], rkey[4096];
-    assert_true(read_all(h->resp, &al, sizeof al) && al <= sizeof addr);
-    assert_true(read_all(h->resp, addr, al));
-    assert_true(read_all(h->resp, &rl, sizeof rl) && rl <= sizeof rkey);
-    assert_true(read_all(h->resp, rkey, rl));
-    assert_true(read_all(h->resp, &r->buf, sizeof r->buf));
+    assert_true(pipe_get_all(h->resp, &al, sizeof al) && al <= sizeof addr);
+    assert_true(pipe_get_all(h->resp, addr, al));
+    assert_true(pipe_get_all(h->resp, &rl, sizeof rl) && rl <= sizeof rkey);
+    assert_true(pipe_get_all(h->resp, rkey, rl));
+    assert_true(pipe_get_all(h->resp, &r->buf, sizeof r->buf));
     assert_int_equal(ucx_ctx_create(&test_log, &r->c), 0);
     assert_int_equal(ucx_peer_connect(r->c, addr, al, &r->p), 0);
     assert_int_equal(ucx_rkey_unpack(r->p, rkey, rl, &r->rkey), 0);
@@ -920,7 +900,7 @@ static void test_second_process_receives_the_bytes(void **state)
     ucx_peer_close(r.p);
 
     uint32_t seed = 77;
-    write_all(verifier.cmd, &seed, sizeof seed);
+    pipe_put_all(verifier.cmd, &seed, sizeof seed);
     assert_int_equal(reap(&verifier, false), 0);
     ucx_ctx_destroy(r.c);
     free(segs);
