@@ -72,6 +72,15 @@ def child_env() -> dict:
     return env
 
 
+
+def log_tail(path, n: int = 60) -> str:
+    """The last n lines of a child's log, for a failing test's message."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
 class EngineChild:
     def __init__(self, model: Path, log: Path, kvcr: dict | None = None,
                  cpu_chunks: int = 4, engine_blocks: int = 10,
@@ -128,10 +137,7 @@ class EngineChild:
         return self.call("metrics")["metrics"]
 
     def tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return log_tail(self.log, n)
 
     def close(self) -> int | None:
         """Asks the child to quit (vLLM shuts down its connector and the KVCR
@@ -269,10 +275,7 @@ class ApiServer:
         return out
 
     def tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return log_tail(self.log, n)
 
     def close(self) -> int | None:
         """SIGTERM to the server (it stops its engine core and worker), then

@@ -17,7 +17,6 @@ their index, checked after the first round of every copy.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import mmap
 import os
@@ -32,6 +31,7 @@ import kvcr
 import kvcr.config
 import kvcr.control_channels
 import kvcr.types
+from side_common import addr, pattern
 
 # Peers need distinct NIXL agent names: sources and targets set their own.
 AGENT = "anchors"
@@ -41,10 +41,6 @@ WAIT_S = 60.0
 def is_reference() -> bool:
     # This tree's package carries KVCR's own config fields; the reference does not.
     return "copy_threads" not in kvcr.config.KVCRConfig.__dataclass_fields__
-
-
-def addr(buf) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
 def key(i: int) -> bytes:
@@ -58,11 +54,6 @@ class IntKeyAdapter:
 
     def decode(self, k):
         return int.from_bytes(bytes(k)[4:], "big")
-
-
-def pattern(i: int, block: int) -> bytes:
-    stamp = b"%010d|" % i
-    return (stamp * (block // len(stamp) + 1))[:block]
 
 
 def fill(buf, i: int, block: int) -> None:

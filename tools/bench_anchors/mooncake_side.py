@@ -13,25 +13,15 @@ stdin. The first round (the handshake) is checked and not counted. Prints
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import mmap
 import os
-import select
 import statistics
 import sys
 import time
 
 from mooncake.engine import TransferEngine
-
-
-def addr(buf) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
-
-
-def stamp(i: int, block: int) -> bytes:
-    s = b"%010d|" % i
-    return (s * (block // len(s) + 1))[:block]
+from side_common import addr, filled, pattern, wait_for_stop
 
 
 def fail(msg: str) -> None:
@@ -49,20 +39,12 @@ def engine(host: str) -> TransferEngine:
 
 def mode_source(o: dict) -> None:
     block, count = o["block"], o["count"]
-    buf = mmap.mmap(-1, block * count)
-    for i in range(count):
-        buf[i * block:(i + 1) * block] = stamp(i, block)
+    buf = filled(block, count)
     te = engine(o["host"])
     if te.register_memory(addr(buf), block * count) != 0:
         fail("register_memory failed")
     print(json.dumps({"peer": f"{o['host']}:{te.get_rpc_port()}", "addr": addr(buf)}), flush=True)
-    deadline = time.monotonic() + o.get("lifetime", 600)
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([sys.stdin], [], [], 0.05)
-        if ready:
-            line = sys.stdin.readline()
-            if not line or line.strip() == "stop":
-                break
+    wait_for_stop(o.get("lifetime", 600))
     te.unregister_memory(addr(buf))
 
 
@@ -85,7 +67,7 @@ def mode_pull(o: dict) -> None:
             fail(f"batch_transfer_sync_read round {r} returned {rc}")
         if r == 0:
             for i in range(count):
-                if buf[i * block:(i + 1) * block] != stamp(i, block):
+                if buf[i * block:(i + 1) * block] != pattern(i, block):
                     fail(f"block {i} arrived wrong")
         else:
             times.append(dt)

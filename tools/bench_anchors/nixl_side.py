@@ -15,27 +15,17 @@ one block.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import mmap
 import os
-import select
 import statistics
 import sys
 import time
 
 from nixl._api import nixl_agent, nixl_agent_config
+from side_common import addr, filled, pattern, wait_for_stop
 
 WAIT_S = 60.0
-
-
-def addr(buf) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
-
-
-def stamp(i: int, block: int) -> bytes:
-    s = b"%010d|" % i
-    return (s * (block // len(s) + 1))[:block]
 
 
 def fail(msg: str) -> None:
@@ -51,19 +41,11 @@ def agent(name: str):
 
 def mode_source(o: dict) -> None:
     block, count = o["block"], o["count"]
-    buf = mmap.mmap(-1, block * count)
-    for i in range(count):
-        buf[i * block:(i + 1) * block] = stamp(i, block)
+    buf = filled(block, count)
     a = agent("nixl-source")
     reg = a.register_memory([(addr(buf), block * count, 0, "")], "DRAM")
     print(json.dumps({"metadata": a.get_agent_metadata().hex(), "addr": addr(buf)}), flush=True)
-    deadline = time.monotonic() + o.get("lifetime", 600)
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([sys.stdin], [], [], 0.05)
-        if ready:
-            line = sys.stdin.readline()
-            if not line or line.strip() == "stop":
-                break
+    wait_for_stop(o.get("lifetime", 600))
     a.deregister_memory(reg)
 
 
@@ -89,7 +71,7 @@ def mode_pull(o: dict) -> None:
         dt = time.perf_counter() - t0
         if r == 0:
             for i in range(count):
-                if buf[i * block:(i + 1) * block] != stamp(i, block):
+                if buf[i * block:(i + 1) * block] != pattern(i, block):
                     fail(f"block {i} arrived wrong")
         else:
             times.append(dt)
