@@ -314,7 +314,10 @@ static int serve(engine *e, const demo_req *rq, const uint64_t *hashes, const ch
     uint32_t keep[DEMO_MAX_BLOCKS];
     size_t n_loc = 0, n_rem = 0, n_redo = 0, n_keep = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (q[i].status == KVCR_QUERY_HIT || q[i].status == KVCR_QUERY_FETCHING ||
+        /* A block whose spill to G3 is still written (FETCHING in G3)
+         * cannot be delivered yet: recomputed, as a miss is. */
+        if (q[i].status == KVCR_QUERY_HIT ||
+            (q[i].status == KVCR_QUERY_FETCHING && q[i].tier == KVCR_TIER_LOCAL_G2) ||
             (q[i].status == KVCR_QUERY_FETCHABLE && q[i].tier == KVCR_TIER_G3))
             loc[n_loc++] = i;
         else if (q[i].status == KVCR_QUERY_FETCHABLE)

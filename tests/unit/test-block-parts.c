@@ -427,7 +427,8 @@ static void test_deliver_from_g3_into_parts_goes_through_kvcr_dram(void **state)
         size_t nr;
         assert_int_equal(kvcr_poll(p.kv, &res, &nr), 0);
         kvcr_results_free(res);
-        in_g3 = query1(&p, "g0").tier == KVCR_TIER_G3;
+        kvcr_query_result q = query1(&p, "g0"); /* FETCHING while the spill is written */
+        in_g3 = q.status == KVCR_QUERY_FETCHABLE && q.tier == KVCR_TIER_G3;
         if (!in_g3) usleep(1000);
     }
     assert_true(in_g3);

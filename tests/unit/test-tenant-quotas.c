@@ -430,14 +430,15 @@ static void use_seer(rig *r, seen *s, kvcr_policy_ops *p)
     r->cfg.policy_ud = s;
 }
 
-/* Polls until the key is FETCHABLE from G3: its spill landed (bounded: 5 s). */
+/* Polls until the key is FETCHABLE from G3: its spill landed (bounded: 5 s;
+ * while it is written it queries FETCHING). */
 static void wait_in_g3(rig *r, const kvcr_key *k)
 {
     kvcr_query_result q = {0};
-    for (int spin = 0; spin < 5000 && q.tier != KVCR_TIER_G3; spin++) {
+    for (int spin = 0; spin < 5000 && q.status != KVCR_QUERY_FETCHABLE; spin++) {
         rig_pump(r);
         assert_int_equal(kvcr_query(r->kv, k, 1, NULL, &q), 0);
-        if (q.tier != KVCR_TIER_G3) usleep(1000);
+        if (q.status != KVCR_QUERY_FETCHABLE) usleep(1000);
     }
     assert_int_equal(q.status, KVCR_QUERY_FETCHABLE);
     assert_int_equal(q.tier, KVCR_TIER_G3);
