@@ -244,6 +244,15 @@ def _address(buf) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
+def _gettable(status, tier) -> bool:
+    """Whether a get of a page KVCR answered this for would find it now. A
+    page being spilled to G3 (FETCHING in G3) is not readable until its
+    write lands: SGLang asks again on its next prefetch."""
+    if status is kvcr.QueryStatus.FETCHING:
+        return tier is kvcr.CacheTier.LOCAL_G2
+    return status is not kvcr.QueryStatus.MISS
+
+
 class _HintServer(socketserver.ThreadingTCPServer):
     """The rank's hint listener: a thread per router connection, at most
     HINT_CONNECTIONS_MAX at once (a router keeps one; more are refused with
@@ -259,12 +268,12 @@ class _HintServer(socketserver.ThreadingTCPServer):
 
     def process_request(self, request, client_address) -> None:
         if not self._slots.acquire(blocking=False):
+            self.backend._count("hint_connections_refused", 1)  # before the router hears
             try:
                 request.sendall(b"error: too many hint connections\n")
             except OSError:
                 pass
             self.shutdown_request(request)
-            self.backend._count("hint_connections_refused", 1)
             return
         super().process_request(request, client_address)
 
@@ -810,8 +819,8 @@ class KVCRHiCacheStorage(HiCacheStorage):
         if self._kv is None or not keys:
             return 0
         n = 0
-        for status, _tier in self._kv.query([self._key(k, pool) for k in keys], rid):
-            if status is kvcr.QueryStatus.MISS:
+        for status, tier in self._kv.query([self._key(k, pool) for k in keys], rid):
+            if not _gettable(status, tier):
                 break
             n += 1
         return n
@@ -873,7 +882,7 @@ class KVCRHiCacheStorage(HiCacheStorage):
         """Whether KVCR holds each key's page of a pool."""
         if not keys or pool not in self._extra_pools or self._kv is None:
             return [False] * len(keys)
-        return [status is not kvcr.QueryStatus.MISS for status, _tier in
+        return [_gettable(status, tier) for status, tier in
                 self._kv.query([self._key(k, pool) for k in keys])]
 
     def batch_get_v2(self, transfers, extra_info=None) -> dict:
