@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes the environment `kvcr bench anchors` runs the anchors in: a virtual
+# Makes the environment `kvcr-bench anchors` runs the anchors in: a virtual
 # environment holding the reference implementation (`kvcr` 0.1.1), NIXL and
 # Mooncake's transfer engine, exactly as pinned in requirements/anchors.txt.
 #

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The layer rules of docs/ARCHITECTURE.md, checked on the tree and on a
 # build of it:
-#   (a) includes go one way: util <- net <- core <- tiers <- api, the
-#       daemon beside (src/service: service, guard, mirror, metrics_http)
-#       reaching the library only through api/boot.h; the Python extension
-#       includes include/ alone, the tool only the src/ modules it links;
+#   (a) includes go one way, folder by folder (MAY_INCLUDE below): util <-
+#       net <- core <- tiers <- api, the engine's side of guard mode
+#       (src/client) under api, the daemon (src/daemon) beside, reaching the
+#       library only through api/boot.h and the guard-mode protocol; the
+#       Python extension includes include/ alone, the tool and the benches
+#       only the src/ modules they link (PROGRAM_SRC_HEADERS);
 #   (b) the symbol rule: every global symbol that libkvcr.a and libkvcr.so
 #       define starts with kvcr_ (public) or kvcr__ (internal);
 #   (c) no source file over 1,500 lines;
@@ -17,7 +19,6 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 
 MAX_LINES=1500
-DAEMON_FILES="service guard mirror metrics_http" # src/service/<name>.{c,h}
 violations=0
 violation() {
   echo "check-layers: $*"
@@ -43,54 +44,32 @@ closure() { # HEADER (relative to src/)
   done
 }
 
-is_daemon() { # PATH (relative to src/)
-  local name
-  for name in $DAEMON_FILES; do
-    case "$1" in "service/$name.c" | "service/$name.h") return 0 ;; esac
-  done
-  return 1
-}
-
 # ---- (a) include rules -----------------------------------------------------------
 
-boot_closure=" $(closure api/boot.h | tr '\n' ' ') "
+# What the files of each src/ folder may include from src/ besides their own
+# folder: a folder (any of its headers) or one header. A folder without a
+# row is a violation: a new folder states its place here and in
+# docs/ARCHITECTURE.md.
+declare -A MAY_INCLUDE=(
+  [util]=""
+  [net]="util"
+  [core]="util net"
+  [policy]="util"
+  [tiers]="util net core/tier.h core/host.h core/conf.h"
+  [client]="util net core/recovery.h"
+  [api]="util net core policy tiers client"
+  [daemon]="util net client/frame.h client/journal.h client/pool.h $(closure api/boot.h | paste -sd ' ')"
+)
 
 check_include() { # FILE (relative to src/) INCLUDED (relative to src/)
   local f=$1 inc=$2 from=${1%%/*} to=${2%%/*}
-  local why=""
-  case "$from" in
-    util)
-      [ "$to" = util ] || why="src/util includes no other src/ directory" ;;
-    net)
-      case "$to" in util | net) ;; *) why="src/net includes only src/util" ;; esac ;;
-    core)
-      case "$to" in tiers | service | api) why="src/core includes no header of src/$to" ;; esac ;;
-    tiers)
-      case "$inc" in
-        core/tier.h | core/host.h | core/conf.h) ;;
-        core/*) why="src/tiers include from src/core only core/tier.h, core/host.h, core/conf.h" ;;
-        api/*) why="src/tiers include nothing from src/api" ;;
-      esac ;;
-    api)
-      is_daemon "$inc" && why="src/api includes no header of the daemon (src/service: $DAEMON_FILES)" ;;
-    service)
-      if is_daemon "$f"; then
-        case "$to" in
-          core | api)
-            case "$boot_closure" in
-              *" $inc "*) ;;
-              *) why="the daemon includes from src/core and src/api only api/boot.h (and what it includes)" ;;
-            esac ;;
-        esac
-      elif is_daemon "$inc"; then
-        why="libkvcr's side of src/service includes no header of the daemon"
-      fi ;;
-  esac
-  # Only the daemon and the programs that link it include its headers.
-  if [ -z "$why" ] && [ "$from" != service ] && is_daemon "$inc"; then
-    why="only the daemon includes its own headers"
+  [ "$from" != "$to" ] || return 0
+  if [ -z "${MAY_INCLUDE[$from]+set}" ]; then
+    violation "src/$f: src/$from has no row in MAY_INCLUDE (scripts/check-layers.sh)"
+    return
   fi
-  if [ -n "$why" ]; then violation "src/$f includes \"$inc\": $why"; fi
+  case " ${MAY_INCLUDE[$from]} " in *" $to "* | *" $inc "*) return 0 ;; esac
+  violation "src/$f includes \"$inc\": src/$from includes from src/ only ${MAY_INCLUDE[$from]:-its own folder}"
 }
 
 while IFS= read -r path; do
@@ -98,19 +77,24 @@ while IFS= read -r path; do
   for inc in $(src_includes "$path"); do check_include "$f" "$inc"; done
 done < <(find src -name '*.[ch]' | sort)
 
-# Programs of the library: the Python extension includes include/ alone; the
-# `kvcr` tool, besides include/, only the modules it links itself
-# (tools/CMakeLists.txt): the daemon, the G3 store, the logging and the KV-event decoder.
-TOOL_SRC_HEADERS=" service/service.h tiers/g3_store.h util/log.h net/kvev.h "
+# Programs of the library include include/ and, from src/, only the modules
+# they link themselves (tools/CMakeLists.txt, bench/CMakeLists.txt): the
+# daemon, the G3 store and the KV-event decoder (kvcr_shared), the logging
+# libkvcr exports. The Python extension includes include/ alone.
+declare -A PROGRAM_SRC_HEADERS=(
+  [tools]="daemon/service.h tiers/g3_store.h util/log.h net/kvev.h"
+  [bench]="daemon/service.h tiers/g3_store.h util/log.h"
+  [python]=""
+)
 while IFS= read -r path; do
+  prog=${path%%/*}
   for inc in $(src_includes "$path"); do
-    case "$path:$TOOL_SRC_HEADERS" in
-      tools/*" $inc "*) ;;
-      tools/*) violation "$path includes \"$inc\": the tool includes from src/ only${TOOL_SRC_HEADERS% }" ;;
-      *) violation "$path includes \"$inc\": the Python extension includes include/ alone" ;;
+    case " ${PROGRAM_SRC_HEADERS[$prog]} " in
+      *" $inc "*) ;;
+      *) violation "$path includes \"$inc\": $prog/ includes from src/ only ${PROGRAM_SRC_HEADERS[$prog]:-nothing}" ;;
     esac
   done
-done < <(find tools python -name '*.[ch]' | sort)
+done < <(find tools bench python -name '*.[ch]' | sort)
 
 # ---- (b) the symbol rule ---------------------------------------------------------
 
@@ -147,7 +131,7 @@ fi
 while IFS= read -r path; do
   n=$(wc -l < "$path")
   [ "$n" -le "$MAX_LINES" ] || violation "$path has $n lines (at most $MAX_LINES)"
-done < <(find src tools tests python -name '*.[ch]' -not -path '*/corpus/*' | sort)
+done < <(find src tools bench tests python -name '*.[ch]' -not -path '*/corpus/*' | sort)
 
 if [ "$violations" -gt 0 ]; then
   echo "check-layers: $violations violation(s) of the layer rules (docs/ARCHITECTURE.md)" >&2

@@ -43,7 +43,7 @@
 
 #include "demo.h"
 #include "kvcr/kvcr.h"
-#include "service/service.h"
+#include "daemon/service.h"
 #include "tiers/g3_store.h"
 
 #define FAULT_GAP_MIN_S 0.4

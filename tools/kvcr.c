@@ -1,231 +1,20 @@
-/* The `kvcr` command. Commands and benchmark cases are rows of two tables,
- * so demo, service, stats, bench peer and bench g3 are one line each when
- * their tiers arrive. */
-#include <errno.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdarg.h>
+/* The `kvcr` command, what a user installs: the demo, the node's service
+ * and its metrics, CURVE keys. Commands are rows of one table, one line
+ * each. The benchmarks are another program, kvcr-bench (bench/), built in
+ * the build tree and never installed. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "bench.h"
 #include "demo.h"
-#include "kvcr/kvcr.h"
 #include "keygen.h"
+#include "kvcr/kvcr.h"
 #include "service_cmd.h"
+#include "tool_util.h"
 
-/* ---- shared benchmark pieces (bench.h) ----------------------------------- */
-
-void *bench_xalloc(size_t size)
-{
-    void *p = aligned_alloc(4096, (size + 4095) & ~(size_t)4095);
-    if (p == NULL) bench_fail("out of memory (%zu bytes)", size);
-    return p;
-}
-
-double bench_gbs(uint64_t bytes, double seconds)
-{
-    return (double)bytes / seconds / 1e9;
-}
-
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-double bench_median(double *v, size_t n)
-{
-    qsort(v, n, sizeof *v, by_value);
-    return v[n / 2];
-}
-
-void bench_fill_block(uint8_t *p, size_t len, uint64_t seed)
-{
-    uint64_t *w = (uint64_t *)p;
-    for (size_t i = 0; i < len / 8; i++) w[i] = seed * 0x9E3779B97F4A7C15ull + i;
-}
-
-bool bench_has_block(const uint8_t *p, size_t len, uint64_t seed)
-{
-    const uint64_t *w = (const uint64_t *)p;
-    for (size_t i = 0; i < len / 8; i++)
-        if (w[i] != seed * 0x9E3779B97F4A7C15ull + i) return false;
-    return true;
-}
-
-kvcr_op_result *bench_wait_op(kvcr_t *kv, int fd, kvcr_op_handle op, size_t n, const char *what,
-                              double limit_s, const kvcr_op_result **mine)
-{
-    double until = tool_now() + limit_s;
-    for (;;) {
-        kvcr_op_result *res;
-        size_t n_res;
-        bench_check(kvcr_poll(kv, &res, &n_res), "kvcr_poll");
-        for (size_t i = 0; i < n_res; i++) {
-            if (res[i].op != op) continue;
-            if (res[i].n_entries != n)
-                bench_fail("%s: %zu entries answered for %zu blocks", what, res[i].n_entries, n);
-            for (size_t j = 0; j < n; j++) {
-                const kvcr_entry_result *e = &res[i].entries[j];
-                if (e->status != KVCR_ENTRY_SUCCESS)
-                    bench_fail("%s: entry %zu of %zu is %s (%s)", what, j, n,
-                               kvcr_entry_status_name(e->status), kvcr_reason_name(e->reason));
-            }
-            if (mine) *mine = &res[i];
-            return res;
-        }
-        kvcr_results_free(res);
-        double left = until - tool_now();
-        if (left <= 0) bench_fail("%s did not complete within %.0f s", what, limit_s);
-        struct pollfd p = {fd, POLLIN, 0};
-        poll(&p, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
-    }
-}
-
-void bench_trap_signals(void (*handler)(int))
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = handler;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-}
-
-void bench_check(int rc, const char *what)
-{
-    if (rc == 0) return;
-    fprintf(stderr, "kvcr: %s failed: %s: %s\n", what, kvcr_strerror(rc), kvcr_last_error());
-    exit(1);
-}
-
-_Noreturn void bench_fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("kvcr: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(1);
-}
-
-bool bench_options(int argc, char **argv, bench_out *o, bool *quick)
-{
-    *quick = false;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            o->json = true;
-        } else if (strcmp(argv[i], "--quick") == 0) {
-            *quick = true;
-        } else {
-            fprintf(stderr, "kvcr: unknown option '%s'\nusage: kvcr bench %s [--json] [--quick]\n",
-                    argv[i], o->bench);
-            return false;
-        }
-    }
-    return true;
-}
-
-void bench_report(bench_out *o, const bench_figure *f)
-{
-    double ratio = 0;
-    if (f->baseline)
-        ratio = f->lower_is_better ? f->baseline_value / f->value : f->value / f->baseline_value;
-    if (o->json) {
-        printf("{\"bench\":\"%s\",\"case\":\"%s\",\"value\":%.6g,\"unit\":\"%s\"", o->bench,
-               f->name, f->value, f->unit);
-        if (f->baseline)
-            printf(",\"baseline\":\"%s\",\"baseline_value\":%.6g,\"ratio\":%.4g", f->baseline,
-                   f->baseline_value, ratio);
-        printf("}\n");
-        fflush(stdout);
-        return;
-    }
-    if (!o->header_done) {
-        printf("%-18s %10s %-5s  %-19s %6s  %s\n", "case", "value", "unit", "baseline (this run)",
-               "ratio", "goal");
-        o->header_done = true;
-    }
-    char base[64] = "-", rat[16] = "-";
-    if (f->baseline) {
-        snprintf(base, sizeof base, "%s %.2f", f->baseline, f->baseline_value);
-        snprintf(rat, sizeof rat, "%.2f", ratio);
-    }
-    printf("%-18s %10.2f %-5s  %-19s %6s  %s\n", f->name, f->value, f->unit, base, rat,
-           f->goal ? f->goal : "-");
-    fflush(stdout);
-}
-
-/* ---- commands ------------------------------------------------------------ */
-
-typedef struct command {
-    const char *name;
-    int (*run)(int argc, char **argv); /* argv[0] is the first argument after the name */
-    const char *args;
-    const char *help;
-} command;
-
-/* The Python layer's costs are measured from Python itself. */
-static int bench_python(int argc, char **argv)
-{
-    char *args[16] = {"python3", "-m", "kvcr.bench"};
-    int n = 3;
-    for (int i = 0; i < argc && n < 15; i++) args[n++] = argv[i];
-    args[n] = NULL;
-    execvp(args[0], args);
-    fprintf(stderr, "kvcr: cannot run python3 -m kvcr.bench: %s\n", strerror(errno));
-    return 1;
-}
-
-/* The anchors (the reference kvcr, NIXL, Mooncake's transfer engine) are
- * Python packages in a virtual environment of their own, beside this tree's
- * package on another interpreter: a Python driver runs both sides. */
-static int bench_anchors(int argc, char **argv)
-{
-    const char *driver = getenv("KVCR_ANCHORS_DRIVER");
-    if (driver == NULL) driver = KVCR_ANCHORS_DRIVER;
-    /* The driver starts `kvcr service` for the Guard's case: this program. */
-    char self[4096];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len > 0) {
-        self[len] = '\0';
-        setenv("KVCR_TOOL", self, 1);
-    }
-    char *args[16] = {"/usr/bin/python3", (char *)driver};
-    int n = 2;
-    for (int i = 0; i < argc && n < 15; i++) args[n++] = argv[i];
-    args[n] = NULL;
-    execv(args[0], args);
-    fprintf(stderr, "kvcr: cannot run %s %s: %s\n", args[0], driver, strerror(errno));
-    return 1;
-}
-
-static const command benches[] = {
-    {"local", bench_local, "[--json] [--quick]",
-     "query latency, deposit/deliver bandwidth vs memcpy, metadata size"},
-    {"peer", bench_peer, "[--json] [--quick] [--curve | --netns]",
-     "peer-to-peer bandwidth vs raw UCX and Redis; --curve: CURVE's cost; --netns: across hosts"},
-    {"g3", bench_g3, "[--json] [--quick]",
-     "G3 disk bandwidth vs fio on the same file, spill, deliver, restart"},
-    {"service", bench_service, "[--json] [--quick]",
-     "KVCR service: first block served after an engine's SIGKILL, reattach of 100k blocks"},
-    {"python", bench_python, "[--json] [--quick]",
-     "query and poll_completed cost from Python (needs the package)"},
-    {"anchors", bench_anchors, "[--json] [--quick] [--runs N]",
-     "beside the reference kvcr, NIXL and Mooncake, alternating (scripts/anchors-env.sh)"},
-};
-
-static int cmd_bench(int argc, char **argv);
 static int cmd_version(int argc, char **argv);
 static int cmd_help(int argc, char **argv);
 
-static const command commands[] = {
-    {"bench", cmd_bench, "<case> [options]", "run a benchmark (`kvcr bench` lists them)"},
+static const tool_cmd commands[] = {
     {"demo", cmd_demo, "[--quick] [--json] [...]",
      "engines + router on this machine: peer-to-peer KV reuse"},
     {"service", cmd_service, "--socket-path P --pool-dir D ...",
@@ -238,31 +27,11 @@ static const command commands[] = {
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static void list(FILE *f, const char *prefix, const command *t, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        char head[64];
-        snprintf(head, sizeof head, "%s%s %s", prefix, t[i].name, t[i].args);
-        fprintf(f, "  %-34s %s\n", head, t[i].help);
-    }
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvcr <command> [arguments]\n\ncommands:\n");
-    list(f, "", commands, COUNT(commands));
-    fprintf(f, "\nbenchmarks:\n");
-    list(f, "bench ", benches, COUNT(benches));
-}
-
-/* Runs the row of t named argv[0]; an unknown name is a usage error. */
-static int dispatch(const command *t, size_t n, const char *what, int argc, char **argv)
-{
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(argv[0], t[i].name) == 0) return t[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "kvcr: unknown %s '%s'\n\n", what, argv[0]);
-    usage(stderr);
-    return 2;
+    tool_cmd_list(f, commands, COUNT(commands));
+    fprintf(f, "\nThe benchmarks are kvcr-bench, in a build tree (bench/; not installed).\n");
 }
 
 /* Commands without arguments refuse any, so a typo is never ignored. */
@@ -272,14 +41,6 @@ static int no_args(const char *name, int argc, char **argv)
     fprintf(stderr, "kvcr: %s takes no arguments (got '%s')\n\n", name, argv[0]);
     usage(stderr);
     return 2;
-}
-
-static int cmd_bench(int argc, char **argv)
-{
-    if (argc > 0) return dispatch(benches, COUNT(benches), "benchmark", argc, argv);
-    printf("usage: kvcr bench <case> [options]\n\ncases:\n");
-    list(stdout, "bench ", benches, COUNT(benches));
-    return 0;
 }
 
 static int cmd_version(int argc, char **argv)
@@ -303,5 +64,9 @@ int main(int argc, char **argv)
         return 2;
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) return cmd_help(0, NULL);
-    return dispatch(commands, COUNT(commands), "command", argc - 1, argv + 1);
+    const tool_cmd *c = tool_cmd_find(commands, COUNT(commands), argv[1]);
+    if (c != NULL) return c->run(argc - 2, argv + 2);
+    fprintf(stderr, "kvcr: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
 }

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "kvcr/kvcr.h"
-#include "service/service.h"
+#include "daemon/service.h"
 #include "util/log.h"
 
 static const char service_usage[] =

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "service/service.h"
+#include "daemon/service.h"
 #include "tool_util.h"
 
 double tool_svc_metric(const char *sock, const char *name)

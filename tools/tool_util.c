@@ -8,6 +8,22 @@
 #include <time.h>
 #include <unistd.h>
 
+void tool_cmd_list(FILE *f, const tool_cmd *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char head[64];
+        snprintf(head, sizeof head, "%s %s", t[i].name, t[i].args);
+        fprintf(f, "  %-34s %s\n", head, t[i].help);
+    }
+}
+
+const tool_cmd *tool_cmd_find(const tool_cmd *t, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(name, t[i].name) == 0) return &t[i];
+    return NULL;
+}
+
 double tool_now(void)
 {
     struct timespec ts;

@@ -1,7 +1,8 @@
-/* Plumbing shared by the `kvcr` tool (benches, demo) and the tests
- * (tests/support): the monotonic clock, whole reads and writes on pipes,
- * the "k<i>" key adapter of their peers, and (tool_svc.c) the service's
- * metrics. Built once as the kvcr_tool_util library (tools/CMakeLists.txt),
+/* Plumbing shared by the `kvcr` tool (demo), the benchmarks (kvcr-bench,
+ * bench/) and the tests (tests/support): the command tables of the two
+ * programs, the monotonic clock, whole reads and writes on pipes, the
+ * "k<i>" key adapter of their peers, CURVE keys (keygen.h) and
+ * (tool_svc.c) the service's metrics. Built once as the kvcr_tool_util library (tools/CMakeLists.txt),
  * which both link; a program using tool_svc_* also links the daemon
  * (svc_fetch_metrics).
  *
@@ -11,8 +12,24 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kvcr/kvcr.h"
+
+/* A row of a program's command table (`kvcr`, `kvcr-bench`): run gets the
+ * arguments after the name. */
+typedef struct tool_cmd {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *args;
+    const char *help;
+} tool_cmd;
+
+/* Prints t's n rows, one a line: the name and its arguments, then the help. */
+void tool_cmd_list(FILE *f, const tool_cmd *t, size_t n);
+
+/* The row of t named name, or NULL. */
+const tool_cmd *tool_cmd_find(const tool_cmd *t, size_t n, const char *name);
 
 /* Seconds on a monotonic clock. */
 double tool_now(void);

@@ -1,4 +1,4 @@
-"""kvcr bench python: the cost of the Python layer on the hot calls.
+"""kvcr-bench python: the cost of the Python layer on the hot calls.
 
     python3 -m kvcr.bench [--json] [--quick]
 

@@ -1,4 +1,4 @@
-/* The documented internal way in for the node daemon (src/service): an
+/* The documented internal way in for the node daemon (src/daemon): an
  * instance created with a boot record (a claim's pools, journal and
  * recovered blocks, or the Guard's backup of a dead engine). Not part of
  * the public API; libkvcr exports these names with the internal prefix

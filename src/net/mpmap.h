@@ -1,6 +1,6 @@
 /* Messages as one msgpack map with str keys from a fixed field table: the
  * shape both the peer control messages (net/wire.c) and the claim socket's
- * messages (service/frame.c) have. Decoding is strict and in two passes:
+ * messages (client/frame.c) have. Decoding is strict and in two passes:
  * mpmap_unpack pre-scans the bytes (net/mpscan.h) before msgpack-c builds
  * anything, then mpmap_fields collects the root's values by field, refusing
  * unknown and duplicate keys; each protocol checks the values itself.

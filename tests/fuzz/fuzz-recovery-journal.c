@@ -1,4 +1,4 @@
-/* libFuzzer target: the recovery journal's consumer and replay (service/
+/* libFuzzer target: the recovery journal's consumer and replay (client/
  * journal.h) over a ring and cursors written by a hostile producer.
  *
  * Input: [0] flags, [1, 9) published minus consumed, [9, 17) the consumed
@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "kvcr/error.h"
-#include "service/journal.h"
+#include "client/journal.h"
 
 #define GEN 0x4655a2a2ull
 #define BYTES ((uint64_t)JOURNAL_MIN_BYTES)

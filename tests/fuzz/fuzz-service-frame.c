@@ -1,4 +1,4 @@
-/* libFuzzer target: the claim socket's message decoder (service/frame.h).
+/* libFuzzer target: the claim socket's message decoder (client/frame.h).
  * Whatever the bytes, it must return cleanly, and a refusal must leave the
  * message zeroed; an accepted message must encode again, decode again to
  * the same fields, and that one must encode to the very same bytes (the
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "kvcr/error.h"
-#include "service/frame.h"
+#include "client/frame.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -34,9 +34,9 @@
 #include "kvreplay.h"
 #include "net/kvev.h"
 #include "peer.h"
-#include "service/frame.h"
-#include "service/journal.h"
-#include "service/service.h"
+#include "client/frame.h"
+#include "client/journal.h"
+#include "daemon/service.h"
 
 #define BS 65536
 #define POOL_BLOCKS 512

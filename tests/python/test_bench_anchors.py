@@ -1,4 +1,4 @@
-"""kvcr bench anchors' driver (tools/bench_anchors.py) on this package alone:
+"""kvcr-bench anchors' driver (bench/bench_anchors.py) on this package alone:
 --self-test runs the quick cases with KVCR as its own baseline, so the rows'
 format and the alternation are checked without any anchor installed. No
 figure is judged: performance is measured, never asserted."""
@@ -10,7 +10,7 @@ import sys
 import kvcr
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DRIVER = os.path.join(ROOT, "tools", "bench_anchors.py")
+DRIVER = os.path.join(ROOT, "bench", "bench_anchors.py")
 CASES = {"query_32", "deposit_2mib", "deliver_2mib", "deposit_16kib", "deliver_16kib",
          "pull_2mib_host", "pull_16kib_x256_host", "pull_1block_host"}
 

@@ -22,7 +22,7 @@
 
 #include "harness.h"
 #include "kvcr/error.h"
-#include "service/journal.h"
+#include "client/journal.h"
 
 #define GEN 0x6b7663726a6e6c31ull
 #define BYTES ((uint64_t)JOURNAL_MIN_BYTES) /* C = 64 KiB */

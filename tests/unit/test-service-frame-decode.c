@@ -1,4 +1,4 @@
-/* The claim socket's protocol (service/frame.h): every message type
+/* The claim socket's protocol (client/frame.h): every message type
  * round-trips, the decoder refuses each rule it enforces (bad messages are
  * made by encoding a valid one, editing its msgpack object tree and packing
  * that again), the encoder refuses what the decoder would, and frames over
@@ -22,7 +22,7 @@
 
 #include "harness.h"
 #include "kvcr/error.h"
-#include "service/frame.h"
+#include "client/frame.h"
 
 /* ---- messages ---------------------------------------------------------------- */
 

@@ -25,7 +25,7 @@
 
 #include "harness.h"
 #include "kvcr/error.h"
-#include "service/pool.h"
+#include "client/pool.h"
 
 static char g_root[256];
 static char g_mount[512]; /* a tmpfs mounted by a test, unmounted by teardown */

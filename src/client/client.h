@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "api/boot.h"
+#include "core/recovery.h" /* recovered_block, KVCR_INC_LEN */
 #include "kvcr/kvcr.h"
 
 typedef struct svc_hold svc_hold;

@@ -1,4 +1,4 @@
-/* The claim socket's protocol (service/frame.h): the msgpack messages and
+/* The claim socket's protocol (client/frame.h): the msgpack messages and
  * the length-prefixed frames that carry them and their descriptors.
  *
  * Decoding follows net/wire.c, through net/mpmap.h. A pre-scan walks the
@@ -13,7 +13,7 @@
  * frame. One set of rules (check_msg) serves the decoder, which calls it on
  * what it decoded, and the encoder, which calls it before packing: what one
  * side sends, the other accepts. */
-#include "service/frame.h"
+#include "client/frame.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -1,4 +1,4 @@
-/* kvcr bench local: query latency, same-process copy bandwidth against a
+/* kvcr-bench local: query latency, same-process copy bandwidth against a
  * plain memcpy of the same bytes, metadata per resident block, and the
  * cost of KV events on deposits (against the same deposits without). */
 #include <poll.h>
@@ -487,7 +487,7 @@ int bench_local(int argc, char **argv)
     bool quick;
     if (!bench_options(argc, argv, &o, &quick)) return 2;
     if (!o.json)
-        printf("kvcr bench local%s: ratio = ours / baseline, both measured in this run\n\n",
+        printf("kvcr-bench local%s: ratio = ours / baseline, both measured in this run\n\n",
                quick ? " --quick" : "");
     const query_case *sizes = quick ? quick_sizes : full_sizes;
     for (size_t i = 0; i < sizeof full_sizes / sizeof *full_sizes; i++)

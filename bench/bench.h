@@ -1,7 +1,8 @@
-/* Shared pieces of the `kvcr` benchmarks: timing, error checks and the
- * result lines every case prints the same way. */
-#ifndef KVCR_TOOLS_BENCH_H
-#define KVCR_TOOLS_BENCH_H
+/* Shared pieces of the benchmarks (kvcr-bench, a program of the build tree,
+ * never installed): timing, error checks and the result lines every case
+ * prints the same way. */
+#ifndef KVCR_BENCH_BENCH_H
+#define KVCR_BENCH_BENCH_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -55,6 +56,10 @@ kvcr_op_result *bench_wait_op(kvcr_t *kv, int fd, kvcr_op_handle op, size_t n, c
  * or a closed terminal). */
 void bench_trap_signals(void (*handler)(int));
 
+/* The `kvcr` program the benches start `kvcr service` from: $KVCR_TOOL,
+ * else the one of this build tree. */
+const char *bench_kvcr_tool(void);
+
 /* Exits 1 with the library's message when rc is an error. */
 void bench_check(int rc, const char *what);
 
@@ -62,12 +67,12 @@ void bench_check(int rc, const char *what);
 _Noreturn void bench_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Parses the options every benchmark takes ([--json] [--quick]) into *o
- * and *quick; prints the usage of `kvcr bench <o->bench>` and returns
+ * and *quick; prints the usage of `kvcr-bench <o->bench>` and returns
  * false on anything else. */
 bool bench_options(int argc, char **argv, bench_out *o, bool *quick);
 
 /* The median round trip of a 64-byte message between two processes on
- * loopback over raw ZeroMQ PUSH/PULL sockets (tools/bench_zmq.c), in
+ * loopback over raw ZeroMQ PUSH/PULL sockets (bench/bench_zmq.c), in
  * seconds, over `rounds` rounds after a warm-up. */
 double bench_zmq_round_trip_s(int rounds);
 

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* accept4, struct ucred */
-#include "service/service.h"
+#include "daemon/service.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,11 +14,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "service/frame.h"
-#include "service/guard.h"
-#include "service/journal.h"
-#include "service/metrics_http.h"
-#include "service/pool.h"
+#include "client/frame.h"
+#include "client/journal.h"
+#include "client/pool.h"
+#include "daemon/guard.h"
+#include "daemon/metrics_http.h"
 #include "util/clock.h"
 
 #ifndef SO_PEERPIDFD

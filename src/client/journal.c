@@ -18,7 +18,7 @@
  * they are all still in the ring (published <= C: the ring's first lap,
  * which is where a freshly formatted or compacted journal is). Beyond
  * that the next number is unknown, and the journal is made INVALID. */
-#include "service/journal.h"
+#include "client/journal.h"
 
 #include <endian.h>
 #include <inttypes.h>

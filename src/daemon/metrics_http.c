@@ -8,7 +8,7 @@
  * write side is shut and input is drained until the client closes, for at
  * most SVC_HTTP_LINGER_MS. */
 #define _GNU_SOURCE /* accept4 */
-#include "service/metrics_http.h"
+#include "daemon/metrics_http.h"
 
 #include <errno.h>
 #include <netdb.h>

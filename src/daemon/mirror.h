@@ -14,7 +14,7 @@
 
 #include "core/index.h"
 #include "api/boot.h"
-#include "service/journal.h"
+#include "client/journal.h"
 
 typedef struct mirror {
     block_index ix;     /* records use key, sl.one.pool and sl.one.slot only, and

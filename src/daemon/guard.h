@@ -23,7 +23,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "service/frame.h"
+#include "client/frame.h"
 #include "util/log.h"
 
 typedef struct guard guard;

@@ -12,7 +12,7 @@
  * the description would drop the lock for everyone. The lock goes when the
  * last descriptor of the description is closed. */
 #define _GNU_SOURCE
-#include "service/pool.h"
+#include "client/pool.h"
 
 #include <dirent.h>
 #include <errno.h>

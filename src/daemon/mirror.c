@@ -1,4 +1,4 @@
-#include "service/mirror.h"
+#include "daemon/mirror.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* The raw ZeroMQ round trip `kvcr bench peer` compares a one-block deliver
+/* The raw ZeroMQ round trip `kvcr-bench peer` compares a one-block deliver
  * with: two processes on loopback, each with a PULL socket bound and a PUSH
  * socket connected to the other's (the shape of KVCR's control channel), a
  * 64-byte message there and back, the median over the rounds after a

@@ -1,4 +1,4 @@
-/* kvcr bench service: what the KVCR service's Guard buys an engine that
+/* kvcr-bench service: what the KVCR service's Guard buys an engine that
  * dies, with real processes.
  *
  * service_failover_first_block: an engine (guard mode, remote tier on)
@@ -17,14 +17,14 @@
  * same configuration on a fresh group with nothing to recover.
  *
  * Processes: the service (`kvcr service`, started through a hidden
- * `kvcr bench service --exec-service` that ties it to this process's life
- * and execs it) and the engines (`kvcr bench service --engine ...`) are
- * /proc/self/exe started with posix_spawn, so no fork happens after this
- * process started UCX. Engines take commands on stdin and answer on stdout
- * (a pipe each). Pool files live in a fresh directory under /dev/shm (else
- * /tmp), removed at exit, also after a failure or SIGINT/SIGTERM. Every
- * spawned process is reaped, every wait is bounded, and any failure says
- * what and exits 1. */
+ * `kvcr-bench service --exec-service` that ties it to this process's life
+ * and execs the build tree's `kvcr`: bench_kvcr_tool) and the engines
+ * (`kvcr-bench service --engine ...`) are /proc/self/exe started with
+ * posix_spawn, so no fork happens after this process started UCX. Engines
+ * take commands on stdin and answer on stdout (a pipe each). Pool files
+ * live in a fresh directory under /dev/shm (else /tmp), removed at exit,
+ * also after a failure or SIGINT/SIGTERM. Every spawned process is reaped,
+ * every wait is bounded, and any failure says what and exits 1. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -46,7 +46,7 @@
 
 #include "bench.h"
 #include "kvcr/kvcr.h"
-#include "service/service.h"
+#include "daemon/service.h"
 
 extern char **environ;
 
@@ -118,7 +118,7 @@ static double median(const double *v, int n)
     return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-/* ---- the engine (a child: kvcr bench service --engine ...) ------------------------- */
+/* ---- the engine (a child: kvcr-bench service --engine ...) ------------------------- */
 
 /* The engine process's own state (the parent's handle on one is `engine`). */
 typedef struct eng {
@@ -254,7 +254,7 @@ static int engine_main(int argc, char **argv)
     int out = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
     if (out < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0)
         bench_fail("engine: dup: %s", strerror(errno));
-    if (argc != 7) bench_fail("engine: started by `kvcr bench service`, not by hand");
+    if (argc != 7) bench_fail("engine: started by `kvcr-bench service`, not by hand");
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != (pid_t)atol(argv[0])) return 1; /* the parent is gone already */
     const char *socket_path = argv[1];
@@ -516,7 +516,7 @@ static void service_start(uint64_t slots)
     snprintf(gb, sizeof gb, "%.12f", (double)(slots * BLOCK) / 1073741824.0);
     char journal[16];
     snprintf(journal, sizeof journal, "%u", JOURNAL_MB);
-    char *argv[] = {"kvcr", "bench", "service", "--exec-service", parent,
+    char *argv[] = {"kvcr-bench", "service", "--exec-service", parent,
                     "service", "--socket-path", g_sock, "--pool-dir", g_dir,
                     "--guard-count", "2", "--pool-sizes-gb", gb,
                     "--compatibility-digest", DIGEST, "--journal-mb", journal,
@@ -563,7 +563,7 @@ static void service_stop(void)
         bench_fail("the service stopped with %s", exit_text(s, sizeof s, status));
 }
 
-/* `kvcr bench service --exec-service <parent> service ...`: dies with the
+/* `kvcr-bench service --exec-service <parent> service ...`: dies with the
  * parent (it cannot clean up after a SIGKILL otherwise), then becomes the
  * service. */
 static int exec_service(int argc, char **argv)
@@ -572,7 +572,7 @@ static int exec_service(int argc, char **argv)
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != (pid_t)atol(argv[1])) return 1;
     argv[1] = "kvcr"; /* argv[1..] is now: kvcr service --socket-path ... */
-    execv("/proc/self/exe", argv + 1);
+    execv(bench_kvcr_tool(), argv + 1);
     fprintf(stderr, "kvcr: cannot exec the service: %s\n", strerror(errno));
     return 1;
 }
@@ -609,7 +609,7 @@ static void engine_start(engine *e, uint32_t guard, uint32_t n, role r, uint64_t
     snprintf(blocks, sizeof blocks, "%u", n);
     snprintf(sample, sizeof sample, "%u", SAMPLE);
     snprintf(seed_s, sizeof seed_s, "%" PRIu64, seed);
-    char *argv[] = {"kvcr", "bench", "service", "--engine", parent, g_sock, g,
+    char *argv[] = {"kvcr-bench", "service", "--engine", parent, g_sock, g,
                     blocks, (char *)role_names[r], sample, seed_s, NULL};
     e->pid = g_engine = spawn_self(argv, down[0], up[1], NULL);
     close(down[0]);
@@ -916,7 +916,7 @@ int bench_service(int argc, char **argv)
                    (unsigned long long)(dir_need(n) / MIB), (unsigned long long)(avail / MIB));
     int failover_reps = quick ? 2 : 5, cold_reps = quick ? 2 : 3, reattach_reps = quick ? 2 : 3;
     if (!o.json)
-        printf("kvcr bench service%s: ratio = value / baseline, except refill: reattach / refill "
+        printf("kvcr-bench service%s: ratio = value / baseline, except refill: reattach / refill "
                "(times: lower is better), all measured in this run\n"
                "pools in %s: 2 groups of %u + %u slots of %u bytes, journal %u MiB each\n\n",
                quick ? " --quick" : "", g_dir, n, SLACK_SLOTS, BLOCK, JOURNAL_MB);

@@ -1,4 +1,4 @@
-#include "service/guard.h"
+#include "daemon/guard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "api/boot.h"
-#include "service/journal.h"
-#include "service/mirror.h"
-#include "service/pool.h"
+#include "client/journal.h"
+#include "client/pool.h"
+#include "daemon/mirror.h"
 #include "util/clock.h"
 
 #define FRAMES_PER_TICK 4096 /* bounded work per loop turn; the rest next turn */

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""kvcr bench anchors: KVCR beside what a user would otherwise install --
+"""kvcr-bench anchors: KVCR beside what a user would otherwise install --
 the reference implementation (`kvcr` 0.1.1, Python on NIXL), NIXL itself and
 Mooncake's transfer engine -- on the same workload, in the same run,
 alternating.
 
-    kvcr bench anchors [--json] [--quick] [--runs N] [--self-test]
+    kvcr-bench anchors [--json] [--quick] [--runs N] [--self-test]
 
 The anchors live in a virtual environment of their own, made (or found up to
 date) by scripts/anchors-env.sh; this tree's package runs on another
 interpreter (KVCR_SELF_PYTHON, default /usr/bin/python3, with
 KVCR_SELF_PYTHONPATH put first on its path when set), because the reference
 has the same import name. Every case runs its sides in fresh processes
-(tools/bench_anchors/*_side.py), one after the other, in an order rotated
+(bench/bench_anchors/*_side.py), one after the other, in an order rotated
 each run, for N runs (default 3); a row is the median of the runs for each
 side and the ratio of KVCR's median to the baseline's (higher is better;
 for times, the baseline's over ours).
@@ -558,10 +558,10 @@ def main(argv: list) -> int:
             except (StopIteration, ValueError):
                 runs = 0
             if not 1 <= runs <= 50:
-                print("kvcr bench anchors: --runs takes 1..50", file=sys.stderr)
+                print("kvcr-bench anchors: --runs takes 1..50", file=sys.stderr)
                 return 2
         else:
-            print(f"kvcr: unknown option '{a}'\nusage: kvcr bench anchors [--json] [--quick] "
+            print(f"kvcr: unknown option '{a}'\nusage: kvcr-bench anchors [--json] [--quick] "
                   "[--runs N] [--self-test]", file=sys.stderr)
             return 2
     start = loadavg()
@@ -603,7 +603,7 @@ def main(argv: list) -> int:
             out.append({"bench": "anchors", "case": "failover_first_block",
                         "baseline": "kvcr-ref", "status": "not run",
                         "why": "KVCR_TOOL (the kvcr program, for `kvcr service`) is not set: "
-                               "run the driver as `kvcr bench anchors`"})
+                               "run the driver as `kvcr-bench anchors`"})
     print_rows(out, as_json)
     return 0
 

@@ -1,4 +1,4 @@
-#include "service/client.h"
+#include "client/client.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -9,9 +9,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "service/frame.h"
-#include "service/journal.h"
-#include "service/pool.h"
+#include "client/frame.h"
+#include "client/journal.h"
+#include "client/pool.h"
 #include "util/log.h"
 
 #define CLAIM_TIMEOUT_MS 60000   /* a Guard handing back waits out its transfers */

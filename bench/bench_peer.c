@@ -1,4 +1,4 @@
-/* kvcr bench peer: peer-to-peer bandwidth between two processes on this
+/* kvcr-bench peer: peer-to-peer bandwidth between two processes on this
  * host, 2 MiB and 16 KiB blocks, against a plain UCX put loop and against
  * Redis GETs, all measured in the same run; once on UCX's default lanes
  * (shared memory between two processes on one host) and once with
@@ -246,11 +246,11 @@ static pid_t rig_spawn(child_main fn, const job *j, unsigned host, int in, int o
     snprintf(a[9], sizeof a[9], "%u", (unsigned)j->hint_lead_us);
     if (fcntl(in, F_SETFD, 0) != 0 || fcntl(out, F_SETFD, 0) != 0)
         bench_fail("fcntl: %s", strerror(errno));
-    char *argv[] = {g_exe, "bench", "peer", "--netns-child", (char *)role_name(fn),
+    char *argv[] = {g_exe, "peer", "--netns-child", (char *)role_name(fn),
                     a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], NULL};
     pid_t pid = netrig_spawn(g_rig, host, argv, NULL);
     if (pid < 0)
-        bench_fail("cannot start the %s on rig host %u: %s", argv[4], host,
+        bench_fail("cannot start the %s on rig host %u: %s", argv[3], host,
                    netrig_last_error(g_rig));
     return pid;
 }
@@ -1180,7 +1180,7 @@ static const char *role_name(child_main fn)
     bench_fail("internal: a child without a role name");
 }
 
-/* kvcr bench peer --netns-child ROLE IN OUT BLOCK N BATCH ROUNDS TLS SEG ADDR
+/* kvcr-bench peer --netns-child ROLE IN OUT BLOCK N BATCH ROUNDS TLS SEG ADDR
  * LEAD_US: one child of a --netns run, on its rig host (see rig_spawn). */
 static int netns_child(int argc, char **argv)
 {
@@ -1232,7 +1232,7 @@ static void netns_rtts(bench_out *o, bool quick)
     netrig_opts ro = {.n_hosts = 2, .delay_us = 1000};
     char why[256], g[64];
     if (netrig_up(&ro, &g_rig, why, sizeof why) != 0) {
-        fprintf(stderr, "kvcr bench peer --netns: no delayed link (%s); no netns_*_rtts figures\n",
+        fprintf(stderr, "kvcr-bench peer --netns: no delayed link (%s); no netns_*_rtts figures\n",
                 why);
         return;
     }
@@ -1265,7 +1265,7 @@ static int netns_run(bench_out *o, bool quick)
 {
     char why[256];
     if (!netrig_available(why, sizeof why)) {
-        fprintf(stderr, "kvcr bench peer --netns: no hosts: %s; no netns figures\n", why);
+        fprintf(stderr, "kvcr-bench peer --netns: no hosts: %s; no netns figures\n", why);
         return 0;
     }
     ssize_t len = readlink("/proc/self/exe", g_exe, sizeof g_exe - 1);
@@ -1316,7 +1316,7 @@ static int netns_run(bench_out *o, bool quick)
                                     .goal = goal(g, sizeof g, quick, ">= 1.5x",
                                                  kv >= 1.5 * redis)});
 #else
-    fprintf(stderr, "kvcr bench peer --netns: no netns_2m_redis (built without hiredis)\n");
+    fprintf(stderr, "kvcr-bench peer --netns: no netns_2m_redis (built without hiredis)\n");
 #endif
     bench_report(o, &(bench_figure){.name = "netns_16k", .value = kv16, .unit = "GB/s"});
     bench_report(o, &(bench_figure){.name = "netns_16k_of_2m", .value = kv16, .unit = "GB/s",
@@ -1426,19 +1426,19 @@ int bench_peer(int argc, char **argv)
     atexit(cleanup);
     if (curve) {
         if (!o.json)
-            printf("kvcr bench peer --curve%s: one 4 KiB block per deliver, median of 3 pairs' "
+            printf("kvcr-bench peer --curve%s: one 4 KiB block per deliver, median of 3 pairs' "
                    "median rounds; ratio = plaintext / CURVE\n\n", quick ? " --quick" : "");
         curve_cost(&o, quick);
         return 0;
     }
     if (netns) {
         if (!o.json)
-            printf("kvcr bench peer --netns%s: two hosts (network namespaces, veth); ratio = "
+            printf("kvcr-bench peer --netns%s: two hosts (network namespaces, veth); ratio = "
                    "ours / baseline, both measured in this run\n\n", quick ? " --quick" : "");
         return netns_run(&o, quick);
     }
     if (!o.json)
-        printf("kvcr bench peer%s: ratio = ours / baseline, both measured in this run\n\n",
+        printf("kvcr-bench peer%s: ratio = ours / baseline, both measured in this run\n\n",
                quick ? " --quick" : "");
 
     /* 128 MiB on each side (4 MiB with --quick) as 2 MiB or 16 KiB blocks;
@@ -1453,7 +1453,7 @@ int bench_peer(int argc, char **argv)
     redis_fill(rc, &big);
     redis_fill(rc, &small);
 #else
-    fprintf(stderr, "kvcr bench peer: no Redis baseline (this kvcr was built without hiredis)\n");
+    fprintf(stderr, "kvcr-bench peer: no Redis baseline (this kvcr was built without hiredis)\n");
 #endif
     static const char *const lanes[] = {NULL, "tcp"};
     for (size_t l = 0; l < sizeof lanes / sizeof *lanes; l++) {

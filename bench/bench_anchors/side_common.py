@@ -1,4 +1,4 @@
-"""What every side of `kvcr bench anchors` shares. Each side runs in its
+"""What every side of `kvcr-bench anchors` shares. Each side runs in its
 own interpreter (the anchors' environment, or the one with this tree's
 kvcr), so this module uses the standard library only."""
 from __future__ import annotations

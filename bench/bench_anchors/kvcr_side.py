@@ -1,4 +1,4 @@
-"""One side of `kvcr bench anchors`: the same calls on whichever `kvcr` the
+"""One side of `kvcr-bench anchors`: the same calls on whichever `kvcr` the
 interpreter running this file imports -- this tree's package (system python)
 or the reference implementation 0.1.1 (the anchors venv). Both take the
 seed's API, so one script measures both and neither gets a kinder workload.

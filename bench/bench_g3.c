@@ -1,4 +1,4 @@
-/* kvcr bench g3: the G3 disk tier against fio on the same file, and its
+/* kvcr-bench g3: the G3 disk tier against fio on the same file, and its
  * warm restart.
  *
  * Bandwidth, 2 MiB blocks, queue depths 1, 4 and 16: the slot store
@@ -887,7 +887,7 @@ int bench_g3(int argc, char **argv)
         bench_fail("%s needs %llu MiB free (has %llu MiB)", BASE_DIR,
                    (unsigned long long)((need + spare) / MIB), (unsigned long long)(avail / MIB));
     if (!o.json)
-        printf("kvcr bench g3%s: ratio = ours / baseline, both measured in this run\n"
+        printf("kvcr-bench g3%s: ratio = ours / baseline, both measured in this run\n"
                "files in %s; %llu MiB per bandwidth case, 2 MiB blocks; %s, O_DIRECT, io_uring\n\n",
                quick ? " --quick" : "", g_dir, (unsigned long long)(z.bw_slots * BIG / MIB),
                version);
