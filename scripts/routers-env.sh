@@ -56,7 +56,7 @@ if [ "$(cat "$VENV/.kvcr-package.sha256" 2>/dev/null)" != "$src_sum" ]; then
   # nothing is written into the tree other engineers build in.
   rm -rf "$VENV/.kvcr-src"
   mkdir -p "$VENV/.kvcr-src"
-  cp -a CMakeLists.txt cmake include src python setup.py setup.cfg tools "$VENV/.kvcr-src/"
+  cp -a CMakeLists.txt cmake include src python setup.py setup.cfg tools bench "$VENV/.kvcr-src/"
   [ -f README.md ] && cp -a README.md "$VENV/.kvcr-src/"
   (cd "$VENV/.kvcr-src" &&
    KVCR_CMAKE_BUILD_DIR="$VENV/.kvcr-cmake" KVCR_BUILD_JOBS="${KVCR_BUILD_JOBS:-2}" \
