@@ -57,6 +57,13 @@
  * comes back is tried within 0.75 s (1.5 s with a 1 s pause: most of the
  * 2 s in which pulls must work again after an outage). */
 #define CTL_RECONNECT_MAX_MS 250
+/* The first pause after a connection to a peer broke (ZeroMQ adds up to as
+ * much again at random, then doubles it up to CTL_RECONNECT_MAX_MS). A
+ * process replaced at the same endpoint (a Guard serving for a dead
+ * engine, which holds its listening socket) is reached again within
+ * 2-4 ms; a peer that stays away costs seven more dials before the pause
+ * reaches its maximum. */
+#define CTL_RECONNECT_FIRST_MS 2
 /* A peer whose lane refused a dial (restarted with another lane port: its
  * endpoint named by a router before the restart) is reached over ZeroMQ at
  * its address for this long, then its lane is tried again; this many such
@@ -304,11 +311,11 @@ static int set_client_keys(const ctl_channel *c, void *s, const char *endpoint)
  * and key are checked against the allow-list here, once: a socket in the
  * table was admitted when it was made). ZMQ_IMMEDIATE off: messages queue
  * while the connection is being made, up to SNDHWM.
- * Reconnects start after 10 ms, backing off to CTL_RECONNECT_MAX_MS: with
- * ZeroMQ's default (100 ms, plus as much again at random) a peer whose
- * process was replaced at the same endpoint (a restart, a Guard taking
- * over) heard nothing for 100-200 ms, which was nearly all of the failover
- * time. */
+ * Reconnects start after CTL_RECONNECT_FIRST_MS, backing off to
+ * CTL_RECONNECT_MAX_MS: with ZeroMQ's default (100 ms, plus as much again
+ * at random) a peer whose process was replaced at the same endpoint (a
+ * restart, a Guard taking over) heard nothing for 100-200 ms, which was
+ * nearly all of the failover time. */
 static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
 {
     int rc = peer_allowed(c, endpoint);
@@ -319,7 +326,7 @@ static int open_peer(ctl_channel *c, const char *endpoint, peer **out)
     char addr[CTL_MAX_ENDPOINT + 1];
     endpoint_address(endpoint, addr, sizeof addr);
     if (set_int(s, ZMQ_LINGER, 0) != 0 || set_int(s, ZMQ_SNDHWM, CTL_SNDHWM) != 0 ||
-        set_int(s, ZMQ_IMMEDIATE, 0) != 0 || set_int(s, ZMQ_RECONNECT_IVL, 10) != 0 ||
+        set_int(s, ZMQ_IMMEDIATE, 0) != 0 || set_int(s, ZMQ_RECONNECT_IVL, CTL_RECONNECT_FIRST_MS) != 0 ||
         set_int(s, ZMQ_RECONNECT_IVL_MAX, CTL_RECONNECT_MAX_MS) != 0 ||
         set_int(s, ZMQ_TCP_MAXRT, CTL_MAXRT_MS) != 0 ||
         set_int(s, ZMQ_CONNECT_TIMEOUT, CTL_CONNECT_MS) != 0 ||

@@ -124,6 +124,8 @@ struct pull {
     bool discarded;
     bool sent_md;        /* its start_write carried our metadata */
     bool md_resent;      /* refused without it, sent again with it (once) */
+    bool inc_adopted;    /* refused by another incarnation than it quoted: sent
+                          * again quoting the refuser's (once) */
     uint8_t fail_reason; /* kvcr_reason when it failed */
     char source[CTL_MAX_ENDPOINT + 1];
     char *request_id;

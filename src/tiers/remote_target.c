@@ -663,9 +663,34 @@ static void on_write_done(remote *r, pull *p, const wire_msg *m)
     on_terminal(r, p, m->success, m->completed, m->n_completed);
 }
 
-static void on_refused(remote *r, pull *p, bool busy)
+/* Every start_write of a pull goes out only after the one before it was
+ * refused, and a refusal means the refuser accepted nothing: so while a
+ * pull waits for its first answer, a refusal proves no process holds any
+ * of its writes, and it may start once more with what the refusal showed
+ * missing: our metadata (the source reclaimed its route to us, or is new),
+ * and the refuser's incarnation where it quoted another (the source
+ * restarted, or a Guard serves in its place). Each at most once. */
+static bool restart_refused(remote *r, pull *p, const wire_msg *m)
 {
-    if (busy) { /* at one of the source's limits: alive, and nothing was written */
+    if (p->state != PULL_WAIT_DONE || p->uncertain) return false;
+    bool want_md = !p->sent_md && !p->md_resent;
+    bool want_inc = p->has_inc && !p->inc_adopted && !inc_is(p->inc, &m->incarnation);
+    if (!want_md && !want_inc) return false;
+    if (want_md) p->md_resent = true;
+    if (want_inc) { /* the peer's record too, unless it learned another since */
+        rpeer *peer = peer_get(r, p->source, false);
+        if (peer && peer->has_inc && memcmp(peer->inc, p->inc, sizeof p->inc) == 0)
+            memcpy(peer->inc, m->incarnation.data, sizeof peer->inc);
+        p->inc_adopted = true;
+        memcpy(p->inc, m->incarnation.data, sizeof p->inc);
+    }
+    p->state = PULL_START;
+    return true;
+}
+
+static void on_refused(remote *r, pull *p, const wire_msg *m)
+{
+    if (m->busy) { /* at one of the source's limits: alive, and nothing was written */
         if (p->state == PULL_WAIT_DONE && !p->uncertain)
             finish(r, p, false, KVCR_REASON_SOURCE_BUSY);
         else
@@ -673,13 +698,7 @@ static void on_refused(remote *r, pull *p, bool busy)
         return;
     }
     peer_invalidate(r, p->source);
-    if (!p->sent_md && !p->md_resent && p->state == PULL_WAIT_DONE && !p->uncertain) {
-        /* The source may have reclaimed its route to us (remote_peer.c), or
-         * restarted: once more, with our metadata (nothing was accepted). */
-        p->md_resent = true;
-        p->state = PULL_START;
-        return;
-    }
+    if (restart_refused(r, p, m)) return;
     rpeer *peer = peer_get(r, p->source, false);
     /* A delayed refusal never evicts an incarnation learned later. */
     if (peer && peer->has_inc && p->has_inc && memcmp(peer->inc, p->inc, sizeof p->inc) == 0)
@@ -729,7 +748,7 @@ static void on_message(remote *r, const wire_msg *m)
     }
     switch (m->type) {
     case WIRE_WRITE_DONE: on_write_done(r, p, m); break;
-    case WIRE_WRITE_REFUSED: on_refused(r, p, m->busy); break;
+    case WIRE_WRITE_REFUSED: on_refused(r, p, m); break;
     case WIRE_WRITE_PROBE_ACK: on_probe_ack(r, p, m); break;
     default: r->dropped_messages++; break;
     }

@@ -87,6 +87,20 @@ def poll_until(kv, op, timeout=WAIT_SECONDS, rounds=WAIT_ROUNDS, sink=None):
     raise AssertionError(f"operation {op} did not complete within {timeout}s")
 
 
+def finished_jobs(tier, want, timeout=WAIT_SECONDS, rounds=WAIT_ROUNDS):
+    """Collects a vLLM tier's finished jobs until there are `want` of them
+    (bounded in rounds and time); asserts exactly `want` came."""
+    deadline = time.monotonic() + timeout
+    got = []
+    for _ in range(rounds):
+        got.extend(tier.get_finished_jobs())
+        if len(got) >= want or time.monotonic() > deadline:
+            break
+        time.sleep(0.0002)
+    assert len(got) == want, got
+    return got
+
+
 class Rig:
     """A KVCR over a framework buffer and an mmap KVCR DRAM pool."""
 

@@ -37,7 +37,7 @@ import pytest
 import vllm_standins as v
 
 import kvcr
-from conftest import address_of, poll_until
+from conftest import address_of, finished_jobs as finished, poll_until
 from kvcr import CacheTier, OpEntryStatus, QueryStatus
 from kvcr.integrations.vllm import KVCRSecondaryTierManager
 
@@ -411,18 +411,6 @@ def tier_of(service, view, ports, rank=None, **kw):
         spec(rank), view, "kvcr", router_capabilities=["router_hint"], control_host="127.0.0.1",
         control_ports=ports, control_advertise_host="127.0.0.1",
         kvcr_service_socket_path=service.sock, compatibility_digest=DIGEST, **kw)
-
-
-def finished(tier, want, timeout=10.0, rounds=100_000):
-    deadline = time.monotonic() + timeout
-    got = []
-    for _ in range(rounds):
-        got.extend(tier.get_finished_jobs())
-        if len(got) >= want or time.monotonic() > deadline:
-            break
-        time.sleep(0.0002)
-    assert len(got) == want, got
-    return got
 
 
 def vkey(i):

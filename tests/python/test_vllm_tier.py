@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import vllm_standins as v
+from conftest import finished_jobs as finished
 
 import kvcr
 from kvcr.testing import stored_hint
@@ -49,18 +50,6 @@ def make(view=None, s=None, **kw):
 
 def key(i, group=0):
     return v.make_offload_key(bytes([i]) * 8, group)
-
-
-def finished(tier, want, timeout=10.0, rounds=100_000):
-    deadline = time.monotonic() + timeout
-    got = []
-    for _ in range(rounds):
-        got.extend(tier.get_finished_jobs())
-        if len(got) >= want or time.monotonic() > deadline:
-            break
-        time.sleep(0.0002)
-    assert len(got) == want, got
-    return got
 
 
 def job(job_id, keys, rows, promotion=False, req="req"):

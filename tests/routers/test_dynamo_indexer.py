@@ -32,6 +32,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc):
+    """SIGTERM, then SIGKILL if it has not exited within WAIT_SECONDS; reaped."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class Indexer:
     """Dynamo's standalone indexer in a process of its own (reaped at close)."""
 
@@ -96,12 +106,7 @@ class Indexer:
         raise AssertionError(f"the indexer says {got} of worker {WORKER}, not {want}")
 
     def close(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 
@@ -217,12 +222,7 @@ class Service:
             time.sleep(0.02)
 
     def close(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 

@@ -869,6 +869,59 @@ static pull *next_pull(remote *r)
     return start_pull_from(r, false, true);
 }
 
+/* A process replaced at the source's endpoint (a Guard serving for a dead
+ * engine, a restart) refuses a pull that quoted the old incarnation and
+ * came without our metadata. Nothing was accepted, so the pull goes once
+ * more with our metadata, quoting the refuser, and succeeds; a refusal
+ * after that fails it. */
+static void test_a_refusal_by_a_new_incarnation_sends_it_again_quoting_it(void **state)
+{
+    remote *r = *state;
+    pull *p = start_pull(r, false);
+    learn_incarnation(r, p, INC_A);
+    uint32_t completed[] = {0, 1};
+    wire_msg first = done_msg(INC_A, completed, 2);
+    target_on_message(r, &first);
+    target_main(r);
+    assert_int_equal(host.n_settles, 2);
+
+    net.acked = true; /* INC_A had our metadata: the next pull omits it */
+    p = next_pull(r);
+    assert_false(p->sent_md);
+    assert_memory_equal(net.msgs[0].expected_inc, INC_A, WIRE_INCARNATION_LEN);
+    wire_msg refused = from(SOURCE, WIRE_WRITE_REFUSED, 7, INC_B);
+    target_on_message(r, &refused);
+    assert_int_equal(p->state, PULL_START);
+    net.acked = false;
+    target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
+    assert_int_equal(net.n, 2);
+    assert_int_equal(net.msgs[1].type, WIRE_START_WRITE);
+    assert_true(p->sent_md);
+    assert_true(net.msgs[1].has_expected_inc);
+    assert_memory_equal(net.msgs[1].expected_inc, INC_B, WIRE_INCARNATION_LEN);
+    assert_memory_equal(peer_get(r, SOURCE, false)->inc, INC_B, WIRE_INCARNATION_LEN);
+    wire_msg done = done_msg(INC_B, completed, 2);
+    target_on_message(r, &done);
+    assert_int_equal(p->state, PULL_FINISHED);
+    target_main(r);
+    assert_settled(0, 0, true, KVCR_REASON_NONE);
+    assert_settled(1, 1, true, KVCR_REASON_NONE);
+
+    /* Each restart once: quoting INC_B, refused by INC_A, then by INC_B: failed. */
+    p = next_pull(r);
+    wire_msg by_a = from(SOURCE, WIRE_WRITE_REFUSED, 7, INC_A);
+    target_on_message(r, &by_a); /* quoted INC_B: once more, quoting INC_A */
+    assert_int_equal(p->state, PULL_START);
+    target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
+    assert_memory_equal(net.msgs[1].expected_inc, INC_A, WIRE_INCARNATION_LEN);
+    wire_msg by_b = from(SOURCE, WIRE_WRITE_REFUSED, 7, INC_B);
+    target_on_message(r, &by_b);
+    assert_int_equal(p->state, PULL_FINISHED);
+    target_main(r);
+    assert_settled(0, 0, false, KVCR_REASON_TRANSFER_ERROR);
+    assert_int_equal(net.n, 2);
+}
+
 /* At its deadline the pull ends at once, failed, never uncertain. */
 static void assert_quiet_at_deadline(remote *r, pull *p)
 {
@@ -1090,6 +1143,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_an_inline_pull_refuses_a_success_without_its_bytes,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_refusal_by_a_new_incarnation_sends_it_again_quoting_it, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_a_refusal_of_a_start_write_without_metadata_sends_it_again_with_it, setup,
             teardown),
