@@ -771,8 +771,9 @@ static bool pull_one(puller *p, const char *source, uint32_t x)
 }
 
 /* Pulls k<x> until one delivery succeeds (bounded in attempts and time).
- * A refusal is expected after a failover (the Guard has not met this peer,
- * which then republishes its metadata), and after a restart. */
+ * A pull refused by a new process at the endpoint goes again within the
+ * same delivery (remote_target.c, restart_refused), so a failed attempt
+ * after a failover or a restart is a fault the figures count. */
 static void pull_until_success(puller *p, const char *source, uint32_t x, const char *when)
 {
     double until = tool_now() + FIRST_BLOCK_LIMIT_S;
