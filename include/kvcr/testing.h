@@ -58,11 +58,19 @@ KVCR__TEST_API void kvcr__test_g3_hold(kvcr_t *kv, bool hold);
  * for their effect, a gauge or a result. No thread sleeps until a time of
  * this clock.
  *
+ * What a jump means to the library: an advance of operation_timeout_ms or
+ * more in one step is, to the peer tier, a progress thread that stalled
+ * that long (it reports KVCR_SOURCE_STALLED and takes no new source
+ * writes), so a test of the source side advances in smaller steps. Frozen,
+ * time does not pass, so a bounded wait of the library does not end by
+ * itself either (closing a UCX endpoint, the progress thread's give-up at
+ * close: a test resumes the clock before kvcr_close), and the progress
+ * thread with a transfer in flight yields instead of napping (its spin is
+ * timed by this clock).
+ *
  * The clock never goes back: kvcr__test_clock_run resumes from the frozen
- * time. Frozen, time does not pass, so a bounded wait of the library does
- * not end by itself either (closing a UCX endpoint, the progress thread's
- * give-up at close): a test resumes the clock before kvcr_close. Freeze,
- * advance and run are called from one thread at a time; any thread reads. */
+ * time. Freeze, advance and run are called from one thread at a time; any
+ * thread reads. */
 /* Freezes the clock at its current time, returned. */
 KVCR__TEST_API uint64_t kvcr__test_clock_freeze(void);
 /* Moves the clock forward by ns (frozen or not); returns the new time. */
