@@ -159,7 +159,7 @@ static const char *what_changed(const observed *a, const observed *b)
 /* What a case's setup leaves for its call. */
 typedef struct scene {
     rig r;
-    char g3_dir[64], g3_file[96];
+    char g3_file[64];
     const char *g3_paths[1];
     kvcr_op_handle op;
     kvcr_release_handle rh[2];
@@ -350,10 +350,12 @@ static void scene_start(scene *s, const enomem_case *c)
     s->r.cfg.enable_telemetry = true;
     s->r.cfg.tenants = tenants;
     s->r.cfg.n_tenants = 2;
-    if (c->g3) {
-        snprintf(s->g3_dir, sizeof s->g3_dir, "/var/tmp/kvcr-enomem-XXXXXX");
-        assert_non_null(mkdtemp(s->g3_dir));
-        snprintf(s->g3_file, sizeof s->g3_file, "%s/slots", s->g3_dir);
+    if (c->g3) { /* a fresh name: the instance makes the file */
+        snprintf(s->g3_file, sizeof s->g3_file, "/var/tmp/kvcr-enomem-XXXXXX");
+        int fd = mkstemp(s->g3_file);
+        assert_true(fd >= 0);
+        close(fd);
+        unlink(s->g3_file);
         s->g3_paths[0] = s->g3_file;
         s->r.cfg.g3.paths = s->g3_paths;
         s->r.cfg.g3.n_paths = 1;
@@ -377,10 +379,7 @@ static void scene_stop(scene *s)
         kvcr_free(s->created);
     }
     rig_stop(&s->r);
-    if (s->g3_dir[0]) {
-        unlink(s->g3_file);
-        rmdir(s->g3_dir);
-    }
+    if (s->g3_file[0]) unlink(s->g3_file);
 }
 
 /* What one run with a failing allocation came to. */
