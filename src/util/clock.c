@@ -19,6 +19,7 @@ static uint64_t monotonic_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Any thread, lock-free. */
 uint64_t kvcr_now_ns(void)
 {
     uint64_t f = atomic_load_explicit(&frozen_at, memory_order_acquire);
@@ -26,6 +27,7 @@ uint64_t kvcr_now_ns(void)
     return monotonic_ns() + atomic_load_explicit(&offset, memory_order_acquire);
 }
 
+/* The test clock's controls: one thread at a time (kvcr/testing.h). */
 uint64_t kvcr__test_clock_freeze(void)
 {
     uint64_t now = kvcr_now_ns();
