@@ -130,6 +130,21 @@ static void test_fetch_waiting_on_a_fill_times_out(void **state)
     rig_stop(&r);
 }
 
+/* The test clock moves by exactly what a test advances it by, and running
+ * again it goes on from there, never back. */
+static void test_the_test_clock_never_goes_back(void **state)
+{
+    (void)state;
+    uint64_t t = kvcr__test_clock_freeze();
+    assert_int_equal(kvcr__test_clock_advance(DEADLINE_MS * MS), t + DEADLINE_MS * MS);
+    assert_int_equal(kvcr__test_clock_freeze(), t + DEADLINE_MS * MS);
+    kvcr__test_clock_run();
+    uint64_t later = kvcr__test_clock_advance(1);
+    assert_true(later > t + DEADLINE_MS * MS);
+    assert_true(kvcr__test_clock_freeze() >= later);
+    kvcr__test_clock_run();
+}
+
 static void test_abort_of_whole_op_and_of_single_keys(void **state)
 {
     (void)state;
@@ -226,6 +241,7 @@ static void test_close_with_work_in_flight_drains_and_returns(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_the_test_clock_never_goes_back),
         cmocka_unit_test(test_deposit_queued_past_its_deadline_fails_and_frees_slots),
         cmocka_unit_test(test_deposit_running_at_its_deadline_completes_with_the_bytes),
         cmocka_unit_test(test_fetch_waiting_on_a_fill_times_out),

@@ -1,9 +1,11 @@
 /* Out of memory changes nothing: every public call that allocates is run
  * with its Nth allocation failing, for N = 1, 2, ... until the call makes
- * fewer than N allocations. Each failing run must return KVCR_ENOMEM and
- * leave what a caller can observe (query results, gauges and counters,
- * metadata bytes, stored hints, the framework's and KVCR's memory) exactly
- * as before; the run that fails nothing must succeed.
+ * fewer than N allocations. Each failing run must return KVCR_ENOMEM (or
+ * KVCR_ESYS where the allocation was pthread_create's) and leave what a
+ * caller can observe (query results, gauges and counters, metadata bytes,
+ * stored hints, the framework's and KVCR's memory) exactly as before; the
+ * run that fails nothing must succeed. The few calls that cannot fail for
+ * memory are listed at CASES.
  *
  * The failures come from malloc, calloc and realloc defined here over
  * glibc's (__libc_malloc...), armed only on the calling thread around the
