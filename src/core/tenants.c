@@ -86,8 +86,9 @@ int tenants_admit_prepare(kvcr_t *kv, const char *json, size_t len, bool strict,
                          len, kv->conf.limits.max_hint_bytes);
     }
     json_doc d;
-    if (json_parse(json, len, &d) != 0)
-        return kvcr_fail(KVCR_EINVAL, "hints must be strict JSON text (RFC 8259)");
+    int parsed = json_parse(json, len, &d);
+    if (parsed == JSON_ENOMEM) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    if (parsed != 0) return kvcr_fail(KVCR_EINVAL, "hints must be strict JSON text (RFC 8259)");
     int rc = json_root(&d)->type == JSON_OBJECT
                  ? hints_tenant(kv, &d, strict, &ctx->tenant)
                  : kvcr_fail(KVCR_EINVAL, "hints must be a JSON object");

@@ -103,7 +103,9 @@ int hint_parse(const char *text, size_t len, const kvcr_logger *log, hint *out)
 {
     memset(out, 0, sizeof *out);
     json_doc d;
-    if (json_parse(text, len, &d) != 0) return kvcr_fail(KVCR_EINVAL, INVALID);
+    int parsed = json_parse(text, len, &d);
+    if (parsed == JSON_ENOMEM) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    if (parsed != 0) return kvcr_fail(KVCR_EINVAL, INVALID);
     const json_node *payload = fetch_payload(&d, log);
     int rc = payload ? read_payload(&d, payload, out) : kvcr_fail(KVCR_EINVAL, INVALID);
     json_free(&d);

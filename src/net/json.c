@@ -7,6 +7,7 @@ typedef struct reader {
     const char *p, *end;
     json_doc *doc;
     int depth;
+    bool oom; /* a failure was the allocator's, not the text's */
 } reader;
 
 static void skip_ws(reader *r)
@@ -15,13 +16,16 @@ static void skip_ws(reader *r)
         r->p++;
 }
 
-static int grow(void **buf, size_t *cap, size_t need, size_t elem)
+static int grow(reader *r, void **buf, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap) return 0;
     size_t ncap = *cap ? *cap : 64;
     while (ncap < need) ncap *= 2;
     void *b = realloc(*buf, ncap * elem);
-    if (b == NULL) return -1;
+    if (b == NULL) {
+        r->oom = true;
+        return -1;
+    }
     *buf = b;
     *cap = ncap;
     return 0;
@@ -32,7 +36,7 @@ static uint32_t new_node(reader *r, uint8_t type)
     json_doc *d = r->doc;
     size_t cap = d->cap_nodes;
     if (d->n_nodes >= UINT32_MAX - 1 ||
-        grow((void **)&d->nodes, &cap, (size_t)d->n_nodes + 1, sizeof *d->nodes) != 0)
+        grow(r, (void **)&d->nodes, &cap, (size_t)d->n_nodes + 1, sizeof *d->nodes) != 0)
         return 0;
     d->cap_nodes = (uint32_t)cap;
     uint32_t i = d->n_nodes++;
@@ -44,7 +48,7 @@ static uint32_t new_node(reader *r, uint8_t type)
 static int put_bytes(reader *r, const char *s, size_t n)
 {
     json_doc *d = r->doc;
-    if (grow((void **)&d->strings, &d->cap_strings, d->n_strings + n + 1, 1) != 0) return -1;
+    if (grow(r, (void **)&d->strings, &d->cap_strings, d->n_strings + n + 1, 1) != 0) return -1;
     memcpy(d->strings + d->n_strings, s, n);
     d->n_strings += n;
     return 0;
@@ -267,10 +271,10 @@ int json_parse(const char *text, size_t len, json_doc *doc)
 {
     memset(doc, 0, sizeof *doc);
     if (text == NULL || len > JSON_MAX_TEXT) return -1;
-    reader r = {text, text + len, doc, 0};
+    reader r = {text, text + len, doc, 0, false};
     /* Node 0 is a placeholder so that index 0 can mean "none". */
     size_t cap = 0;
-    bool ok = grow((void **)&doc->nodes, &cap, 64, sizeof *doc->nodes) == 0;
+    bool ok = grow(&r, (void **)&doc->nodes, &cap, 64, sizeof *doc->nodes) == 0;
     if (ok) {
         doc->cap_nodes = (uint32_t)cap;
         memset(&doc->nodes[0], 0, sizeof doc->nodes[0]);
@@ -280,7 +284,7 @@ int json_parse(const char *text, size_t len, json_doc *doc)
     skip_ws(&r);
     if (!ok || r.p != r.end || put_bytes(&r, "", 1) != 0) {
         json_free(doc);
-        return -1;
+        return r.oom ? JSON_ENOMEM : -1;
     }
     return 0;
 }

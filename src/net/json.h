@@ -36,7 +36,10 @@ typedef struct json_doc {
     size_t n_strings, cap_strings;
 } json_doc;
 
-/* Parses text; on failure returns -1 and leaves doc empty. */
+/* Parses text; on failure leaves doc empty and returns -1 (not strict
+ * JSON, or over the limits) or JSON_ENOMEM (out of memory: the text may be
+ * fine, and a caller's error must say so). */
+#define JSON_ENOMEM (-2)
 int json_parse(const char *text, size_t len, json_doc *doc);
 void json_free(json_doc *doc);
 

@@ -1,4 +1,6 @@
-/* Monotonic time. */
+/* Monotonic time: the one clock of the library's deadlines, timers and
+ * durations. It reads CLOCK_MONOTONIC unless a test froze or advanced it
+ * (kvcr__test_clock_* in kvcr/testing.h, defined in clock.c). */
 #ifndef KVCR_UTIL_CLOCK_H
 #define KVCR_UTIL_CLOCK_H
 

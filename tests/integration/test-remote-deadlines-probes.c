@@ -12,6 +12,8 @@
 #include "peer.h"
 
 #define BS 4096
+#define OP_MS 1500u
+#define MS 1000000ull
 
 static int uncertain_events;
 
@@ -24,6 +26,11 @@ static void on_resilience(void *ud, const kvcr_resilience_event *ev)
 static bool pin_cancelled(const peer_counts *c)
 {
     return c->pin_cancels >= 1;
+}
+
+static bool pin_requested(const peer_counts *c)
+{
+    return c->pin_requests >= 1;
 }
 
 static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **state)
@@ -39,13 +46,20 @@ static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **sta
 
     rig r;
     rig_init_remote(&r, BS, 4, 4);
-    r.cfg.operation_timeout_ms = 1500; /* the source must take the write in time */
+    r.cfg.operation_timeout_ms = OP_MS;
     r.cfg.abandon_timeout_ms = 5000;
     r.cfg.enable_telemetry = true;
     r.cfg.callbacks.resilience = on_resilience;
     uncertain_events = 0;
     rig_start(&r);
     peer_hint_range(&r, "f", src.endpoint, 0, 4);
+    /* This process's clock stands still (kvcr/testing.h) until the test
+     * moves it: the deadline passes when the source holds the write, never
+     * before, however loaded the machine; and the abandon deadline never
+     * passes, so the slot can only come back through the probe's answer.
+     * (The advance reads to the progress thread as a stall of its source
+     * side, which this process, a target only, does not use.) */
+    kvcr__test_clock_freeze();
     kvcr_key k = key_of("k1");
     kvcr_op_handle op;
     assert_int_equal(kvcr_fetch(r.kv, &k, 1, "f", NULL, 0, &op), 0);
@@ -53,15 +67,17 @@ static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **sta
     assert_int_equal(kvcr_query(r.kv, &k, 1, NULL, &q), 0);
     assert_int_equal(q.status, KVCR_QUERY_FETCHING); /* a slot is being filled */
     assert_int_equal(rig_stat(&r, "local_g2_free_slots", NULL), 3);
+    peer_wait(&src, pin_requested); /* the source took the write */
 
+    kvcr__test_clock_advance(OP_MS * MS); /* the deadline */
     kvcr_entry_status st;
     kvcr_reason why;
     assert_int_equal(rig_wait(&r, op, &st, &why, NULL), 1);
     assert_int_equal(st, KVCR_ENTRY_FAILED);
     assert_int_equal(why, KVCR_REASON_TIMEOUT);
 
-    /* The probe's terminal answer (well before the 5 s abandon deadline)
-     * gives the slot back; nothing was reported uncertain. */
+    /* The probe's terminal answer (the clock short of the 5 s abandon
+     * deadline) gives the slot back; nothing was reported uncertain. */
     double free_slots = 0;
     for (int spin = 0; spin < 3000 && free_slots != 4; spin++) {
         kvcr_op_result *res;
@@ -80,6 +96,7 @@ static void test_fetch_deadline_probe_frees_slots_without_uncertainty(void **sta
     peer_counts c = peer_wait(&src, pin_cancelled);
     assert_int_equal(c.pin_requests, 1);
     assert_int_equal(c.pin_cancels, 1);
+    kvcr__test_clock_run(); /* close's bounded waits count on it */
     rig_stop(&r);
     peer_stop(&src);
 }

@@ -39,13 +39,14 @@
  * loaded machine: every outcome asserted is a refusal or a success. */
 #define OP_MS 60000u
 #define NEVER_IDLE_MS 86400000u
-/* The idle time of the tests that reclaim. A target sends its metadata
- * again every 100 ms (metadata_retry_interval_ms) until the source
- * answers, and a retry sent before the answer came may reach the source
- * after the route's last use: idle for well past that round trip (half a
- * second under valgrind on a loaded host), the route is refreshed by such
- * a retry instead of being made again once the sweep took it. */
+/* The idle time of the tests that reclaim. They freeze this process's
+ * clock (kvcr/testing.h) and move it on by IDLE_MS at each look until the
+ * sweep took the route: a target's metadata retry (every 100 ms of its own
+ * time until the source answers) that reaches the source after the
+ * route's last use refreshes the route, and the next step makes it idle
+ * again. A step well under OP_MS is no stall to the progress thread. */
 #define IDLE_MS 1000u
+#define MS 1000000ull
 
 /* The pin request for k0, held until the test answers it. */
 static uint64_t held_req;
@@ -210,13 +211,14 @@ static peer_pull_stats serve_until_done(rig *r, peer *t, uint64_t done, double m
 }
 
 /* Serves until the source reclaimed `n` routes in all and holds none,
- * bounded: 30 s. */
+ * the frozen clock moved on by IDLE_MS at each look; bounded: 30 s. */
 static void serve_until_reclaimed(rig *r, double n, table *tab)
 {
     for (int spin = 0; spin < 3000; spin++) {
         rig_pump(r);
         look(r, tab);
         if (tab->routes_reclaimed >= n && tab->routes == 0) return;
+        kvcr__test_clock_advance(IDLE_MS * MS);
         usleep(10000);
     }
     fail_msg("%.0f routes reclaimed within 30 s (not %.0f), %.0f held", tab->routes_reclaimed, n,
@@ -290,6 +292,7 @@ static void test_idle_routes_are_reclaimed_and_their_targets_pull_again(void **s
     (void)state;
     scene w;
     scene_start(&w, 1, IDLE_MS, 2);
+    kvcr__test_clock_freeze();
     pull_one(&w.src, &w.t[0], 1);
     serve_ok(&w.src, &w.t[0], 1, 1, &w.tab);
     serve_until_reclaimed(&w.src, 1, &w.tab);
@@ -301,30 +304,32 @@ static void test_idle_routes_are_reclaimed_and_their_targets_pull_again(void **s
     look(&w.src, &w.tab);
     assert_int_equal(w.tab.routes, 1);
     assert_int_equal(w.tab.refusals, 0);
+    kvcr__test_clock_run();
     scene_stop(&w);
 }
 
 /* max_peers 1, idle after IDLE_MS: a's write of k0 waits for a pin the test
- * holds for 2.5 s (past IDLE_MS and a sweep): its route is not reclaimed, and b
- * is refused meanwhile. The pin answered, a's bytes are right; once its
- * route is idle and reclaimed, b is admitted. */
+ * holds while the clock moves 3 x IDLE_MS on: b, coming after that, is
+ * refused (the reclaim at admission and the sweep of that turn pass a's
+ * route over). The pin answered, a's bytes are right; once its route is
+ * idle and reclaimed, b is admitted. */
 static void test_a_route_with_a_write_in_flight_is_never_reclaimed(void **state)
 {
     (void)state;
     scene w;
     scene_start(&w, 1, IDLE_MS, 2);
+    kvcr__test_clock_freeze();
     pull_one(&w.src, &w.t[0], 0);
     for (int spin = 0; spin < 20000 && held_n == 0; spin++) {
         rig_pump(&w.src);
         usleep(1000);
     }
     assert_int_equal(held_n, 1);
+    for (int step = 0; step < 3; step++) kvcr__test_clock_advance(IDLE_MS * MS);
+    /* b's refusal leaves at the end of the turn that read b's request: that
+     * turn's sweep, on the moved clock, is done when b has its answer. */
     pull_one(&w.src, &w.t[1], 1);
     serve_busy(&w.src, &w.t[1], 1, 1, &w.tab);
-    for (int spin = 0; spin < 250; spin++) {
-        rig_pump(&w.src);
-        usleep(10000);
-    }
     look(&w.src, &w.tab);
     assert_int_equal(w.tab.routes_reclaimed, 0);
     assert_int_equal(w.tab.routes, 1);
@@ -340,6 +345,7 @@ static void test_a_route_with_a_write_in_flight_is_never_reclaimed(void **state)
     assert_int_equal(st.ok_entries, 1);
     assert_int_equal(st.busy_entries, 1);
     assert_int_equal(st.other_entries + st.bad_bytes, 0);
+    kvcr__test_clock_run();
     scene_stop(&w);
 }
 

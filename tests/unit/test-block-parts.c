@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fd_wait.h"
 #include "harness.h"
 
 enum { BS = 4096, N = 8, SLOTS = 16 };
@@ -122,7 +123,8 @@ static bool parts_hold(const parts_rig *p, size_t idx, uint32_t seed)
 
 static void wait_ok(parts_rig *p, kvcr_op_handle op, size_t n)
 {
-    for (int spins = 0; spins < 10000; spins++) {
+    uint64_t until = fd_wait_now_ms() + 10000;
+    do {
         kvcr_op_result *res;
         size_t nr;
         assert_int_equal(kvcr_poll(p->kv, &res, &nr), 0);
@@ -137,8 +139,7 @@ static void wait_ok(parts_rig *p, kvcr_op_handle op, size_t n)
             return;
         }
         kvcr_results_free(res);
-        usleep(1000);
-    }
+    } while (fd_wait(p->kv, until));
     fail_msg("operation %llu did not complete in 10 s", (unsigned long long)op);
 }
 
@@ -171,9 +172,12 @@ static void round_trip(parts_rig *p, bool whole)
     assert_int_equal(kvcr_fetch(p->kv, keys, 4, NULL, layout, whole ? 2 : 1, &op), 0);
     kvcr_op_result *res = NULL;
     size_t nr = 0;
-    for (int spins = 0; spins < 10000 && nr == 0; spins++) {
+    uint64_t until = fd_wait_now_ms() + 10000;
+    for (;;) {
         assert_int_equal(kvcr_poll(p->kv, &res, &nr), 0);
-        if (nr == 0) kvcr_results_free(res), usleep(1000);
+        if (nr > 0) break;
+        kvcr_results_free(res);
+        if (!fd_wait(p->kv, until)) break;
     }
     assert_int_equal(nr, 1);
     kvcr_release_handle rh[4];
@@ -422,14 +426,14 @@ static void test_deliver_from_g3_into_parts_goes_through_kvcr_dram(void **state)
         wait_ok(&p, op, 1);
     }
     bool in_g3 = false;
-    for (int spins = 0; spins < 5000 && !in_g3; spins++) {
+    for (uint64_t until = fd_wait_now_ms() + 5000; !in_g3;) {
         kvcr_op_result *res;
         size_t nr;
         assert_int_equal(kvcr_poll(p.kv, &res, &nr), 0);
         kvcr_results_free(res);
         kvcr_query_result q = query1(&p, "g0"); /* FETCHING while the spill is written */
         in_g3 = q.status == KVCR_QUERY_FETCHABLE && q.tier == KVCR_TIER_G3;
-        if (!in_g3) usleep(1000);
+        if (!in_g3 && !fd_wait(p.kv, until)) break;
     }
     assert_true(in_g3);
     assert_int_equal(query1(&p, "g0").status, KVCR_QUERY_FETCHABLE);

@@ -8,6 +8,9 @@
 
 enum { BS = 4096 };
 
+enum { DEADLINE_MS = 20 };
+#define MS 1000000ull
+
 static void start_rig(rig *r, uint32_t timeout_ms, uint32_t threads)
 {
     rig_init(r, BS, 8, 4);
@@ -24,53 +27,49 @@ static void wait_running(rig *r, uint32_t n)
     assert_int_equal(kvcr__test_running_copies(r->kv), n);
 }
 
-/* Deposits (or delivers) n <= 4 keys from (or into) framework blocks at,
- * again for the entries that failed TIMEOUT, bounded: 100 tries. With the
- * 20 ms deadline a loaded machine (the valgrind build, tests in parallel)
- * may not start a copy in time; a copy cancelled before it started changed
- * nothing. Any other failure fails the test. */
-static void until_done(rig *r, bool deliver, const char *const *keys, const size_t *at, size_t n)
+/* Deposits (or delivers) n <= 4 keys from (or into) framework blocks at;
+ * every entry succeeds. The deadline tests freeze the clock (kvcr/testing.h):
+ * however slowly the machine starts a copy, it cannot miss its deadline. */
+static void all_succeed(rig *r, bool deliver, const char *const *keys, const size_t *at, size_t n)
 {
-    const char *k[4];
-    size_t idx[4];
+    kvcr_entry_status st[4];
     assert_true(n <= 4);
-    memcpy(k, keys, n * sizeof *k);
-    memcpy(idx, at, n * sizeof *idx);
-    for (int attempt = 0; attempt < 100 && n > 0; attempt++) {
-        kvcr_entry_status st[4];
-        kvcr_reason why[4];
-        rig_wait(r, deliver ? rig_deliver(r, k, idx, n) : rig_deposit(r, k, idx, n, 0), st, why,
-                 NULL);
-        size_t left = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (st[i] == KVCR_ENTRY_SUCCESS) continue;
-            assert_int_equal(why[i], KVCR_REASON_TIMEOUT);
-            k[left] = k[i], idx[left] = idx[i], left++;
-        }
-        n = left;
-    }
-    assert_int_equal(n, 0);
+    assert_int_equal(rig_wait(r, deliver ? rig_deliver(r, keys, at, n) : rig_deposit(r, keys, at, n, 0),
+                              st, NULL, NULL),
+                     n);
+    for (size_t i = 0; i < n; i++) assert_int_equal(st[i], KVCR_ENTRY_SUCCESS);
 }
 
 static void test_deposit_queued_past_its_deadline_fails_and_frees_slots(void **state)
 {
     (void)state;
     rig r;
-    start_rig(&r, 20, 1);
+    start_rig(&r, DEADLINE_MS, 1);
+    kvcr__test_clock_freeze();
     kvcr__test_copy_gate(r.kv, KVCR_TEST_GATE_HOLD_QUEUED);
     const char *keys[] = {"a", "b"};
     size_t src[] = {0, 1};
     kvcr_op_handle op = rig_deposit(&r, keys, src, 2, 0);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_FETCHING);
-    usleep(40 * 1000);
+    /* Just before the deadline nothing expires. */
+    kvcr__test_clock_advance(DEADLINE_MS * MS - 1);
+    kvcr_op_result *res;
+    size_t n;
+    assert_int_equal(kvcr_poll(r.kv, &res, &n), 0);
+    assert_int_equal(n, 0);
+    kvcr_results_free(res);
+    assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_FETCHING);
+    /* At it, both entries do. */
+    kvcr__test_clock_advance(1);
     rig_wait_all_failed(&r, op, 2, KVCR_REASON_TIMEOUT);
     assert_int_equal(rig_query(&r, "a"), KVCR_QUERY_MISS);
     kvcr__test_copy_gate(r.kv, KVCR_TEST_GATE_OPEN);
     /* All four slots are free again: no NO_CAPACITY, nothing evicted. */
     const char *more[] = {"c", "d", "e", "f"};
     size_t idx[] = {2, 3, 4, 5};
-    until_done(&r, false, more, idx, 4);
+    all_succeed(&r, false, more, idx, 4);
     assert_int_equal(r.inventory_removed, 0);
+    kvcr__test_clock_run();
     rig_stop(&r);
 }
 
@@ -78,14 +77,15 @@ static void test_deposit_running_at_its_deadline_completes_with_the_bytes(void *
 {
     (void)state;
     rig r;
-    start_rig(&r, 20, 1);
+    start_rig(&r, DEADLINE_MS, 1);
+    kvcr__test_clock_freeze();
     kvcr__test_copy_gate(r.kv, KVCR_TEST_GATE_HOLD_RUNNING);
     rig_pattern(&r, 0, 77);
     const char *keys[] = {"slow"};
     size_t src[] = {0};
     kvcr_op_handle op = rig_deposit(&r, keys, src, 1, 0);
     wait_running(&r, 1);
-    usleep(40 * 1000);
+    kvcr__test_clock_advance(2 * DEADLINE_MS * MS);
     kvcr_op_result *res;
     size_t n;
     assert_int_equal(kvcr_poll(r.kv, &res, &n), 0); /* past the deadline */
@@ -97,8 +97,9 @@ static void test_deposit_running_at_its_deadline_completes_with_the_bytes(void *
     assert_int_equal(st, KVCR_ENTRY_SUCCESS);
     const char *d[] = {"slow"};
     size_t dst[] = {5};
-    until_done(&r, true, d, dst, 1);
+    all_succeed(&r, true, d, dst, 1);
     assert_true(rig_has_pattern(&r, r.fw + 5 * BS, 77));
+    kvcr__test_clock_run();
     rig_stop(&r);
 }
 
@@ -106,16 +107,16 @@ static void test_fetch_waiting_on_a_fill_times_out(void **state)
 {
     (void)state;
     rig r;
-    start_rig(&r, 20, 1);
+    start_rig(&r, DEADLINE_MS, 1);
+    kvcr__test_clock_freeze();
     kvcr__test_copy_gate(r.kv, KVCR_TEST_GATE_HOLD_QUEUED);
-    /* The deposit gets a long deadline: only the fetch is short. */
     const char *keys[] = {"f"};
     size_t src[] = {0};
     kvcr_op_handle dep = rig_deposit(&r, keys, src, 1, 0);
     kvcr_key k = key_of("f");
     kvcr_op_handle fop;
     assert_int_equal(kvcr_fetch(r.kv, &k, 1, NULL, NULL, 0, &fop), 0);
-    usleep(40 * 1000);
+    kvcr__test_clock_advance(2 * DEADLINE_MS * MS);
     /* Both expire; the fill had not started, so it is cancelled. */
     kvcr_entry_status st;
     kvcr_reason why;
@@ -125,7 +126,23 @@ static void test_fetch_waiting_on_a_fill_times_out(void **state)
     rig_wait(&r, dep, &st, &why, NULL);
     assert_int_equal(why, KVCR_REASON_TIMEOUT);
     kvcr__test_copy_gate(r.kv, KVCR_TEST_GATE_OPEN);
+    kvcr__test_clock_run();
     rig_stop(&r);
+}
+
+/* The test clock moves by exactly what a test advances it by, and running
+ * again it goes on from there, never back. */
+static void test_the_test_clock_never_goes_back(void **state)
+{
+    (void)state;
+    uint64_t t = kvcr__test_clock_freeze();
+    assert_int_equal(kvcr__test_clock_advance(DEADLINE_MS * MS), t + DEADLINE_MS * MS);
+    assert_int_equal(kvcr__test_clock_freeze(), t + DEADLINE_MS * MS);
+    kvcr__test_clock_run();
+    uint64_t later = kvcr__test_clock_advance(1);
+    assert_true(later > t + DEADLINE_MS * MS);
+    assert_true(kvcr__test_clock_freeze() >= later);
+    kvcr__test_clock_run();
 }
 
 static void test_abort_of_whole_op_and_of_single_keys(void **state)
@@ -224,6 +241,7 @@ static void test_close_with_work_in_flight_drains_and_returns(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_the_test_clock_never_goes_back),
         cmocka_unit_test(test_deposit_queued_past_its_deadline_fails_and_frees_slots),
         cmocka_unit_test(test_deposit_running_at_its_deadline_completes_with_the_bytes),
         cmocka_unit_test(test_fetch_waiting_on_a_fill_times_out),

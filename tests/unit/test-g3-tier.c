@@ -76,20 +76,6 @@ static double gauge(g3_rig *g, const char *name)
     return rig_stat(&g->r, name, NULL);
 }
 
-/* Polls until no spill is pending (bounded). */
-static void settle(g3_rig *g)
-{
-    for (int spin = 0; spin < 5000; spin++) {
-        kvcr_op_result *res;
-        size_t n;
-        assert_int_equal(kvcr_poll(g->r.kv, &res, &n), 0);
-        kvcr_results_free(res);
-        if (gauge(g, "g3_pending_stores") == 0) return;
-        usleep(1000);
-    }
-    fail_msg("G3 stores did not land within 5 s");
-}
-
 /* Delivers block i into framework block dst; returns status (and reason). */
 static kvcr_entry_status deliver(g3_rig *g, int i, size_t dst, kvcr_reason *why)
 {
@@ -109,7 +95,7 @@ static void test_evicted_blocks_spill_and_come_back_exact(void **state)
     rig_start(&g.r);
     assert_int_equal(gauge(&g, "g3_total_slots"), 16);
     for (int i = 0; i < 10; i++) deposit(&g, i); /* 6 evicted: spilled */
-    settle(&g);
+    rig_g3_settle(&g.r);
     assert_int_equal(gauge(&g, "g3_allocated_slots"), 6);
     for (int i = 0; i < 6; i++) {
         kvcr_query_result q = query(&g, i);
@@ -152,7 +138,7 @@ static void test_full_g3_evicts_oldest_first(void **state)
     rig_start(&g.r);
     for (int i = 0; i < 8; i++) {
         deposit(&g, i);
-        settle(&g);
+        rig_g3_settle(&g.r);
     }
     /* 0..5 were spilled in order; G3 holds 4: 0 and 1 went first */
     assert_int_equal(query(&g, 0).status, KVCR_QUERY_MISS);
@@ -177,7 +163,7 @@ static void spill_order(const char *policy, int expect_spilled, int expect_kept)
     deposit(&g, 1);
     assert_int_equal(deliver(&g, 0, 30, NULL), KVCR_ENTRY_SUCCESS); /* block 0 used last */
     deposit(&g, 2);
-    settle(&g);
+    rig_g3_settle(&g.r);
     assert_int_equal(query(&g, expect_spilled).tier, KVCR_TIER_G3);
     assert_int_equal(query(&g, expect_kept).status, KVCR_QUERY_HIT);
     rig_stop(&g.r);
@@ -201,11 +187,11 @@ static void test_failed_spill_and_read_fail_cleanly(void **state)
     deposit(&g, 1);
     kvcr__test_g3_fail_next(g.r.kv, 1, 28 /* ENOSPC */);
     deposit(&g, 2); /* block 0 spills: the disk says full */
-    settle(&g);
+    rig_g3_settle(&g.r);
     assert_int_equal(query(&g, 0).status, KVCR_QUERY_MISS); /* dropped, not half stored */
     assert_int_equal(gauge(&g, "g3_total_slots"), 3);       /* that slot is retired */
     deposit(&g, 3); /* block 1 spills fine */
-    settle(&g);
+    rig_g3_settle(&g.r);
     assert_int_equal(query(&g, 1).tier, KVCR_TIER_G3);
     kvcr__test_g3_fail_next(g.r.kv, 1, 5 /* EIO */);
     kvcr_reason why;
@@ -226,7 +212,7 @@ static void test_block_being_read_is_not_evicted(void **state)
     g3_init(&g, 2, 1, 2); /* 2 DRAM slots, 2 G3 slots */
     rig_start(&g.r);
     for (int i = 0; i < 4; i++) deposit(&g, i); /* 0 and 1 spilled: G3 full */
-    settle(&g);
+    rig_g3_settle(&g.r);
     kvcr__test_g3_hold(g.r.kv, true);
     char k[32];
     const char *keys[] = {key(k, sizeof k, 0)};
@@ -238,7 +224,7 @@ static void test_block_being_read_is_not_evicted(void **state)
     rig_wait(&g.r, op, &st, NULL, NULL);
     assert_int_equal(st, KVCR_ENTRY_SUCCESS);
     assert_true(rig_has_pattern(&g.r, g.r.fw + 40 * BS, 0));
-    settle(&g);
+    rig_g3_settle(&g.r);
     assert_int_equal(query(&g, 0).tier, KVCR_TIER_G3);      /* kept */
     assert_int_equal(query(&g, 1).status, KVCR_QUERY_MISS); /* evicted instead */
     assert_int_equal(query(&g, 2).tier, KVCR_TIER_G3);
@@ -286,7 +272,7 @@ static void test_concurrent_spills_and_reads(void **state)
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     assert_int_equal(w[0].failures, 0);
     assert_int_equal(w[1].failures, 0);
-    settle(&g);
+    rig_g3_settle(&g.r);
     /* everything is somewhere: 4 in DRAM, the other 12 in G3 */
     for (int i = 0; i < 16; i++) assert_int_not_equal(query(&g, i).status, KVCR_QUERY_MISS);
     rig_stop(&g.r);
@@ -304,7 +290,7 @@ static void test_fetch_from_full_g3_with_full_dram(void **state)
     rig_start(&g.r);
     deposit(&g, 0);
     deposit(&g, 1); /* block 0 spilled: G3 full */
-    settle(&g);
+    rig_g3_settle(&g.r);
     assert_int_equal(query(&g, 0).tier, KVCR_TIER_G3);
     char k[32];
     kvcr_key kk = key_of(key(k, sizeof k, 0));
@@ -316,7 +302,7 @@ static void test_fetch_from_full_g3_with_full_dram(void **state)
     assert_int_equal(res[0].entries[0].status, KVCR_ENTRY_SUCCESS);
     assert_true(rig_has_pattern(&g.r, res[0].entries[0].slots[0].addr, 0));
     kvcr_results_free(res);
-    settle(&g);
+    rig_g3_settle(&g.r);
     assert_int_equal(query(&g, 1).status, KVCR_QUERY_MISS); /* its spill found no room */
     rig_stop(&g.r);
     g3_cleanup(&g);
@@ -350,7 +336,7 @@ static void test_restart_finds_every_block_again(void **state)
     g3_init(&g, 2, 2, 8);
     rig_start(&g.r);
     for (int i = 0; i < 10; i++) deposit(&g, i);
-    settle(&g);
+    rig_g3_settle(&g.r);
     rig_stop(&g.r); /* the process's memory is gone; the files stay */
 
     rig_init(&g.r, BS, 64, 2);
@@ -400,7 +386,7 @@ static void test_flipped_bit_is_a_miss_never_served(void **state)
     g3_init(&g, 2, 1, 8);
     rig_start(&g.r);
     for (int i = 0; i < 6; i++) deposit(&g, i); /* 0..3 spilled */
-    settle(&g);
+    rig_g3_settle(&g.r);
     flip_data_bits(g.paths[0]);
     memset(g.r.fw + 50 * BS, 0xAB, BS);
     kvcr_reason why;
@@ -444,7 +430,7 @@ static void test_spills_reuse_staging_buffers_and_verify_after_restart(void **st
     rig_start(&g.r);
     for (int i = 0; i < N; i++) {
         deposit(&g, i);
-        settle(&g); /* the buffer is back in the pool before the next spill */
+        rig_g3_settle(&g.r); /* the buffer is back in the pool before the next spill */
     }
     assert_int_equal(gauge(&g, "g3_allocated_slots"), N - DRAM);
     rig_stop(&g.r);
@@ -488,7 +474,7 @@ static void test_spill_past_the_staging_bound_is_dropped_whole(void **state)
     g.r.cfg.g3.max_staging_bytes = 2 * BS;
     rig_start(&g.r);
     for (int i = 0; i < 4; i++) deposit(&g, i); /* 0 and 1 spilled: two buffers in the pool */
-    settle(&g);
+    rig_g3_settle(&g.r);
     kvcr__test_g3_hold(g.r.kv, true); /* the writes wait in the I/O thread's queue */
     deposit(&g, 4);                   /* spills block 2 */
     deposit(&g, 5);                   /* spills block 3: staging full */
@@ -499,7 +485,7 @@ static void test_spill_past_the_staging_bound_is_dropped_whole(void **state)
     assert_int_equal(query(&g, 2).status, KVCR_QUERY_FETCHING);
     assert_int_equal(query(&g, 2).tier, KVCR_TIER_G3);
     kvcr__test_g3_hold(g.r.kv, false);
-    settle(&g);
+    rig_g3_settle(&g.r);
     for (int i = 0; i < 4; i++) {
         assert_int_equal(query(&g, i).tier, KVCR_TIER_G3);
         assert_int_equal(deliver(&g, i, (size_t)(40 + i), NULL), KVCR_ENTRY_SUCCESS);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "fd_wait.h"
 #include "harness.h"
 #include "api/boot.h"
 #include "api/router_meta.h"
@@ -547,7 +548,7 @@ static void g3_events_init(rig *r, g3_dir *g, const dirs *d)
 }
 
 /* A BlockStored naming hash h with medium `medium` found in the replayed
- * stream (bounded: 100 rounds of polling and replaying), copied into *out
+ * stream (bounded: 100 rounds of polling, replaying and waiting), copied into *out
  * with its batch kept in *keep (kvev_batch_free it). */
 static bool find_stored(rig *r, const char *rep, uint64_t h, const char *medium,
                         kvev_batch *keep, const kvev_event **out)
@@ -573,7 +574,10 @@ static bool find_stored(rig *r, const char *rep, uint64_t h, const char *medium,
         }
         free_msgs(all, n);
         if (found) return true;
-        usleep(20000);
+        /* Until a completion (the spill landing) or two batch intervals
+         * (10 ms by default): a landed event is replayable once the
+         * publisher closes its batch, which nothing signals here. */
+        fd_wait(r->kv, fd_wait_now_ms() + 20);
     }
     return false;
 }

@@ -60,6 +60,10 @@ static int await(ctx *c, kvcr_op_handle op, kvcr_release_handle *rh)
             }
         pthread_mutex_unlock(&c->b->lock);
         collect(c->r, c->b);
+        /* A stress test's contention pause, not an event wait: the op may
+         * be collected by any thread's poll (kvcr_fd's wake goes to one of
+         * them), so each looks again after letting the others poll. The
+         * wait is bounded by the tries; no assertion counts on its length. */
         usleep(50);
     }
     fail_msg("thread %d: op never completed", c->id);
@@ -129,6 +133,8 @@ static void test_threads_deposit_deliver_fetch_and_query_at_once(void **state)
         kvcr_stats *st;
         assert_int_equal(kvcr_stats_take(r.kv, &st), 0);
         kvcr_stats_free(st);
+        /* Spreads the stats calls over the workers' run, to contend with
+         * them for the instance lock; orders nothing. */
         usleep(1000);
     }
     int verified = 0;

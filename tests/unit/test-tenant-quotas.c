@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fd_wait.h"
 #include "harness.h"
 #include "promtool.h"
 
@@ -435,11 +436,11 @@ static void use_seer(rig *r, seen *s, kvcr_policy_ops *p)
 static void wait_in_g3(rig *r, const kvcr_key *k)
 {
     kvcr_query_result q = {0};
-    for (int spin = 0; spin < 5000 && q.status != KVCR_QUERY_FETCHABLE; spin++) {
+    uint64_t until = fd_wait_now_ms() + 5000;
+    do {
         rig_pump(r);
         assert_int_equal(kvcr_query(r->kv, k, 1, NULL, &q), 0);
-        if (q.status != KVCR_QUERY_FETCHABLE) usleep(1000);
-    }
+    } while (q.status != KVCR_QUERY_FETCHABLE && fd_wait(r->kv, until));
     assert_int_equal(q.status, KVCR_QUERY_FETCHABLE);
     assert_int_equal(q.tier, KVCR_TIER_G3);
 }
