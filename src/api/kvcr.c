@@ -96,12 +96,13 @@ static void log_start(const kvcr_t *kv)
              kv->conf.enable_telemetry ? "on" : "off");
 }
 
-/* Adds a started tier to the instance's read order. */
-static void add_tier(kvcr_t *kv, const tier_ops *ops, tier *t)
+/* Adds a started tier to the instance's read order (core/lower.h); one
+ * the table refuses is destroyed, as nothing else would free it. */
+static int add_tier(kvcr_t *kv, const tier_ops *ops, tier *t)
 {
-    kv->tiers[kv->n_tiers] = (tier_slot){ops, t};
-    if (ops->spill) kv->spill_tier = &kv->tiers[kv->n_tiers];
-    kv->n_tiers++;
+    int rc = lower_add(kv, ops, t);
+    if (rc != 0) ops->destroy(t);
+    return rc;
 }
 
 /* ---- guard mode: the journal the instance publishes to ------------------- */
@@ -221,11 +222,12 @@ int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
         return rc; /* the publisher named the endpoint */
     }
     if (kv->conf.g3.n_paths > 0) {
-        if ((rc = g3_start(kv, &kv->g3)) != 0) {
+        if ((rc = g3_start(kv, &kv->g3)) != 0 ||
+            (rc = add_tier(kv, &g3_tier_ops, g3_tier_of(kv->g3))) != 0) {
+            kv->g3 = NULL;
             release_parts(kv);
-            return rc; /* g3_start named the cause */
+            return rc; /* g3_start or lower_add named the cause */
         }
-        add_tier(kv, &g3_tier_ops, g3_tier_of(kv->g3));
     }
     if (getrandom(kv->incarnation, sizeof kv->incarnation, 0) != (ssize_t)sizeof kv->incarnation) {
         release_parts(kv);
@@ -240,13 +242,14 @@ int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
     if (kv->conf.remote.enabled) {
         rc = remote_start(kv, kv->control_listener, &kv->remote);
         kv->control_listener = -1; /* consumed, either way */
+        if (rc == 0 && (rc = add_tier(kv, &remote_tier_ops, remote_tier(kv->remote))) != 0)
+            kv->remote = NULL;
         if (rc != 0) {
             copy_engine_stop(&kv->copier);
             copy_engine_destroy(&kv->copier);
             release_parts(kv);
-            return rc; /* remote_start named the cause */
+            return rc; /* remote_start or lower_add named the cause */
         }
-        add_tier(kv, &remote_tier_ops, remote_tier(kv->remote));
     }
     kv->hold = boot ? boot->hold : NULL;
     log_start(kv);

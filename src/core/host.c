@@ -241,9 +241,19 @@ kvcr_action host_eviction_decision(kvcr_t *kv, tier_block id, kvcr_tier from)
     return res_eviction_decision(kv, id, from);
 }
 
+/* The tier that calls for lower slots is the one that takes spills (the
+ * owner of the block records' lower state, core/tier.h): its place in
+ * kvcr_t.tiers keys its tenants' counts. Before it is added it can only be
+ * starting (G3's warm restart adopts its blocks then): the place it is
+ * added to next. */
+static uint32_t spill_place(const kvcr_t *kv)
+{
+    return kv->spill_tier ? (uint32_t)(kv->spill_tier - kv->tiers) : kv->n_tiers;
+}
+
 void host_lower_slots(kvcr_t *kv, tier_block id, int delta)
 {
-    tenants_g3_add(kv, id, delta);
+    tenants_lower_add(kv, spill_place(kv), id, delta);
 }
 
 bool host_quota_first(const kvcr_t *kv)
@@ -282,7 +292,7 @@ void host_meta_found(kvcr_t *kv, tier_block id, const void *meta, size_t len, kv
 
 bool host_lower_over_quota(const kvcr_t *kv, uint32_t tenant, tier_block incoming)
 {
-    return tenants_g3_over(kv, (uint8_t)tenant, incoming);
+    return tenants_lower_over(kv, spill_place(kv), (uint8_t)tenant, incoming);
 }
 
 void host_recovery(kvcr_t *kv, tier_block id, kvcr_tier target, kvcr_tier source,

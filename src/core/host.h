@@ -122,7 +122,8 @@ void host_access(kvcr_t *kv, tier_block id);
 /* The policy's sanitised eviction decision for a block leaving `from`. */
 kvcr_action host_eviction_decision(kvcr_t *kv, tier_block id, kvcr_tier from);
 /* Tenants (core/tenants.h), for the tier that takes spills: a block took
- * (delta 1) or gave back (-1) one of its slots; a block's tenant (0: none,
+ * (delta 1) or gave back (-1) one of its slots (from its start on: a warm
+ * restart's blocks count before kvcr_create adds the tier); a block's tenant (0: none,
  * else 1..host_conf()->n_tenants); whether the policy orders eviction by
  * tenant quotas; and whether a tenant is over its quota in that tier,
  * counting the slot the incoming block (TIER_BLOCK_NONE: none) asks for

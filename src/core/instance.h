@@ -17,8 +17,6 @@
 #include "core/local_dram.h"
 #include "util/log.h"
 
-#define KVCR_MAX_TIERS 2
-
 enum op_kind { OP_DEPOSIT = 0, OP_DELIVER, OP_FETCH };
 
 /* copy_job.kind: whose job it is. */
@@ -136,8 +134,9 @@ struct kvcr {
 
     hint_table hints;
     /* The lower tiers, in the order reads look for a key (G3 before the
-     * peers: our own disk is cheaper than a pull). The core knows them
-     * only through their tier_ops. */
+     * peers: our own disk is cheaper than a pull), added by lower_add
+     * (bounded by KVCR_MAX_TIERS). The core knows them only through their
+     * tier_ops; a tier's place here keys its tenant counts. */
     tier_slot tiers[KVCR_MAX_TIERS];
     uint32_t n_tiers;
     const tier_slot *spill_tier;   /* the one that takes spills, or NULL */

@@ -1,6 +1,25 @@
 /* The core's loop over its lower tiers (core/lower.h). */
 #include "core/lower.h"
 
+int lower_add(kvcr_t *kv, const tier_ops *ops, tier *t)
+{
+    if (ops == NULL || ops->version != TIER_OPS_VERSION)
+        return kvcr_fail(KVCR_EINVAL, "a tier's tier_ops must be version %d", TIER_OPS_VERSION);
+    if (kv->n_tiers == KVCR_MAX_TIERS)
+        return kvcr_fail(KVCR_ELIMIT,
+                         "tier '%s' does not fit: an instance keeps at most %d lower tiers "
+                         "(KVCR_MAX_TIERS)", ops->name, KVCR_MAX_TIERS);
+    if (ops->spill && kv->spill_tier)
+        return kvcr_fail(KVCR_EINVAL,
+                         "tier '%s' takes spills but '%s' already does: a block keeps one "
+                         "lower-tier residency", ops->name, kv->spill_tier->ops->name);
+    uint32_t i = kv->n_tiers++;
+    kv->tiers[i] = (tier_slot){ops, t};
+    if (ops->spill) kv->spill_tier = &kv->tiers[i];
+    tenants_tier_added(kv, i);
+    return 0;
+}
+
 void lower_reads_begin(kvcr_t *kv, lower_reads *lr, const char *request_id, kvcr_op_handle op,
                        bool fetch, size_t max_keys, size_t max_refs)
 {

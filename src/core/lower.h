@@ -7,6 +7,14 @@
 
 #include "core/instance.h"
 
+/* Before any thread calls a tier (kvcr_create; a test before its first
+ * call): adds a started tier after the others in read order. Refused, with
+ * nothing changed and the tier still the caller's: a tier_ops of another
+ * version (KVCR_EINVAL), a table already holding KVCR_MAX_TIERS tiers
+ * (KVCR_ELIMIT), a second tier that takes spills (KVCR_EINVAL: a block
+ * record has one lower-tier state, core/tier.h). */
+int lower_add(kvcr_t *kv, const tier_ops *ops, tier *t);
+
 /* An operation's (or a query's) open batch with every tier. */
 typedef struct lower_reads {
     tier_batch *batch[KVCR_MAX_TIERS];

@@ -2,6 +2,7 @@
  * policy's view and the gauges (core/tenants.h). */
 #include "core/tenants.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,9 +159,41 @@ static uint64_t dram_quota(const kvcr_t *kv, uint8_t t)
     return t ? kv->conf.tenant_dram_quota[t - 1] : 0;
 }
 
-static uint64_t g3_quota(const kvcr_t *kv, uint8_t t)
+/* The lower tiers the configuration gives tenants a quota of, by tier id:
+ * where kvcr_conf keeps the quotas and the name the public API gives them
+ * (kvcr_block_meta.tenant_g3_*, gauges tenant_<name>_g3_*). A tier with
+ * no row still counts its tenants' slots; its quotas are 0. */
+static const struct quota_row {
+    kvcr_tier id;
+    size_t conf_off; /* of a uint64_t[KVCR_MAX_TENANTS] in kvcr_conf */
+    const char *name;
+} quota_rows[] = {
+    {KVCR_TIER_G3, offsetof(kvcr_conf, tenant_g3_quota), "g3"},
+};
+
+static const struct quota_row *quota_row_of(kvcr_tier id)
 {
-    return t ? kv->conf.tenant_g3_quota[t - 1] : 0;
+    for (size_t i = 0; i < sizeof quota_rows / sizeof quota_rows[0]; i++)
+        if (quota_rows[i].id == id) return &quota_rows[i];
+    return NULL;
+}
+
+void tenants_tier_added(kvcr_t *kv, uint32_t place)
+{
+    const struct quota_row *row = quota_row_of(kv->tiers[place].ops->id);
+    if (row == NULL) return;
+    const char *field = (const char *)&kv->conf + row->conf_off;
+    const uint64_t *quota = (const uint64_t *)(const void *)field;
+    for (uint32_t t = 1; t <= kv->conf.n_tenants; t++)
+        kv->tenants[t].lower_quota[place] = quota[t - 1];
+}
+
+/* The lower tier with this id (the first in read order), or -1. */
+static int tier_with_id(const kvcr_t *kv, kvcr_tier id)
+{
+    for (uint32_t i = 0; i < kv->n_tiers; i++)
+        if (kv->tiers[i].ops->id == id) return (int)i;
+    return -1;
 }
 
 int64_t tenants_dram_excess(const kvcr_t *kv, uint8_t t)
@@ -178,27 +211,43 @@ void tenants_evicted(kvcr_t *kv, const block *b)
     kv->tenants[b->tenant].dram_evicted++;
 }
 
-void tenants_g3_add(kvcr_t *kv, block_id id, int delta)
+void tenants_lower_add(kvcr_t *kv, uint32_t place, block_id id, int delta)
 {
-    kv->tenants[index_get(&kv->index, id)->tenant].g3_slots += (uint64_t)(int64_t)delta;
+    kv->tenants[index_get(&kv->index, id)->tenant].lower_slots[place] += (uint64_t)(int64_t)delta;
 }
 
-bool tenants_g3_over(const kvcr_t *kv, uint8_t t, block_id incoming)
+bool tenants_lower_over(const kvcr_t *kv, uint32_t place, uint8_t t, block_id incoming)
 {
     if (!tenants_quota_first(kv)) return false;
-    uint64_t held = kv->tenants[t].g3_slots;
+    uint64_t held = kv->tenants[t].lower_slots[place];
     if (incoming != BLOCK_NONE && index_get(&kv->index, incoming)->tenant == t) held++;
-    return held > g3_quota(kv, t);
+    return held > kv->tenants[t].lower_quota[place];
 }
 
 void tenants_meta(const kvcr_t *kv, block_id id, kvcr_block_meta *meta)
 {
     uint8_t t = index_get(&kv->index, id)->tenant;
+    const tenant_use *u = &kv->tenants[t];
     meta->tenant = tenants_name(kv, t);
-    meta->tenant_dram_slots = kv->tenants[t].dram_slots;
+    meta->tenant_dram_slots = u->dram_slots;
     meta->tenant_dram_quota = dram_quota(kv, t);
-    meta->tenant_g3_slots = kv->tenants[t].g3_slots;
-    meta->tenant_g3_quota = g3_quota(kv, t);
+    int g3 = tier_with_id(kv, KVCR_TIER_G3);
+    meta->tenant_g3_slots = g3 >= 0 ? u->lower_slots[g3] : 0;
+    meta->tenant_g3_quota = g3 >= 0 ? u->lower_quota[g3] : 0;
+}
+
+/* Tenant t's gauges of each lower tier the configuration gives a quota. */
+static void lower_gauges_of(const kvcr_t *kv, uint32_t t, const char *prefix, gauge_sink *s)
+{
+    for (uint32_t i = 0; i < kv->n_tiers; i++) {
+        const struct quota_row *row = quota_row_of(kv->tiers[i].ops->id);
+        if (row == NULL) continue;
+        char name[32];
+        snprintf(name, sizeof name, "%s_slots", row->name);
+        gauge_sink_add(s, prefix, name, (double)kv->tenants[t].lower_slots[i]);
+        snprintf(name, sizeof name, "%s_quota_slots", row->name);
+        gauge_sink_add(s, prefix, name, (double)kv->tenants[t].lower_quota[i]);
+    }
 }
 
 void tenants_gauges(kvcr_t *kv, gauge_sink *s)
@@ -215,8 +264,6 @@ void tenants_gauges(kvcr_t *kv, gauge_sink *s)
         gauge_sink_add(s, prefix, "dram_slots", (double)u->dram_slots);
         gauge_sink_add(s, prefix, "dram_quota_slots", (double)dram_quota(kv, (uint8_t)t));
         gauge_sink_add(s, prefix, "dram_evicted_blocks", (double)u->dram_evicted);
-        if (kv->conf.g3.n_paths == 0) continue;
-        gauge_sink_add(s, prefix, "g3_slots", (double)u->g3_slots);
-        gauge_sink_add(s, prefix, "g3_quota_slots", (double)g3_quota(kv, (uint8_t)t));
+        lower_gauges_of(kv, t, prefix, s);
     }
 }

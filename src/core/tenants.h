@@ -1,8 +1,8 @@
-/* Tenants: each tenant's slots in KVCR DRAM and G3, the queue of its
- * evictable KVCR DRAM blocks, the quota checks eviction makes, the
- * policy's view of them and their gauges; and the admission context a
- * deposit or fetch gives its entries (the hints and the tenant of the
- * call). Tenant 0 is "none"; tenant t > 0 is configured tenant t - 1
+/* Tenants: each tenant's slots in KVCR DRAM and in each lower tier, the
+ * queue of its evictable KVCR DRAM blocks, the quota checks eviction
+ * makes, the policy's view of them and their gauges; and the admission
+ * context a deposit or fetch gives its entries (the hints and the tenant
+ * of the call). Tenant 0 is "none"; tenant t > 0 is configured tenant t - 1
  * (kvcr_conf.tenant_names). Every function runs with the instance lock
  * held unless it says otherwise. */
 #ifndef KVCR_CORE_TENANTS_H
@@ -19,8 +19,12 @@
 typedef struct tenant_use {
     evictq evq;            /* its ready, unclaimed KVCR DRAM blocks (tenant 0: kvcr_t.evq) */
     uint64_t dram_slots;   /* KVCR DRAM slots its blocks hold (FILLING ones too) */
-    uint64_t g3_slots;     /* G3 slots its blocks hold (being written too) */
     uint64_t dram_evicted; /* blocks of it evicted from KVCR DRAM, since start */
+    /* Per lower tier, by its place in kvcr_t.tiers: the slots its blocks
+     * hold there (being written too) and its quota of them (0 for tenant
+     * 0, and in a tier the configuration gives no quota). */
+    uint64_t lower_slots[KVCR_MAX_TIERS];
+    uint64_t lower_quota[KVCR_MAX_TIERS];
 } tenant_use;
 
 /* What the entries of one deposit or fetch are admitted with: the
@@ -79,17 +83,24 @@ int64_t tenants_dram_excess(const kvcr_t *kv, uint8_t t);
 /* A block's KVCR DRAM residency gained (slots > 0) or gave back slots. */
 void tenants_dram_add(kvcr_t *kv, const block *b, int64_t slots);
 void tenants_evicted(kvcr_t *kv, const block *b);
-/* A block took (1) or gave back (-1) a G3 slot. */
-void tenants_g3_add(kvcr_t *kv, block_id id, int delta);
-/* With quota-first eviction: whether tenant t is over its G3 quota,
- * counting the slot the incoming block (TIER_BLOCK_NONE: none) asks for.
- * False when quotas do not order eviction. */
-bool tenants_g3_over(const kvcr_t *kv, uint8_t t, block_id incoming);
+/* Before any thread runs: the lower tier at `place` in kvcr_t.tiers was
+ * just added; its tenants' quotas are the configuration's for its id
+ * (G3: kvcr_tenant.g3_slots), none for an id without one. */
+void tenants_tier_added(kvcr_t *kv, uint32_t place);
+/* A block took (1) or gave back (-1) a slot of the lower tier at
+ * `place`. */
+void tenants_lower_add(kvcr_t *kv, uint32_t place, block_id id, int delta);
+/* With quota-first eviction: whether tenant t is over its quota of the lower
+ * tier at `place`, counting the slot the incoming block (TIER_BLOCK_NONE:
+ * none) asks for. False when quotas do not order eviction. */
+bool tenants_lower_over(const kvcr_t *kv, uint32_t place, uint8_t t, block_id incoming);
 
-/* The policy's view of the block's tenant (kvcr_block_meta, version 2). */
+/* The policy's view of the block's tenant (kvcr_block_meta, version 2;
+ * its G3 fields are those of the lower tier with the G3 id). */
 void tenants_meta(const kvcr_t *kv, block_id id, kvcr_block_meta *meta);
 
-/* The tenants' gauges (tenant_<name>_*, no_tenant_*). */
+/* The tenants' gauges (tenant_<name>_*, no_tenant_*; a lower tier's
+ * under the name the configuration gives its quota, g3_*). */
 void tenants_gauges(kvcr_t *kv, gauge_sink *s);
 
 #endif

@@ -140,6 +140,11 @@ typedef struct tier_ops {
     bool scatters;
 } tier_ops;
 
+/* The most lower tiers an instance keeps (core/lower.c lower_add refuses
+ * one more): G3 and the peers today, with room for a third (the tests
+ * register one, tests/support/fake_tier.h). */
+#define KVCR_MAX_TIERS 4
+
 /* A tier as the instance keeps it. */
 typedef struct tier_slot {
     const tier_ops *ops;
