@@ -231,6 +231,23 @@ def mode_bw(o: dict) -> None:
         kv.close()
 
 
+def control_channel(host: str):
+    """A control endpoint on host: ours picks its port when it binds; the
+    reference needs one named."""
+    port = 0 if not is_reference() else free_port()
+    return kvcr.control_channels.ZmqPeerControlChannel(host, port, host)
+
+
+def deposit_all(kv, fw, block: int, count: int, what: str) -> None:
+    """Blocks 0..count-1 deposited into KVCR DRAM from the framework
+    buffer, which is zeroed after: what is served comes from KVCR."""
+    for i in range(count):
+        fill(fw, i, block)
+    op = kv.deposit({key(i): ref for i, ref in enumerate(refs(range(count)))})
+    wait(kv, op, count, what)
+    fw[:] = bytes(len(fw))
+
+
 def mode_source(o: dict) -> None:
     """A peer holding blocks 0..count-1 in its KVCR DRAM (the framework copy
     zeroed), serving until stdin closes or says "stop"."""
@@ -238,14 +255,10 @@ def mode_source(o: dict) -> None:
     AGENT = "anchors-source"
     block, count = o["block"], o["count"]
     host = o.get("host", "127.0.0.1")
-    control = kvcr.control_channels.ZmqPeerControlChannel(host, 0 if not is_reference() else free_port(), host)
+    control = control_channel(host)
     kv, fw, pool = make_kvcr(block, count, count, control)
     try:
-        for i in range(count):
-            fill(fw, i, block)
-        op = kv.deposit({key(i): ref for i, ref in enumerate(refs(range(count)))})
-        wait(kv, op, count, "source deposit")
-        fw[:] = bytes(len(fw))
+        deposit_all(kv, fw, block, count, "source deposit")
         endpoint = kv.control_endpoint if not is_reference() else control.endpoint
         print(json.dumps({"endpoint": endpoint}), flush=True)
         serve(kv, o.get("lifetime", 600))
@@ -262,7 +275,7 @@ def mode_pull(o: dict) -> None:
     AGENT = "anchors-target"
     block, count, rounds = o["block"], o["count"], o["rounds"]
     host = o.get("host", "127.0.0.1")
-    control = kvcr.control_channels.ZmqPeerControlChannel(host, 0 if not is_reference() else free_port(), host)
+    control = control_channel(host)
     kv, fw, pool = make_kvcr(block, count, 0, control)
     envelope = {"protocol_version": "0.1", "actions": [
         {"action_type": "kv.fetch", "action_version": "1.0",
@@ -301,16 +314,11 @@ def mode_engine(o: dict) -> None:
     global AGENT
     AGENT = "anchors-engine"
     block, count, host = o["block"], o["count"], o.get("host", "127.0.0.1")
-    control = kvcr.control_channels.ZmqPeerControlChannel(
-        host, 0 if not is_reference() else free_port(), host)
+    control = control_channel(host)
     guard = kvcr.config.KVCRGuardConfig(kvcr_service_socket_path=o["socket"], guard_index=0,
                                         compatibility_digest=o["digest"])
     kv, fw, _ = make_kvcr(block, count, 0, control, guard)
-    for i in range(count):
-        fill(fw, i, block)
-    op = kv.deposit({key(i): ref for i, ref in enumerate(refs(range(count)))})
-    wait(kv, op, count, "engine deposit")
-    fw[:] = bytes(len(fw))
+    deposit_all(kv, fw, block, count, "engine deposit")
     endpoint = kv.control_endpoint if not is_reference() else control.endpoint
     print(json.dumps({"endpoint": endpoint, "pid": os.getpid()}), flush=True)
     serve(kv, o.get("lifetime", 600))
@@ -327,8 +335,7 @@ def mode_failover(o: dict) -> None:
     global AGENT
     AGENT = "anchors-peer"
     block, count, host = o["block"], o["count"], o.get("host", "127.0.0.1")
-    control = kvcr.control_channels.ZmqPeerControlChannel(
-        host, 0 if not is_reference() else free_port(), host)
+    control = control_channel(host)
     kv, fw, _ = make_kvcr(block, 1, 0, control, op_ms=2000)
     attempt = [0]
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import statistics
 import sys
-import time
 
 from mooncake.engine import TransferEngine
-from side_common import addr, filled, pattern, wait_for_stop
+from side_common import addr, filled, main, report_pull, timed_rounds, wait_for_stop
 
 
 def fail(msg: str) -> None:
@@ -58,34 +56,18 @@ def mode_pull(o: dict) -> None:
     local = [addr(buf) + i * block for i in range(count)]
     far = [peer["addr"] + i * block for i in range(count)]
     sizes = [block] * count
-    times = []
-    for r in range(rounds + 1):
-        t0 = time.perf_counter()
+
+    def pull_once(r: int) -> None:
         rc = te.batch_transfer_sync_read(peer["peer"], local, far, sizes)
-        dt = time.perf_counter() - t0
         if rc != 0:
             fail(f"batch_transfer_sync_read round {r} returned {rc}")
-        if r == 0:
-            for i in range(count):
-                if buf[i * block:(i + 1) * block] != pattern(i, block):
-                    fail(f"block {i} arrived wrong")
-        else:
-            times.append(dt)
-        buf[:block] = bytes(block)
+
+    dt = timed_rounds(buf, block, count, rounds, pull_once, fail)
     te.unregister_memory(addr(buf))
-    dt = statistics.median(times)
-    if count == 1:
-        print(json.dumps({"case": o["case"], "value": dt * 1e9, "unit": "ns"}), flush=True)
-    else:
-        print(json.dumps({"case": o["case"], "value": count * block / dt / 1e9,
-                          "unit": "GB/s"}), flush=True)
+    report_pull(o["case"], block, count, dt)
 
 
 MODES = {"source": mode_source, "pull": mode_pull}
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in MODES:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    MODES[sys.argv[1]](json.loads(sys.argv[2]))
-    sys.stdout.flush()
+    main(MODES, __doc__)

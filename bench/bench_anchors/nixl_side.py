@@ -18,12 +18,11 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import statistics
 import sys
 import time
 
 from nixl._api import nixl_agent, nixl_agent_config
-from side_common import addr, filled, pattern, wait_for_stop
+from side_common import addr, filled, main, report_pull, timed_rounds, wait_for_stop
 
 WAIT_S = 60.0
 
@@ -59,44 +58,27 @@ def mode_pull(o: dict) -> None:
     local = a.get_xfer_descs([(addr(buf) + i * block, block, 0) for i in range(count)], "DRAM")
     far = a.get_xfer_descs([(peer["addr"] + i * block, block, 0) for i in range(count)], "DRAM")
     handle = a.initialize_xfer("READ", local, far, remote)
-    times = []
-    for r in range(rounds + 1):
-        t0 = time.perf_counter()
+
+    def pull_once(r: int) -> None:
         state = a.transfer(handle)
         deadline = time.monotonic() + WAIT_S
         while state == "PROC" and time.monotonic() < deadline:
             state = a.check_xfer_state(handle)
         if state != "DONE":
             fail(f"transfer round {r}: {state}")
-        dt = time.perf_counter() - t0
-        if r == 0:
-            for i in range(count):
-                if buf[i * block:(i + 1) * block] != pattern(i, block):
-                    fail(f"block {i} arrived wrong")
-        else:
-            times.append(dt)
-        buf[:block] = bytes(block)
+
+    dt = timed_rounds(buf, block, count, rounds, pull_once, fail)
     a.release_xfer_handle(handle)
     a.remove_remote_agent(remote)
     a.deregister_memory(reg)
-    dt = statistics.median(times)
-    case = o["case"]
-    if count == 1:
-        print(json.dumps({"case": case, "value": dt * 1e9, "unit": "ns"}), flush=True)
-    else:
-        print(json.dumps({"case": case, "value": count * block / dt / 1e9, "unit": "GB/s"}),
-              flush=True)
+    report_pull(o["case"], block, count, dt)
 
 
 MODES = {"source": mode_source, "pull": mode_pull}
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in MODES:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    MODES[sys.argv[1]](json.loads(sys.argv[2]))
+    main(MODES, __doc__)
     # NIXL 1.5.1's agent dies of SIGSEGV in interpreter teardown here, even
     # one that was created and never used; everything is closed by now, so
     # teardown is skipped and a crash there cannot pass for the bench's.
-    sys.stdout.flush()
     os._exit(0)
