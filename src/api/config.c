@@ -39,6 +39,13 @@ enum opt_group { OPT_G_CONFIG, OPT_G_LIMITS, OPT_G_REMOTE, OPT_G_G3, OPT_G_GUARD
 #define OPT_C_U64 uint64_t
 #define OPT_C_F64 double
 #define OPT_C_STR const char *
+#define OPT_NAME_NONE "none"
+#define OPT_NAME_RANGE "range"
+#define OPT_NAME_BOUNDS "bounds"
+#define OPT_NAME_POSITIVE "positive"
+#define OPT_NAME_ABANDON "abandon"
+#define OPT_NAME_PER_PEER "per_peer"
+#define OPT_NAME_DP_RANK "dp_rank"
 
 /* A row's type is its field's: a wrong type column does not compile. */
 #define X(group, path, label, type, def, lo, hi, rule, since, py, doc)                        \
@@ -50,7 +57,7 @@ enum opt_group { OPT_G_CONFIG, OPT_G_LIMITS, OPT_G_REMOTE, OPT_G_G3, OPT_G_GUARD
 static const kvcr_option opt_rows[] = {
 #define X(group, path, label, type, def, lo, hi, rule, since, py, doc)                        \
     {#path, label, KVCR_OPT_##type, offsetof(kvcr_config, path), {OPT_V_##type = (def)},     \
-     {OPT_V_##type = (lo)}, {OPT_V_##type = (hi)}, #rule, since, py, doc},
+     {OPT_V_##type = (lo)}, {OPT_V_##type = (hi)}, OPT_NAME_##rule, since, py, doc},
 #include "api/options.def"
 #undef X
 };
