@@ -69,4 +69,12 @@ __attribute__((visibility("default"))) const kvcr_option *kvcr__options(size_t *
 /* The row of `path`, or NULL. */
 __attribute__((visibility("default"))) const kvcr_option *kvcr__option(const char *path);
 
+/* Writes v into cfg's field of o, a row of kvcr__options() of an integer
+ * type (BOOL, U16, U32, U64; a BOOL is v != 0): 0, or KVCR_EINVAL (NULL,
+ * not a row, an F64 or STR row, v more than the field holds) with *cfg
+ * unchanged. Only the field's type is checked, not the row's rule:
+ * kvcr_create checks that. */
+__attribute__((visibility("default"))) int kvcr__option_set(kvcr_config *cfg, const kvcr_option *o,
+                                                            uint64_t v);
+
 #endif

@@ -97,14 +97,11 @@ static int parse_strs(PyObject *seq, const char ***out, size_t *n, PyObject *kee
 }
 
 /* The field of one row of the options table (kvcr/options.h) set from a
- * Python value: bool, int (within the C type: kvcr/config.py checked it),
- * float, str or None (a NULL string). */
+ * Python value: bool, int (within the C type: kvcr/config.py checked it;
+ * else OverflowError), float, str or None (a NULL string). */
 static int set_option(kvcr_config *cfg, const kvcr_option *o, PyObject *v, PyObject *keep)
 {
     char *field = (char *)cfg + o->offset;
-    static const unsigned long long top[] = {[KVCR_OPT_BOOL] = 1, [KVCR_OPT_U16] = UINT16_MAX,
-                                             [KVCR_OPT_U32] = UINT32_MAX,
-                                             [KVCR_OPT_U64] = UINT64_MAX};
     if (o->type == KVCR_OPT_STR) {
         const char *s = v == Py_None ? NULL : nat_str_of(v, keep, o->path);
         if (s == NULL && v != Py_None) return -1;
@@ -117,22 +114,13 @@ static int set_option(kvcr_config *cfg, const kvcr_option *o, PyObject *v, PyObj
         memcpy(field, &d, sizeof d);
         return 0;
     }
-    unsigned long long u = o->type == KVCR_OPT_BOOL ? (unsigned long long)PyObject_IsTrue(v)
+    int truth = o->type == KVCR_OPT_BOOL ? PyObject_IsTrue(v) : 0;
+    unsigned long long u = o->type == KVCR_OPT_BOOL ? (unsigned long long)truth
                                                     : PyLong_AsUnsignedLongLong(v);
-    if (PyErr_Occurred()) return -1;
-    if (u > top[o->type]) {
-        PyErr_Format(PyExc_OverflowError, "option %s does not fit its C field", o->path);
+    if (truth < 0 || PyErr_Occurred()) return -1;
+    if (kvcr__option_set(cfg, o, u) != 0) {
+        PyErr_SetString(PyExc_OverflowError, kvcr_last_error());
         return -1;
-    }
-    bool b = u != 0;
-    uint16_t u16 = (uint16_t)u;
-    uint32_t u32 = (uint32_t)u;
-    uint64_t u64 = u;
-    switch (o->type) {
-    case KVCR_OPT_BOOL: memcpy(field, &b, sizeof b); break;
-    case KVCR_OPT_U16: memcpy(field, &u16, sizeof u16); break;
-    case KVCR_OPT_U32: memcpy(field, &u32, sizeof u32); break;
-    default: memcpy(field, &u64, sizeof u64); break;
     }
     return 0;
 }

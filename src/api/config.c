@@ -110,6 +110,39 @@ static uint64_t opt_uint(const kvcr_config *cfg, const kvcr_option *o)
     }
 }
 
+/* The largest value an integer row's field holds; 0 for F64 and STR. */
+static uint64_t opt_top(const kvcr_option *o)
+{
+    switch (o->type) {
+    case KVCR_OPT_BOOL: return 1;
+    case KVCR_OPT_U16: return UINT16_MAX;
+    case KVCR_OPT_U32: return UINT32_MAX;
+    case KVCR_OPT_U64: return UINT64_MAX;
+    default: return 0;
+    }
+}
+
+KVCR_API int kvcr__option_set(kvcr_config *cfg, const kvcr_option *o, uint64_t v)
+{
+    /* Compared as integers: o may point anywhere. */
+    size_t i = ((uintptr_t)o - (uintptr_t)opt_rows) / sizeof *o;
+    if (cfg == NULL || o == NULL || i >= N_OPTS || &opt_rows[i] != o)
+        return kvcr_fail(KVCR_EINVAL, "kvcr__option_set: NULL or not a row of the table");
+    if (o->type == KVCR_OPT_F64 || o->type == KVCR_OPT_STR || v > opt_top(o))
+        return kvcr_fail(KVCR_EINVAL, "%s does not hold %" PRIu64, o->path, v);
+    char *p = (char *)cfg + o->offset;
+    bool b = v != 0;
+    uint16_t v16 = (uint16_t)v;
+    uint32_t v32 = (uint32_t)v;
+    switch (o->type) {
+    case KVCR_OPT_BOOL: memcpy(p, &b, sizeof b); break;
+    case KVCR_OPT_U16: memcpy(p, &v16, sizeof v16); break;
+    case KVCR_OPT_U32: memcpy(p, &v32, sizeof v32); break;
+    default: memcpy(p, &v, sizeof v); break;
+    }
+    return 0;
+}
+
 /* The named rules, each with the message it always had. */
 static int opt_named(const kvcr_config *cfg, const kvcr_option *o, enum opt_rule rule,
                      uint64_t v)

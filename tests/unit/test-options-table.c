@@ -45,35 +45,6 @@ static uint64_t type_max(kvcr_option_type t)
                                   : t == KVCR_OPT_U32 ? UINT32_MAX : UINT64_MAX;
 }
 
-static void put(kvcr_config *cfg, const kvcr_option *o, uint64_t v)
-{
-    char *f = (char *)cfg + o->offset;
-    uint16_t v16 = (uint16_t)v;
-    uint32_t v32 = (uint32_t)v;
-    bool b = v != 0;
-    switch (o->type) {
-    case KVCR_OPT_BOOL: memcpy(f, &b, sizeof b); break;
-    case KVCR_OPT_U16: memcpy(f, &v16, sizeof v16); break;
-    case KVCR_OPT_U32: memcpy(f, &v32, sizeof v32); break;
-    default: memcpy(f, &v, sizeof v); break;
-    }
-}
-
-static uint64_t get(const kvcr_config *cfg, const kvcr_option *o)
-{
-    const char *f = (const char *)cfg + o->offset;
-    uint16_t v16;
-    uint32_t v32;
-    uint64_t v64;
-    bool b;
-    switch (o->type) {
-    case KVCR_OPT_BOOL: memcpy(&b, f, sizeof b); return b;
-    case KVCR_OPT_U16: memcpy(&v16, f, sizeof v16); return v16;
-    case KVCR_OPT_U32: memcpy(&v32, f, sizeof v32); return v32;
-    default: memcpy(&v64, f, sizeof v64); return v64;
-    }
-}
-
 static bool has_range(const kvcr_option *o)
 {
     return o->type != KVCR_OPT_STR && o->type != KVCR_OPT_BOOL && strcmp(o->rule, "none") != 0;
@@ -103,9 +74,12 @@ static void test_each_default_is_kvcr_config_init_s_and_within_its_range(void **
             memcpy(&d, (const char *)&cfg + o->offset, sizeof d);
             assert_true(d == o->def.d && d >= o->min.d && d <= o->max.d);
         } else {
-            if (get(&cfg, o) != o->def.u)
-                fail_msg("%s: kvcr_config_init gives %llu, the table %llu", o->path,
-                         (unsigned long long)get(&cfg, o), (unsigned long long)o->def.u);
+            kvcr_config with_default;
+            memcpy(&with_default, &cfg, sizeof cfg);
+            assert_int_equal(kvcr__option_set(&with_default, o, o->def.u), 0);
+            if (memcmp(&with_default, &cfg, sizeof cfg) != 0)
+                fail_msg("%s: kvcr_config_init does not give the table's %llu", o->path,
+                         (unsigned long long)o->def.u);
             assert_true(o->min.u <= o->def.u && o->def.u <= o->max.u);
             assert_true(o->max.u <= type_max(o->type));
         }
@@ -119,7 +93,7 @@ static void expect_refused(const kvcr_option *o, uint64_t v)
 {
     setup s;
     base(&s, strncmp(o->path, "g3.", 3) == 0);
-    put(&s.cfg, o, v);
+    assert_int_equal(kvcr__option_set(&s.cfg, o, v), 0);
     kvcr_t *kv = NULL;
     int rc = kvcr_create(&s.cfg, &kv);
     const char *name = strcmp(o->rule, "abandon") == 0 ? "abandon_timeout_ms" : o->label;
@@ -165,6 +139,26 @@ static void test_each_value_outside_a_range_is_refused_naming_the_option(void **
     }
 }
 
+static void test_option_set_refuses_what_the_field_cannot_hold(void **state)
+{
+    (void)state;
+    kvcr_config cfg, before;
+    kvcr_config_init(&cfg);
+    memcpy(&before, &cfg, sizeof cfg);
+    const kvcr_option *port = kvcr__option("remote.control_port");
+    const kvcr_option copy = *port; /* not a row of the table */
+    assert_int_equal(kvcr__option_set(&cfg, port, UINT16_MAX + 1u), KVCR_EINVAL);
+    assert_int_equal(kvcr__option_set(&cfg, kvcr__option("kv_events.topic"), 0), KVCR_EINVAL);
+    assert_int_equal(kvcr__option_set(&cfg, kvcr__option("capacity_low_watermark_percent"), 1),
+                     KVCR_EINVAL);
+    assert_int_equal(kvcr__option_set(&cfg, &copy, 1), KVCR_EINVAL);
+    assert_int_equal(kvcr__option_set(NULL, port, 1), KVCR_EINVAL);
+    assert_int_equal(kvcr__option_set(&cfg, NULL, 1), KVCR_EINVAL);
+    assert_memory_equal(&cfg, &before, sizeof cfg); /* a failing call changes nothing */
+    assert_int_equal(kvcr__option_set(&cfg, port, UINT16_MAX), 0);
+    assert_int_equal(cfg.remote.control_port, UINT16_MAX);
+}
+
 static void test_every_default_is_accepted(void **state)
 {
     (void)state;
@@ -181,6 +175,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_default_is_kvcr_config_init_s_and_within_its_range),
         cmocka_unit_test(test_each_value_outside_a_range_is_refused_naming_the_option),
+        cmocka_unit_test(test_option_set_refuses_what_the_field_cannot_hold),
         cmocka_unit_test(test_every_default_is_accepted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
