@@ -292,11 +292,12 @@ InventorySink = Callable[[InventoryEvent], None]
 
 # ---- arguments for kvcr._native (built by KVCR before anything starts) ------
 #
-# Each rule has one home. libkvcr checks the values (src/api/config.c,
-# src/service/client.c) and its kvcr_last_error() text is the message
-# raised. Here: the types of the fields, values a C field cannot hold, the
-# fields libkvcr does not have (nixl_listen_port, framework_dram, the
-# framework_control endpoint), memory type names, and G3 path spelling.
+# Each rule has one home. libkvcr checks the values (src/api/config.c and
+# its options table, the G3 path rule, src/service/client.c) and its
+# kvcr_last_error() text is the message raised. Here: the types of the
+# fields, values a C field cannot hold, the fields libkvcr does not have
+# (nixl_listen_port, framework_dram, the framework_control endpoint),
+# memory type names, and "~" in G3 paths.
 
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
 
@@ -508,40 +509,33 @@ def control_endpoint(control: Any) -> Tuple[str, int, str]:
 
 
 def _g3_path(i: int, p: Any) -> str:
-    """Path `i` expanded (~) and resolved (realpath), as libkvcr gets it; ""
-    stays "" (libkvcr refuses it, naming the path)."""
+    """Path `i` with "~" expanded, as libkvcr gets it (which resolves it:
+    the G3 path rule is libkvcr's, src/tiers/g3_store.h g3_paths_check)."""
     if isinstance(p, (str, os.PathLike)):
         s = os.fspath(p)
         if isinstance(s, str):
-            _c_str(f"G3 file path {i}", s)
-            return os.path.realpath(os.path.expanduser(s)) if s else s
+            return os.path.expanduser(_c_str(f"G3 file path {i}", s))
     raise TypeError(f"G3 file paths must be str or os.PathLike of str, not {type(p).__name__}")
 
 
 def g3_args(g3: G3Options, block_size: int) -> tuple:
-    """G3Options as kvcr._native.Instance's (resolved paths, options by
-    path).
+    """G3Options as kvcr._native.Instance's (paths, options by path).
 
-    The paths are expanded and resolved here, so two spellings of one file
-    are refused here ("G3 file paths must be unique", "... must not alias
-    the same file") before anything touches the disk. libkvcr checks the
-    rest (an empty path list or path, the slot size, the capacity, an empty
-    backend name, queue_depth and max_staging_bytes) before it opens the
-    files, then hard links to one file, file systems without O_DIRECT
-    (tmpfs), files in use or of another layout. `block_size` is the single
-    pool's (as passed to libkvcr)."""
+    The paths are expanded ("~") here; libkvcr checks the rest before it
+    opens the files: the G3 path rule (an empty path list or path, two
+    paths spelled alike, "G3 file paths must be unique", or resolving to
+    one file, "... must not alias the same file", without touching the
+    disk), the slot size, the capacity, an empty backend name, queue_depth
+    and max_staging_bytes; then hard links to one file, file systems
+    without O_DIRECT (tmpfs), files in use or of another layout.
+    `block_size` is the single pool's (as passed to libkvcr)."""
     if not isinstance(g3, G3Options):
         raise TypeError("backend_configs.g3 must be a G3Options")
     paths = g3.paths
     if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, (list, tuple)):
         raise TypeError("G3 paths must be a tuple (or list) of file paths, not "
                         f"{type(paths).__name__}")
-    resolved = [_g3_path(i, p) for i, p in enumerate(paths)]
-    spelled = [os.path.expanduser(os.fspath(p)) for p in paths]
-    if len(set(spelled)) != len(spelled):
-        raise ValueError("G3 file paths must be unique")
-    if len(set(resolved)) != len(resolved):
-        raise ValueError("G3 file paths must not alias the same file")
+    expanded = tuple(_g3_path(i, p) for i, p in enumerate(paths))
     backend = g3.backend
     if not isinstance(backend, str):
         raise TypeError(f"G3 backend must be a str, not {type(backend).__name__}")
@@ -564,7 +558,7 @@ def g3_args(g3: G3Options, block_size: int) -> tuple:
                                   _top("g3.max_staging_bytes"), clamp=True))
     # Python's compatibility default ("GDS_MT") is not libkvcr's: no `py` row.
     options["g3.backend"] = backend
-    return tuple(resolved), options
+    return expanded, options
 
 
 def guard_args(guard: KVCRGuardConfig) -> dict:

@@ -13,6 +13,7 @@
 #include "net/control.h"
 #include "net/json.h"
 #include "net/wire.h"
+#include "tiers/g3_store.h"
 #include "util/api.h"
 
 _Static_assert(KVCR_MAX_CONTROL_MESSAGE == WIRE_MAX_MESSAGE, "the public bound is the decoder's");
@@ -271,14 +272,11 @@ static int check_g3(const kvcr_config *cfg)
 {
     const kvcr_g3_options *g = &cfg->g3;
     if (g->n_paths == 0 && g->paths == NULL) return 0;
-    if (g->n_paths == 0 || g->paths == NULL)
-        return kvcr_fail(KVCR_EINVAL, "G3 requires at least one file path");
-    for (size_t i = 0; i < g->n_paths; i++)
-        if (g->paths[i] == NULL || g->paths[i][0] == '\0')
-            return kvcr_fail(KVCR_EINVAL, "G3 file path %zu must be a non-empty string", i);
+    int rc = g3_paths_check(g->paths, g->n_paths);
+    if (rc != 0) return rc;
     if (g->backend != NULL && g->backend[0] == '\0')
         return kvcr_fail(KVCR_EINVAL, "G3 backend must be non-empty");
-    int rc = check_group(cfg, OPT_G_G3);
+    rc = check_group(cfg, OPT_G_G3);
     if (rc != 0) return rc;
     if (cfg->local_dram == NULL || cfg->n_local_dram == 0)
         return kvcr_fail(KVCR_EINVAL, "G3 requires local DRAM");
