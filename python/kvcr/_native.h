@@ -90,11 +90,12 @@ const char *nat_str_of(PyObject *o, PyObject *keep, const char *what);
 /* The configuration arguments of Instance(...), as its init parses them. */
 typedef struct nat_config_args {
     const char *agent;
-    PyObject *layouts, *dram, *regions;
+    PyObject *layouts, *dram, *regions; /* dicts by kvcr_pool_layout / _dram_pool / _region
+                                         * field name; dram Py_None: no local DRAM */
     PyObject *options;    /* {path: value} of the options table's rows */
     PyObject *g3_paths;   /* (str, ...) or Py_None: no G3 */
     PyObject *curve_keys; /* CURVE allowed keys (str, ...) or Py_None */
-    PyObject *tenants;    /* ((name, dram_slots, g3_slots), ...) or Py_None */
+    PyObject *tenants;    /* ({"name", "dram_slots", "g3_slots"}, ...) or Py_None */
 } nat_config_args;
 
 /* A kvcr_config and what it points into: the arrays it owns and `keep`,

@@ -3,81 +3,114 @@
  * (kvcr/options.h). kvcr/config.py has checked their types and that each
  * value fits its C field; libkvcr checks the values in kvcr_create, and its
  * message is the exception's. Every scalar option arrives by its path in
- * one dict (set_options); the arrays (pool layouts, pools, regions, G3
- * paths, CURVE keys, tenants) as arguments of their own. With the GIL
- * held. */
+ * one dict (set_options); the arrays as arguments of their own: G3 paths
+ * and CURVE keys as str sequences, pool layouts, pools, regions and
+ * tenants as sequences of dicts by their C struct's field names
+ * (record_of). Nothing is passed by position. With the GIL held. */
 #include "_native.h"
 
 #include "kvcr/options.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int parse_layouts(PyObject *seq, kvcr_pool_layout **out, size_t *n, PyObject *keep)
+/* The fields of one record of an array (a dict by its C struct's field
+ * names, every one required) as PyArg_ParseTupleAndKeywords parses
+ * keywords: never by position. */
+static int record_of(PyObject *d, const char *what, const char *format, char **names, ...)
+{
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "a %s must be a dict by field name, not %.100s", what,
+                     Py_TYPE(d)->tp_name);
+        return -1;
+    }
+    PyObject *none = PyTuple_New(0);
+    if (none == NULL) return -1;
+    va_list ap;
+    va_start(ap, names);
+    int ok = PyArg_VaParseTupleAndKeywords(none, d, format, names, ap);
+    va_end(ap);
+    Py_DECREF(none);
+    return ok ? 0 : -1;
+}
+
+/* The records of a sequence, *out an allocation of *n (the caller frees
+ * it); each filled by one(record, &(*out)[i], keep). */
+static int parse_array(PyObject *seq, void **out, size_t *n, size_t size, PyObject *keep,
+                       int (*one)(PyObject *, void *, PyObject *))
 {
     PyObject *t = PySequence_Tuple(seq);
     if (t == NULL) return -1;
     *n = (size_t)PyTuple_GET_SIZE(t);
-    int rc = (*out = nat_alloc(*n, sizeof **out)) ? 0 : -1;
-    for (size_t i = 0; rc == 0 && i < *n; i++) {
-        PyObject *name;
-        unsigned long long bs;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "OK", &name, &bs) ||
-            ((*out)[i].name = nat_str_of(name, keep, "pool name")) == NULL)
-            rc = -1;
-        else
-            (*out)[i].block_size = (size_t)bs;
-    }
+    int rc = (*out = nat_alloc(*n, size)) ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < *n; i++)
+        rc = one(PyTuple_GET_ITEM(t, (Py_ssize_t)i), (char *)*out + i * size, keep);
     Py_DECREF(t);
     return rc;
 }
 
-static int parse_pools(PyObject *seq, kvcr_dram_pool **out, size_t *n, PyObject *keep)
+/* {"name", "block_size"}: a kvcr_pool_layout */
+static int layout_of(PyObject *d, void *out, PyObject *keep)
 {
-    *n = 0;
-    *out = NULL;
-    if (seq == Py_None) return 0;
-    PyObject *t = PySequence_Tuple(seq);
-    if (t == NULL) return -1;
-    *n = (size_t)PyTuple_GET_SIZE(t);
-    int rc = (*out = nat_alloc(*n, sizeof **out)) ? 0 : -1;
-    for (size_t i = 0; rc == 0 && i < *n; i++) {
-        PyObject *name;
-        unsigned long long addr, size;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "OKK", &name, &addr, &size) ||
-            ((*out)[i].name = nat_str_of(name, keep, "pool name")) == NULL) {
-            rc = -1;
-        } else {
-            (*out)[i].addr = (void *)(uintptr_t)addr;
-            (*out)[i].size = (size_t)size;
-        }
-    }
-    Py_DECREF(t);
-    return rc;
+    static char *names[] = {"name", "block_size", NULL};
+    kvcr_pool_layout *l = out;
+    PyObject *name;
+    unsigned long long bs;
+    if (record_of(d, "pool layout", "OK", names, &name, &bs) != 0 ||
+        (l->name = nat_str_of(name, keep, "pool name")) == NULL)
+        return -1;
+    l->block_size = (size_t)bs;
+    return 0;
 }
 
-static int parse_regions(PyObject *seq, kvcr_region **out, size_t *n, PyObject *keep)
+/* {"name", "addr", "size"}: a kvcr_dram_pool */
+static int pool_of(PyObject *d, void *out, PyObject *keep)
 {
-    PyObject *t = PySequence_Tuple(seq);
-    if (t == NULL) return -1;
-    *n = (size_t)PyTuple_GET_SIZE(t);
-    int rc = (*out = nat_alloc(*n, sizeof **out)) ? 0 : -1;
-    for (size_t i = 0; rc == 0 && i < *n; i++) {
-        PyObject *label;
-        unsigned long long addr, size, count, stride;
-        int mem_type, device;
-        const char *l = NULL;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "KKKKOii", &addr, &size, &count, &stride,
-                              &label, &mem_type, &device) ||
-            (l = nat_str_of(label, keep, "region label")) == NULL) {
-            rc = -1;
-        } else {
-            (*out)[i] = (kvcr_region){(void *)(uintptr_t)addr, (size_t)size, (size_t)count,
-                                      (size_t)stride, l, (kvcr_mem_type)mem_type, device};
-        }
-    }
-    Py_DECREF(t);
-    return rc;
+    static char *names[] = {"name", "addr", "size", NULL};
+    kvcr_dram_pool *p = out;
+    PyObject *name;
+    unsigned long long addr, size;
+    if (record_of(d, "local DRAM pool", "OKK", names, &name, &addr, &size) != 0 ||
+        (p->name = nat_str_of(name, keep, "pool name")) == NULL)
+        return -1;
+    p->addr = (void *)(uintptr_t)addr;
+    p->size = (size_t)size;
+    return 0;
+}
+
+/* {"addr", "element_size", "count", "stride", "label", "mem_type",
+ * "device_id"}: a kvcr_region */
+static int region_of(PyObject *d, void *out, PyObject *keep)
+{
+    static char *names[] = {"addr", "element_size", "count", "stride", "label", "mem_type",
+                            "device_id", NULL};
+    PyObject *label;
+    unsigned long long addr, size, count, stride;
+    int mem_type, device;
+    const char *l;
+    if (record_of(d, "framework region", "KKKKOii", names, &addr, &size, &count, &stride, &label, &mem_type,
+                  &device) != 0 ||
+        (l = nat_str_of(label, keep, "region label")) == NULL)
+        return -1;
+    *(kvcr_region *)out = (kvcr_region){(void *)(uintptr_t)addr, (size_t)size, (size_t)count,
+                                        (size_t)stride, l, (kvcr_mem_type)mem_type, device};
+    return 0;
+}
+
+/* {"name", "dram_slots", "g3_slots"}: a kvcr_tenant (libkvcr checks the rules) */
+static int tenant_of(PyObject *d, void *out, PyObject *keep)
+{
+    static char *names[] = {"name", "dram_slots", "g3_slots", NULL};
+    kvcr_tenant *e = out;
+    PyObject *name;
+    unsigned long long dram, g3;
+    if (record_of(d, "tenant", "OKK", names, &name, &dram, &g3) != 0 ||
+        (e->name = nat_str_of(name, keep, "tenant name")) == NULL)
+        return -1;
+    e->dram_slots = dram;
+    e->g3_slots = g3;
+    return 0;
 }
 
 /* A str list for a kvcr_config array (G3 paths, CURVE allowed keys), the
@@ -186,27 +219,6 @@ PyObject *nat_options(PyObject *mod, PyObject *unused)
     return out;
 }
 
-/* tenants: ((name, dram_slots, g3_slots), ...) (libkvcr checks the rules) */
-static int parse_tenants(PyObject *seq, kvcr_tenant **out, size_t *n, PyObject *keep)
-{
-    PyObject *t = PySequence_Tuple(seq);
-    if (t == NULL) return -1;
-    *n = (size_t)PyTuple_GET_SIZE(t);
-    int rc = (*out = nat_alloc(*n, sizeof **out)) == NULL ? -1 : 0;
-    for (size_t i = 0; rc == 0 && i < *n; i++) {
-        PyObject *name;
-        kvcr_tenant *e = &(*out)[i];
-        unsigned long long dram, g3;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "OKK", &name, &dram, &g3) ||
-            (e->name = nat_str_of(name, keep, "tenant name")) == NULL)
-            rc = -1;
-        e->dram_slots = dram;
-        e->g3_slots = g3;
-    }
-    Py_DECREF(t);
-    return rc;
-}
-
 int nat_config_build(const nat_config_args *a, nat_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -214,9 +226,12 @@ int nat_config_build(const nat_config_args *a, nat_config *c)
     kvcr_config_init(cfg);
     size_t n_pl = 0, n_dp = 0, n_rg = 0, n_keys = 0;
     if ((c->keep = PyList_New(0)) == NULL ||
-        parse_layouts(a->layouts, &c->layouts, &n_pl, c->keep) ||
-        parse_pools(a->dram, &c->pools, &n_dp, c->keep) ||
-        parse_regions(a->regions, &c->regions, &n_rg, c->keep) ||
+        parse_array(a->layouts, (void **)&c->layouts, &n_pl, sizeof *c->layouts, c->keep,
+                    layout_of) != 0 ||
+        (a->dram != Py_None && parse_array(a->dram, (void **)&c->pools, &n_dp,
+                                           sizeof *c->pools, c->keep, pool_of) != 0) ||
+        parse_array(a->regions, (void **)&c->regions, &n_rg, sizeof *c->regions, c->keep,
+                    region_of) != 0 ||
         set_options(cfg, a->options, c->keep) != 0)
         return -1;
     cfg->agent_name = a->agent;
@@ -238,7 +253,8 @@ int nat_config_build(const nat_config_args *a, nat_config *c)
     cfg->remote.curve.allowed_keys = n_keys ? c->curve_keys : NULL; /* none: not given */
     cfg->remote.curve.n_allowed_keys = n_keys;
     if (a->tenants != Py_None &&
-        parse_tenants(a->tenants, &c->tenants, &cfg->n_tenants, c->keep) != 0)
+        parse_array(a->tenants, (void **)&c->tenants, &cfg->n_tenants, sizeof *c->tenants,
+                    c->keep, tenant_of) != 0)
         return -1;
     cfg->tenants = cfg->n_tenants ? c->tenants : NULL;
     return 0;

@@ -700,7 +700,7 @@ class KVCR:
         local, g3 = backends.local_dram, backends.g3
         pools, options = local_dram_args(local) if local is not None else (None, {})
         legacy = framework_region(backends.framework_dram, config.nixl_agent_name,
-                                  args["pool_layouts"])
+                                  config.pool_layouts)
         regions = region_args(backends, region_of(legacy) if legacy is not None else None)
         endpoint = None
         if bindings.framework_control is not None:
@@ -720,7 +720,7 @@ class KVCR:
                     bindings.on_resilience_event):
                 raise TypeError("on_resilience_event must be callable or None")
         remote, curve_keys = remote_args(backends.remote_fw_dram, endpoint)
-        block_size = args["pool_layouts"][0][1] if args["pool_layouts"] else 0
+        block_size = args["pool_layouts"][0]["block_size"] if args["pool_layouts"] else 0
         g3_paths, g3_options = g3_args(g3, block_size) if g3 is not None else (None, {})
         # Every option by its path in libkvcr's options table (kvcr.config.OPTIONS).
         options = dict(args.pop("options"), **options, **remote, **g3_options,

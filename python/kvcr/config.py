@@ -376,8 +376,8 @@ def config_args(config: KVCRConfig) -> dict:
                     for path, value in _bound(limits).items()})
     return dict(
         agent_name=_c_str("nixl_agent_name", config.nixl_agent_name),
-        pool_layouts=[(_c_str("pool_layouts pool name", name),
-                       _c_uint("pool_layouts block size", size, _U64_MAX))
+        pool_layouts=[dict(name=_c_str("pool_layouts pool name", name),
+                           block_size=_c_uint("pool_layouts block size", size, _U64_MAX))
                       for name, size in layouts],
         options=options,
         tenants=_tenants_args(config.tenants),
@@ -388,9 +388,10 @@ def _tenants_args(tenants) -> tuple:
     if not isinstance(tenants, (list, tuple)) or not all(
             isinstance(t, TenantQuota) for t in tenants):
         raise TypeError("tenants must be a list of TenantQuota")
-    return tuple((_c_str("tenant name", t.name),
-                  _c_int(f"tenant {t.name!r} dram_slots", t.dram_slots, 0, _U64_MAX),
-                  _c_int(f"tenant {t.name!r} g3_slots", t.g3_slots, 0, _U64_MAX))
+    return tuple(dict(name=_c_str("tenant name", t.name),
+                      dram_slots=_c_int(f"tenant {t.name!r} dram_slots", t.dram_slots, 0,
+                                        _U64_MAX),
+                      g3_slots=_c_int(f"tenant {t.name!r} g3_slots", t.g3_slots, 0, _U64_MAX))
                  for t in tenants)
 
 
@@ -416,38 +417,41 @@ def kv_events_args(events: Optional[KVEventsOptions]) -> dict:
 
 
 def local_dram_args(local: LocalDramOptions) -> tuple:
-    """(pools, options by path) for kvcr._native.Instance."""
+    """(pools as dicts by kvcr_dram_pool's field names, options by path)
+    for kvcr._native.Instance."""
     if not isinstance(local, LocalDramOptions):
         raise TypeError("backend_configs.local_dram must be a LocalDramOptions")
     pools = local.pools
     if not isinstance(pools, (list, tuple)) or not all(
             isinstance(p, tuple) and len(p) == 3 for p in pools):
         raise TypeError("local DRAM pools must be (name, address, size) tuples")
-    return ([(_c_str("local DRAM pool name", name),
-              _c_uint("local DRAM address", address, _U64_MAX),
-              _c_uint("local DRAM pool size", size, _U64_MAX)) for name, address, size in pools],
+    return ([dict(name=_c_str("local DRAM pool name", name),
+                  addr=_c_uint("local DRAM address", address, _U64_MAX),
+                  size=_c_uint("local DRAM pool size", size, _U64_MAX))
+             for name, address, size in pools],
             _bound(local, backend=_c_str("local DRAM backend", local.backend)))
 
 
-def _region(region: Any) -> tuple:
+def _region(region: Any) -> dict:
     if not isinstance(region, RegionDescriptor):
         raise TypeError("framework_regions must contain RegionDescriptor values")
     if region.mem_type not in _KVCR_MEM_TYPE:
         raise ValueError("framework region mem_type must be one of ['DRAM', 'VRAM'], "
                          f"got {region.mem_type!r}")
-    return (_c_uint("framework region address", region.addr, _U64_MAX),
-            _c_uint("framework region size", region.size, _U64_MAX),
-            _c_uint("framework region count", region.count, _U64_MAX),
-            _c_int("framework region stride", region.stride, 0, _U64_MAX),
-            _c_str("framework region label", region.label),
-            _KVCR_MEM_TYPE[region.mem_type],
-            _c_int("framework region device_id", region.device_Id, _I32_MIN, _I32_MAX))
+    return dict(addr=_c_uint("framework region address", region.addr, _U64_MAX),
+                element_size=_c_uint("framework region size", region.size, _U64_MAX),
+                count=_c_uint("framework region count", region.count, _U64_MAX),
+                stride=_c_int("framework region stride", region.stride, 0, _U64_MAX),
+                label=_c_str("framework region label", region.label),
+                mem_type=_KVCR_MEM_TYPE[region.mem_type],
+                device_id=_c_int("framework region device_id", region.device_Id, _I32_MIN,
+                                 _I32_MAX))
 
 
 def region_args(backends: KVCRBackendConfigs, legacy=None) -> list:
     """framework_regions (or the region `legacy`, kvcr.legacy's, made of
-    framework_dram) as kvcr._native.Instance's tuples (addr, size, count,
-    stride, label, kvcr_mem_type, device)."""
+    framework_dram) as kvcr._native.Instance's records, dicts by
+    kvcr_region's field names."""
     if backends.framework_dram is not None and backends.framework_regions:
         raise ValueError("configure either framework_dram or framework_regions, not both")
     regions = backends.framework_regions if legacy is None else [legacy]

@@ -104,8 +104,23 @@ def test_cases_cover_every_ranged_row():
     assert len(CASES) >= 25
 
 
-def test_an_unknown_path_is_refused_by_the_binding():
+def native(**changes):
+    """kvcr._native.Instance's arguments of a minimal instance, changed."""
+    args = dict(agent_name="x", pool_layouts=[dict(name="", block_size=BLOCK)], local_dram=None,
+                regions=[], options={}, policy=None, inventory=None, capacity=None, log=None,
+                make_entry=lambda *a: None)
+    return _native.Instance(**dict(args, **changes))
+
+
+def test_the_binding_takes_options_and_records_by_name_only():
     with pytest.raises(KeyError, match="no option 'limits.nope'"):
-        _native.Instance(agent_name="x", pool_layouts=[("", BLOCK)], local_dram=None,
-                         regions=[], options={"limits.nope": 1}, policy=None, inventory=None,
-                         capacity=None, log=None, make_entry=lambda *a: None)
+        native(options={"limits.nope": 1})
+    with pytest.raises(OverflowError, match="remote.control_port does not hold 65536"):
+        native(options={"remote.control_port": 65536})
+    # Records are dicts by their C struct's field names, never tuples.
+    with pytest.raises(TypeError, match="a pool layout must be a dict by field name, not tuple"):
+        native(pool_layouts=[("", BLOCK)])
+    with pytest.raises(TypeError, match="block_size"):
+        native(pool_layouts=[dict(name="")])
+    with pytest.raises(TypeError, match="a tenant must be a dict by field name"):
+        native(tenants=[("t", 1, 0)])
