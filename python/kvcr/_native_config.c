@@ -89,8 +89,8 @@ static int region_of(PyObject *d, void *out, PyObject *keep)
     unsigned long long addr, size, count, stride;
     int mem_type, device;
     const char *l;
-    if (record_of(d, "framework region", "KKKKOii", names, &addr, &size, &count, &stride, &label, &mem_type,
-                  &device) != 0 ||
+    if (record_of(d, "framework region", "KKKKOii", names, &addr, &size, &count, &stride,
+                  &label, &mem_type, &device) != 0 ||
         (l = nat_str_of(label, keep, "region label")) == NULL)
         return -1;
     *(kvcr_region *)out = (kvcr_region){(void *)(uintptr_t)addr, (size_t)size, (size_t)count,

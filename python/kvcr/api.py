@@ -636,7 +636,7 @@ class KVCR:
         self._stats = bindings.stats_factory() if self._telemetry else None
         self._warned_dropped = False
         pool_names = [name for name, _ in config.pool_layouts]
-        args["options"]["enable_telemetry"] = self._telemetry
+        args["options"]["enable_telemetry"] = self._telemetry  # the stats need a sink too
         native = _native.Instance(
             **args,
             policy=adapter if adapter is not None else builtin,

@@ -43,6 +43,8 @@ def _bound(record: Any, **values: Any) -> dict:
     cls = type(record).__name__ + "."
     return {path: values.get(row["py"][len(cls):], getattr(record, row["py"][len(cls):]))
             for path, row in OPTIONS.items() if (row["py"] or "").startswith(cls)}
+
+
 _KVCR_MEM_TYPE = {"DRAM": 0, "VRAM": 1}  # RegionDescriptor.mem_type -> kvcr_mem_type
 FRAMEWORK_MEMORY_TYPES = frozenset(_KVCR_MEM_TYPE)
 
