@@ -12,6 +12,7 @@
 #include "kvcr/options.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,16 +65,25 @@ static int layout_of(PyObject *d, void *out, PyObject *keep)
     return 0;
 }
 
+/* A record of a name and two integers (names: their fields), the name
+ * held by keep: a pool or a tenant. */
+static int named_of(PyObject *d, const char *what, char **names, PyObject *keep,
+                    const char **name, unsigned long long *a, unsigned long long *b)
+{
+    PyObject *n;
+    char field[64]; /* "tenant name", for a TypeError */
+    snprintf(field, sizeof field, "%s %s", what, names[0]);
+    if (record_of(d, what, "OKK", names, &n, a, b) != 0) return -1;
+    return (*name = nat_str_of(n, keep, field)) == NULL ? -1 : 0;
+}
+
 /* {"name", "addr", "size"}: a kvcr_dram_pool */
 static int pool_of(PyObject *d, void *out, PyObject *keep)
 {
     static char *names[] = {"name", "addr", "size", NULL};
     kvcr_dram_pool *p = out;
-    PyObject *name;
     unsigned long long addr, size;
-    if (record_of(d, "local DRAM pool", "OKK", names, &name, &addr, &size) != 0 ||
-        (p->name = nat_str_of(name, keep, "pool name")) == NULL)
-        return -1;
+    if (named_of(d, "local DRAM pool", names, keep, &p->name, &addr, &size) != 0) return -1;
     p->addr = (void *)(uintptr_t)addr;
     p->size = (size_t)size;
     return 0;
@@ -103,11 +113,8 @@ static int tenant_of(PyObject *d, void *out, PyObject *keep)
 {
     static char *names[] = {"name", "dram_slots", "g3_slots", NULL};
     kvcr_tenant *e = out;
-    PyObject *name;
     unsigned long long dram, g3;
-    if (record_of(d, "tenant", "OKK", names, &name, &dram, &g3) != 0 ||
-        (e->name = nat_str_of(name, keep, "tenant name")) == NULL)
-        return -1;
+    if (named_of(d, "tenant", names, keep, &e->name, &dram, &g3) != 0) return -1;
     e->dram_slots = dram;
     e->g3_slots = g3;
     return 0;
