@@ -38,11 +38,15 @@ def _top(path: str) -> int:
 
 def _bound(record: Any, **values: Any) -> dict:
     """{path: value} of every table row bound to a field of `record`'s class
-    (its `py` "Record.field"): the field's value, or values[field] when the
-    caller checked or converted it."""
-    cls = type(record).__name__ + "."
-    return {path: values.get(row["py"][len(cls):], getattr(record, row["py"][len(cls):]))
-            for path, row in OPTIONS.items() if (row["py"] or "").startswith(cls)}
+    or a base of it (its `py` "Record.field"): the field's value, or
+    values[field] when the caller checked or converted it."""
+    classes = {c.__name__ for c in type(record).__mro__}
+    bound = {}
+    for path, row in OPTIONS.items():
+        cls, _, name = (row["py"] or "").partition(".")
+        if cls in classes:
+            bound[path] = values[name] if name in values else getattr(record, name)
+    return bound
 
 
 _KVCR_MEM_TYPE = {"DRAM": 0, "VRAM": 1}  # RegionDescriptor.mem_type -> kvcr_mem_type

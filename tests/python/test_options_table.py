@@ -124,3 +124,11 @@ def test_the_binding_takes_options_and_records_by_name_only():
         native(pool_layouts=[dict(name="")])
     with pytest.raises(TypeError, match="a tenant must be a dict by field name"):
         native(tenants=[("t", 1, 0)])
+
+
+def test_a_subclass_of_a_record_is_bound_like_the_record():
+    class Limits(kvcr.KVCRLimits):
+        __slots__ = ()
+
+    assert kvcr.config._bound(Limits(max_hint_bytes=4096))["limits.max_hint_bytes"] == 4096
+    assert kvcr.config._bound(kvcr.KVCRLimits(), max_peers=7)["max_peers"] == 7
