@@ -17,11 +17,13 @@ typedef struct setup {
     uint8_t *mem;
 } setup;
 
-/* A valid configuration with G3 named (refused rules stop kvcr_create
- * before any file is opened), so that every group's rules run. */
+/* A valid configuration, with G3 named when g3 (refused rules stop
+ * kvcr_create before any file is opened), so that every group's rules
+ * run. Its path can never be created: were a rule lost, opening it fails
+ * without writing anything. */
 static void base(setup *s, bool g3)
 {
-    static const char *const paths[] = {"/nonexistent/kvcr-options-table/g3"};
+    static const char *const paths[] = {"/dev/null/kvcr-options-table-g3"};
     memset(s, 0, sizeof *s);
     s->mem = aligned_alloc(4096, 2 * BS);
     kvcr_config_init(&s->cfg);
