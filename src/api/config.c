@@ -22,6 +22,9 @@ _Static_assert(KVCR_CURVE_KEY_LEN == CTL_KEY_LEN, "the public key length is the 
 
 /* ---- the options table (src/api/options.def, kvcr/options.h) ------------ */
 
+/* What is made of the table: the rows (static), the defaults, the checks.
+ * None of it touches an instance or shared state: any thread, no lock. */
+
 /* The named rules a row may have beyond RANGE / BOUNDS / POSITIVE. */
 enum opt_rule { OPT_NONE, OPT_RANGE, OPT_BOUNDS, OPT_POSITIVE, OPT_ABANDON, OPT_PER_PEER,
                 OPT_DP_RANK };
