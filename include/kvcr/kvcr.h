@@ -69,6 +69,11 @@ typedef struct kvcr kvcr_t;
 
 /* ---- configuration ------------------------------------------------------ */
 
+/* The defaults, ranges and rules the field comments below give are rows of
+ * one table, src/api/options.def (read at run time through kvcr/options.h):
+ * kvcr_config_init and kvcr_create are made from it, and the table decides
+ * where a comment and it differ. */
+
 #define KVCR_MAX_POOLS 64
 #define KVCR_NAME_MAX 128
 

@@ -106,6 +106,8 @@ static PyMethodDef module_methods[] = {
     {"init", mod_init, METH_VARARGS,
      "init(query_statuses, tiers, MemoryRef, errors by -code)"},
     {"reason_name", mod_reason_name, METH_O, "reason_name(value) -> kvcr_reason_name(value)"},
+    {"options", nat_options, METH_NOARGS,
+     "options() -> the rows of libkvcr's options table (kvcr/options.h), as dicts"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -119,40 +121,13 @@ PyMODINIT_FUNC PyInit__native(void)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    kvcr_config defaults; /* libkvcr's defaults of the G3 extras (kvcr.config.G3Options) */
-    kvcr_config_init(&defaults);
-    PyObject *staging = PyLong_FromUnsignedLongLong(defaults.g3.max_staging_bytes);
-    const kvcr_limits *dl = &defaults.limits; /* kvcr.config.KVCRLimits' defaults */
-    PyObject *limits = Py_BuildValue(
-        "{sIsIsIsIsIsIsIsIsI}", "max_source_writes_per_peer", dl->max_source_writes_per_peer,
-        "max_source_writes", dl->max_source_writes, "max_pin_requests", dl->max_pin_requests,
-        "max_control_message_bytes", dl->max_control_message_bytes, "max_hint_bytes",
-        dl->max_hint_bytes, "max_hinted_requests", dl->max_hinted_requests,
-        "max_unpolled_operations", dl->max_unpolled_operations, "max_peers", defaults.max_peers,
-        "peer_idle_ms", defaults.peer_idle_ms);
-    const kvcr_kv_events_options *ke = &defaults.kv_events; /* kvcr.config.KVEventsOptions' */
-    PyObject *kv_events = Py_BuildValue(
-        "{sIsIsIsI}", "buffer_batches", ke->buffer_batches, "max_batch_events",
-        ke->max_batch_events, "batch_interval_ms", ke->batch_interval_ms, "max_queued_batches",
-        ke->max_queued_batches);
     Py_INCREF(&nat_instance_type);
-    if (staging == NULL || limits == NULL || kv_events == NULL ||
-        PyModule_AddObjectRef(m, "LIMIT_DEFAULTS", limits) != 0 ||
-        PyModule_AddObjectRef(m, "KV_EVENTS_DEFAULTS", kv_events) != 0 ||
-        PyModule_AddObject(m, "Instance", (PyObject *)&nat_instance_type) != 0 ||
+    if (PyModule_AddObject(m, "Instance", (PyObject *)&nat_instance_type) != 0 ||
         PyModule_AddStringConstant(m, "LIBRARY_VERSION", kvcr_version_string()) != 0 ||
         PyModule_AddIntConstant(m, "NO_EVICT", KVCR_NO_EVICT) != 0 ||
-        PyModule_AddIntConstant(m, "STRICT_TENANT", KVCR_STRICT_TENANT) != 0 ||
-        PyModule_AddIntConstant(m, "G3_QUEUE_DEPTH", (long)defaults.g3.queue_depth) != 0 ||
-        PyModule_AddObjectRef(m, "G3_MAX_STAGING_BYTES", staging) != 0) {
-        Py_XDECREF(staging);
-        Py_XDECREF(limits);
-        Py_XDECREF(kv_events);
+        PyModule_AddIntConstant(m, "STRICT_TENANT", KVCR_STRICT_TENANT) != 0) {
         Py_DECREF(m);
         return NULL;
     }
-    Py_DECREF(staging);
-    Py_DECREF(limits);
-    Py_DECREF(kv_events);
     return m;
 }

@@ -89,14 +89,13 @@ const char *nat_str_of(PyObject *o, PyObject *keep, const char *what);
 
 /* The configuration arguments of Instance(...), as its init parses them. */
 typedef struct nat_config_args {
-    const char *agent, *local_backend;
-    PyObject *layouts, *dram, *regions;
-    unsigned int op_ms, abandon_ms, threads;
-    double watermark;
-    int telemetry;
-    PyObject *remote, *g3, *guard, *limits; /* Py_None when not given */
-    PyObject *kv_events;                    /* Py_None when not given */
-    PyObject *tenants;                      /* ((name, dram_slots, g3_slots), ...) or Py_None */
+    const char *agent;
+    PyObject *layouts, *dram, *regions; /* dicts by kvcr_pool_layout / _dram_pool / _region
+                                         * field name; dram Py_None: no local DRAM */
+    PyObject *options;    /* {path: value} of the options table's rows */
+    PyObject *g3_paths;   /* (str, ...) or Py_None: no G3 */
+    PyObject *curve_keys; /* CURVE allowed keys (str, ...) or Py_None */
+    PyObject *tenants;    /* ({"name", "dram_slots", "g3_slots"}, ...) or Py_None */
 } nat_config_args;
 
 /* A kvcr_config and what it points into: the arrays it owns and `keep`,
@@ -115,6 +114,9 @@ typedef struct nat_config {
  * error set. nat_config_free releases *c either way. */
 int nat_config_build(const nat_config_args *a, nat_config *c);
 void nat_config_free(nat_config *c);
+/* kvcr._native.options(): the options table's rows as dicts (path, label,
+ * type, default, min, max, rule, since, py, doc). */
+PyObject *nat_options(PyObject *mod, PyObject *unused);
 
 /* ---- _native_policy.c --------------------------------------------------- */
 

@@ -1,215 +1,229 @@
 /* kvcr._native: Instance(...)'s configuration arguments as a kvcr_config
- * (see _native.h). kvcr/config.py has checked their types and that each
+ * (see _native.h), and options(), the rows of libkvcr's options table
+ * (kvcr/options.h). kvcr/config.py has checked their types and that each
  * value fits its C field; libkvcr checks the values in kvcr_create, and its
- * message is the exception's. The G3 tier's options arrive as one tuple
- * (parse_g3); guard mode's as one tuple (socket path, guard_index, digest)
- * that fills kvcr_config.guard, and kvcr_create then claims the pool group
- * itself. With the GIL held. */
+ * message is the exception's. Every scalar option arrives by its path in
+ * one dict (set_options); the arrays as arguments of their own: G3 paths
+ * and CURVE keys as str sequences, pool layouts, pools, regions and
+ * tenants as sequences of dicts by their C struct's field names
+ * (record_of). Nothing is passed by position. With the GIL held. */
 #include "_native.h"
 
+#include "kvcr/options.h"
+
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int parse_layouts(PyObject *seq, kvcr_pool_layout **out, size_t *n, PyObject *keep)
+/* The fields of one record of an array (a dict by its C struct's field
+ * names, every one required) as PyArg_ParseTupleAndKeywords parses
+ * keywords: never by position. */
+static int record_of(PyObject *d, const char *what, const char *format, char **names, ...)
 {
-    PyObject *t = PySequence_Tuple(seq);
-    if (t == NULL) return -1;
-    *n = (size_t)PyTuple_GET_SIZE(t);
-    int rc = (*out = nat_alloc(*n, sizeof **out)) ? 0 : -1;
-    for (size_t i = 0; rc == 0 && i < *n; i++) {
-        PyObject *name;
-        unsigned long long bs;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "OK", &name, &bs) ||
-            ((*out)[i].name = nat_str_of(name, keep, "pool name")) == NULL)
-            rc = -1;
-        else
-            (*out)[i].block_size = (size_t)bs;
-    }
-    Py_DECREF(t);
-    return rc;
-}
-
-static int parse_pools(PyObject *seq, kvcr_dram_pool **out, size_t *n, PyObject *keep)
-{
-    *n = 0;
-    *out = NULL;
-    if (seq == Py_None) return 0;
-    PyObject *t = PySequence_Tuple(seq);
-    if (t == NULL) return -1;
-    *n = (size_t)PyTuple_GET_SIZE(t);
-    int rc = (*out = nat_alloc(*n, sizeof **out)) ? 0 : -1;
-    for (size_t i = 0; rc == 0 && i < *n; i++) {
-        PyObject *name;
-        unsigned long long addr, size;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "OKK", &name, &addr, &size) ||
-            ((*out)[i].name = nat_str_of(name, keep, "pool name")) == NULL) {
-            rc = -1;
-        } else {
-            (*out)[i].addr = (void *)(uintptr_t)addr;
-            (*out)[i].size = (size_t)size;
-        }
-    }
-    Py_DECREF(t);
-    return rc;
-}
-
-static int parse_regions(PyObject *seq, kvcr_region **out, size_t *n, PyObject *keep)
-{
-    PyObject *t = PySequence_Tuple(seq);
-    if (t == NULL) return -1;
-    *n = (size_t)PyTuple_GET_SIZE(t);
-    int rc = (*out = nat_alloc(*n, sizeof **out)) ? 0 : -1;
-    for (size_t i = 0; rc == 0 && i < *n; i++) {
-        PyObject *label;
-        unsigned long long addr, size, count, stride;
-        int mem_type, device;
-        const char *l = NULL;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "KKKKOii", &addr, &size, &count, &stride,
-                              &label, &mem_type, &device) ||
-            (l = nat_str_of(label, keep, "region label")) == NULL) {
-            rc = -1;
-        } else {
-            (*out)[i] = (kvcr_region){(void *)(uintptr_t)addr, (size_t)size, (size_t)count,
-                                      (size_t)stride, l, (kvcr_mem_type)mem_type, device};
-        }
-    }
-    Py_DECREF(t);
-    return rc;
-}
-
-/* g3: (paths tuple of str, capacity, backend str, queue_depth, max_staging_bytes), checked
- * for types and C ranges by kvcr/config.py; libkvcr checks the rest (and opens the files in
- * kvcr_create). *paths is an allocation that the caller frees; the strings are held by keep. */
-static int parse_g3(PyObject *g3, kvcr_g3_options *out, const char ***paths, PyObject *keep)
-{
-    PyObject *seq, *backend;
-    unsigned long long capacity, staging;
-    unsigned int depth;
-    if (!PyArg_ParseTuple(g3, "O!KOIK", &PyTuple_Type, &seq, &capacity, &backend, &depth,
-                          &staging))
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "a %s must be a dict by field name, not %.100s", what,
+                     Py_TYPE(d)->tp_name);
         return -1;
-    size_t n = (size_t)PyTuple_GET_SIZE(seq);
-    if ((*paths = nat_alloc(n, sizeof **paths)) == NULL) return -1;
-    for (size_t i = 0; i < n; i++)
-        if (((*paths)[i] = nat_str_of(PyTuple_GET_ITEM(seq, (Py_ssize_t)i), keep, "G3 path")) == NULL)
+    }
+    PyObject *none = PyTuple_New(0);
+    if (none == NULL) return -1;
+    va_list ap;
+    va_start(ap, names);
+    int ok = PyArg_VaParseTupleAndKeywords(none, d, format, names, ap);
+    va_end(ap);
+    Py_DECREF(none);
+    return ok ? 0 : -1;
+}
+
+/* The records of a sequence, *out an allocation of *n (the caller frees
+ * it); each filled by one(record, &(*out)[i], keep). */
+static int parse_array(PyObject *seq, void **out, size_t *n, size_t size, PyObject *keep,
+                       int (*one)(PyObject *, void *, PyObject *))
+{
+    PyObject *t = PySequence_Tuple(seq);
+    if (t == NULL) return -1;
+    *n = (size_t)PyTuple_GET_SIZE(t);
+    int rc = (*out = nat_alloc(*n, size)) ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < *n; i++)
+        rc = one(PyTuple_GET_ITEM(t, (Py_ssize_t)i), (char *)*out + i * size, keep);
+    Py_DECREF(t);
+    return rc;
+}
+
+/* {"name", "block_size"}: a kvcr_pool_layout */
+static int layout_of(PyObject *d, void *out, PyObject *keep)
+{
+    static char *names[] = {"name", "block_size", NULL};
+    kvcr_pool_layout *l = out;
+    PyObject *name;
+    unsigned long long bs;
+    if (record_of(d, "pool layout", "OK", names, &name, &bs) != 0 ||
+        (l->name = nat_str_of(name, keep, "pool name")) == NULL)
+        return -1;
+    l->block_size = (size_t)bs;
+    return 0;
+}
+
+/* A record of a name and two integers (names: their fields), the name
+ * held by keep: a pool or a tenant. */
+static int named_of(PyObject *d, const char *what, char **names, PyObject *keep,
+                    const char **name, unsigned long long *a, unsigned long long *b)
+{
+    PyObject *n;
+    char field[64]; /* "tenant name", for a TypeError */
+    snprintf(field, sizeof field, "%s %s", what, names[0]);
+    if (record_of(d, what, "OKK", names, &n, a, b) != 0) return -1;
+    return (*name = nat_str_of(n, keep, field)) == NULL ? -1 : 0;
+}
+
+/* {"name", "addr", "size"}: a kvcr_dram_pool */
+static int pool_of(PyObject *d, void *out, PyObject *keep)
+{
+    static char *names[] = {"name", "addr", "size", NULL};
+    kvcr_dram_pool *p = out;
+    unsigned long long addr, size;
+    if (named_of(d, "local DRAM pool", names, keep, &p->name, &addr, &size) != 0) return -1;
+    p->addr = (void *)(uintptr_t)addr;
+    p->size = (size_t)size;
+    return 0;
+}
+
+/* {"addr", "element_size", "count", "stride", "label", "mem_type",
+ * "device_id"}: a kvcr_region */
+static int region_of(PyObject *d, void *out, PyObject *keep)
+{
+    static char *names[] = {"addr", "element_size", "count", "stride", "label", "mem_type",
+                            "device_id", NULL};
+    PyObject *label;
+    unsigned long long addr, size, count, stride;
+    int mem_type, device;
+    const char *l;
+    if (record_of(d, "framework region", "KKKKOii", names, &addr, &size, &count, &stride,
+                  &label, &mem_type, &device) != 0 ||
+        (l = nat_str_of(label, keep, "region label")) == NULL)
+        return -1;
+    *(kvcr_region *)out = (kvcr_region){(void *)(uintptr_t)addr, (size_t)size, (size_t)count,
+                                        (size_t)stride, l, (kvcr_mem_type)mem_type, device};
+    return 0;
+}
+
+/* {"name", "dram_slots", "g3_slots"}: a kvcr_tenant (libkvcr checks the rules) */
+static int tenant_of(PyObject *d, void *out, PyObject *keep)
+{
+    static char *names[] = {"name", "dram_slots", "g3_slots", NULL};
+    kvcr_tenant *e = out;
+    unsigned long long dram, g3;
+    if (named_of(d, "tenant", names, keep, &e->name, &dram, &g3) != 0) return -1;
+    e->dram_slots = dram;
+    e->g3_slots = g3;
+    return 0;
+}
+
+/* A str list for a kvcr_config array (G3 paths, CURVE allowed keys), the
+ * strings held by keep. *out is an allocation that the caller frees. */
+static int parse_strs(PyObject *seq, const char ***out, size_t *n, PyObject *keep,
+                      const char *what)
+{
+    PyObject *t = PySequence_Tuple(seq);
+    if (t == NULL) return -1;
+    *n = (size_t)PyTuple_GET_SIZE(t);
+    int rc = (*out = nat_alloc(*n, sizeof **out)) ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < *n; i++)
+        if (((*out)[i] = nat_str_of(PyTuple_GET_ITEM(t, (Py_ssize_t)i), keep, what)) == NULL)
+            rc = -1;
+    Py_DECREF(t);
+    return rc;
+}
+
+/* The field of one row of the options table (kvcr/options.h) set from a
+ * Python value: bool, int (within the C type: kvcr/config.py checked it;
+ * else OverflowError), float, str or None (a NULL string). */
+static int set_option(kvcr_config *cfg, const kvcr_option *o, PyObject *v, PyObject *keep)
+{
+    char *field = (char *)cfg + o->offset;
+    if (o->type == KVCR_OPT_STR) {
+        const char *s = v == Py_None ? NULL : nat_str_of(v, keep, o->path);
+        if (s == NULL && v != Py_None) return -1;
+        memcpy(field, &s, sizeof s);
+        return 0;
+    }
+    if (o->type == KVCR_OPT_F64) {
+        double d = PyFloat_AsDouble(v);
+        if (d == -1.0 && PyErr_Occurred()) return -1;
+        memcpy(field, &d, sizeof d);
+        return 0;
+    }
+    int truth = o->type == KVCR_OPT_BOOL ? PyObject_IsTrue(v) : 0;
+    unsigned long long u = o->type == KVCR_OPT_BOOL ? (unsigned long long)truth
+                                                    : PyLong_AsUnsignedLongLong(v);
+    if (truth < 0 || PyErr_Occurred()) return -1;
+    if (kvcr__option_set(cfg, o, u) != 0) {
+        PyErr_SetString(PyExc_OverflowError, kvcr_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* options: {path: value} of rows of the options table, by name (libkvcr
+ * checks the values); a path that is no row is a KeyError. */
+static int set_options(kvcr_config *cfg, PyObject *options, PyObject *keep)
+{
+    if (!PyDict_Check(options)) {
+        PyErr_SetString(PyExc_TypeError, "options must be a dict {path: value}");
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(options, &pos, &key, &value)) {
+        const char *path = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        const kvcr_option *o = path ? kvcr__option(path) : NULL;
+        if (o == NULL) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "no option %R", key);
             return -1;
-    if ((out->backend = nat_str_of(backend, keep, "G3 backend")) == NULL) return -1;
-    /* A non-NULL array even when empty: libkvcr then says "G3 requires at least one file
-     * path" instead of taking NULL/0 for "no G3". */
-    out->paths = *paths;
-    out->n_paths = n;
-    out->capacity_bytes_per_file = capacity;
-    out->queue_depth = depth;
-    out->max_staging_bytes = staging;
-    return 0;
-}
-
-/* CURVE keys: (secret or None, public or None, allowed keys); no secret
- * means CURVE off. The keys are checked by libkvcr, whose message the
- * caller sees. */
-static int parse_curve(PyObject *curve, kvcr_curve_options *out, const char ***keys,
-                       PyObject *keep)
-{
-    PyObject *secret, *pub, *allowed;
-    if (!PyArg_ParseTuple(curve, "OOO!", &secret, &pub, &PyTuple_Type, &allowed)) return -1;
-    size_t n = (size_t)PyTuple_GET_SIZE(allowed);
-    if ((*keys = nat_alloc(n, sizeof **keys)) == NULL) return -1;
-    for (size_t i = 0; i < n; i++)
-        if (((*keys)[i] = nat_str_of(PyTuple_GET_ITEM(allowed, (Py_ssize_t)i), keep,
-                                 "curve allowed key")) == NULL)
-            return -1;
-    if ((secret != Py_None &&
-         (out->secret_key = nat_str_of(secret, keep, "curve secret key")) == NULL) ||
-        (pub != Py_None && (out->public_key = nat_str_of(pub, keep, "curve public key")) == NULL))
-        return -1;
-    out->allowed_keys = n ? *keys : NULL; /* libkvcr: keys without a secret are refused */
-    out->n_allowed_keys = n;
-    return 0;
-}
-
-/* guard: (service socket path, guard_index, compatibility digest) */
-static int parse_guard(PyObject *guard, kvcr_guard_options *out, PyObject *keep)
-{
-    PyObject *path, *digest;
-    unsigned int index;
-    if (!PyArg_ParseTuple(guard, "OIO", &path, &index, &digest) ||
-        (out->service_socket_path = nat_str_of(path, keep, "guard socket path")) == NULL ||
-        (out->compatibility_digest = nat_str_of(digest, keep, "guard digest")) == NULL)
-        return -1;
-    out->guard_index = index;
-    return 0;
-}
-
-/* remote: (eager, opportunistic, retry_ms, backend, curve, endpoint), the
- * options libkvcr checks with the peer tier on or off; endpoint (bind host,
- * port 0..65535 as kvcr/config.py checked it, advertise host) turns it on,
- * None leaves it off. */
-static int parse_remote(PyObject *remote, kvcr_remote_options *out, const char ***curve_keys,
-                        PyObject *keep)
-{
-    int eager, opportunistic;
-    unsigned int retry_ms, port;
-    PyObject *backend, *curve, *endpoint, *host, *adv;
-    if (!PyArg_ParseTuple(remote, "ppIOOO", &eager, &opportunistic, &retry_ms, &backend, &curve,
-                          &endpoint) ||
-        parse_curve(curve, &out->curve, curve_keys, keep) != 0 ||
-        (out->backend = nat_str_of(backend, keep, "remote backend")) == NULL)
-        return -1;
-    out->eager_ctrl_connect = eager != 0;
-    out->opportunistic_query = opportunistic != 0;
-    out->metadata_retry_interval_ms = retry_ms;
-    if (endpoint == Py_None) return 0;
-    if (!PyArg_ParseTuple(endpoint, "OIO", &host, &port, &adv) ||
-        (out->control_host = nat_str_of(host, keep, "control host")) == NULL ||
-        (out->advertise_host = nat_str_of(adv, keep, "advertise host")) == NULL)
-        return -1;
-    out->control_port = (uint16_t)port;
-    out->enabled = true;
-    return 0;
-}
-
-/* kv_events: (endpoint, replay or None, topic, dp_rank, buffer_batches,
- * max_batch_events, batch_interval_ms, max_queued_batches, positional,
- * medium_dram, medium_g3) (libkvcr checks the values) */
-static int parse_kv_events(PyObject *t, kvcr_kv_events_options *out, PyObject *keep)
-{
-    PyObject *endpoint, *replay, *topic, *dram, *g3;
-    int positional;
-    if (!PyArg_ParseTuple(t, "OOOIIIIIpOO", &endpoint, &replay, &topic, &out->dp_rank,
-                          &out->buffer_batches, &out->max_batch_events,
-                          &out->batch_interval_ms, &out->max_queued_batches, &positional,
-                          &dram, &g3) ||
-        (out->endpoint = nat_str_of(endpoint, keep, "kv_events.endpoint")) == NULL ||
-        (out->topic = nat_str_of(topic, keep, "kv_events.topic")) == NULL ||
-        (out->medium_dram = nat_str_of(dram, keep, "kv_events.medium_dram")) == NULL ||
-        (out->medium_g3 = nat_str_of(g3, keep, "kv_events.medium_g3")) == NULL)
-        return -1;
-    out->legacy_positional = positional != 0;
-    if (replay != Py_None &&
-        (out->replay_endpoint = nat_str_of(replay, keep, "kv_events.replay_endpoint")) == NULL)
-        return -1;
-    return 0;
-}
-
-/* tenants: ((name, dram_slots, g3_slots), ...) (libkvcr checks the rules) */
-static int parse_tenants(PyObject *seq, kvcr_tenant **out, size_t *n, PyObject *keep)
-{
-    PyObject *t = PySequence_Tuple(seq);
-    if (t == NULL) return -1;
-    *n = (size_t)PyTuple_GET_SIZE(t);
-    int rc = (*out = nat_alloc(*n, sizeof **out)) == NULL ? -1 : 0;
-    for (size_t i = 0; rc == 0 && i < *n; i++) {
-        PyObject *name;
-        kvcr_tenant *e = &(*out)[i];
-        unsigned long long dram, g3;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(t, i), "OKK", &name, &dram, &g3) ||
-            (e->name = nat_str_of(name, keep, "tenant name")) == NULL)
-            rc = -1;
-        e->dram_slots = dram;
-        e->g3_slots = g3;
+        }
+        if (set_option(cfg, o, value, keep) != 0) return -1;
     }
-    Py_DECREF(t);
-    return rc;
+    return 0;
+}
+
+/* A row's value as Python: bool, int, float, str or None. */
+static PyObject *option_value(const kvcr_option *o, kvcr_option_value v)
+{
+    switch (o->type) {
+    case KVCR_OPT_BOOL: return PyBool_FromLong(v.u != 0);
+    case KVCR_OPT_F64: return PyFloat_FromDouble(v.d);
+    case KVCR_OPT_STR: return v.s ? PyUnicode_FromString(v.s) : Py_NewRef(Py_None);
+    default: return PyLong_FromUnsignedLongLong(v.u);
+    }
+}
+
+PyObject *nat_options(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    static const char *const types[] = {"bool", "u16", "u32", "u64", "f64", "str"};
+    size_t n;
+    const kvcr_option *rows = kvcr__options(&n);
+    PyObject *out = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; out != NULL && i < n; i++) {
+        const kvcr_option *o = &rows[i];
+        bool ranged = o->type != KVCR_OPT_STR && o->type != KVCR_OPT_BOOL;
+        PyObject *def = option_value(o, o->def);
+        PyObject *lo = ranged ? option_value(o, o->min) : Py_NewRef(Py_None);
+        PyObject *hi = ranged ? option_value(o, o->max) : Py_NewRef(Py_None);
+        PyObject *row = def && lo && hi
+            ? Py_BuildValue("{sssssssOsOsOsssIszss}", "path", o->path, "label", o->label,
+                            "type", types[o->type], "default", def, "min", lo, "max", hi,
+                            "rule", o->rule, "since", o->since, "py", o->py, "doc", o->doc)
+            : NULL;
+        Py_XDECREF(def);
+        Py_XDECREF(lo);
+        Py_XDECREF(hi);
+        if (row == NULL) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, (Py_ssize_t)i, row);
+    }
+    return out;
 }
 
 int nat_config_build(const nat_config_args *a, nat_config *c)
@@ -217,46 +231,39 @@ int nat_config_build(const nat_config_args *a, nat_config *c)
     memset(c, 0, sizeof *c);
     kvcr_config *cfg = &c->cfg;
     kvcr_config_init(cfg);
-    size_t n_pl = 0, n_dp = 0, n_rg = 0;
+    size_t n_pl = 0, n_dp = 0, n_rg = 0, n_keys = 0;
     if ((c->keep = PyList_New(0)) == NULL ||
-        parse_layouts(a->layouts, &c->layouts, &n_pl, c->keep) ||
-        parse_pools(a->dram, &c->pools, &n_dp, c->keep) ||
-        parse_regions(a->regions, &c->regions, &n_rg, c->keep))
+        parse_array(a->layouts, (void **)&c->layouts, &n_pl, sizeof *c->layouts, c->keep,
+                    layout_of) != 0 ||
+        (a->dram != Py_None && parse_array(a->dram, (void **)&c->pools, &n_dp,
+                                           sizeof *c->pools, c->keep, pool_of) != 0) ||
+        parse_array(a->regions, (void **)&c->regions, &n_rg, sizeof *c->regions, c->keep,
+                    region_of) != 0 ||
+        set_options(cfg, a->options, c->keep) != 0)
         return -1;
     cfg->agent_name = a->agent;
     cfg->pool_layouts = c->layouts;
     cfg->n_pool_layouts = n_pl;
     cfg->local_dram = n_dp ? c->pools : NULL;
     cfg->n_local_dram = n_dp;
-    cfg->local_dram_backend = a->local_backend;
     cfg->framework_regions = n_rg ? c->regions : NULL;
     cfg->n_framework_regions = n_rg;
-    cfg->operation_timeout_ms = a->op_ms;
-    cfg->abandon_timeout_ms = a->abandon_ms;
-    cfg->capacity_low_watermark_percent = a->watermark;
-    cfg->enable_telemetry = a->telemetry != 0;
-    cfg->copy_threads = a->threads;
-    if (a->remote != Py_None && parse_remote(a->remote, &cfg->remote, &c->curve_keys, c->keep))
+    /* A non-NULL array even when empty: libkvcr then says "G3 requires at
+     * least one file path" instead of taking NULL/0 for "no G3". */
+    if (a->g3_paths != Py_None &&
+        parse_strs(a->g3_paths, &c->g3_paths, &cfg->g3.n_paths, c->keep, "G3 path") != 0)
         return -1;
-    if (a->g3 != Py_None && parse_g3(a->g3, &cfg->g3, &c->g3_paths, c->keep) != 0) return -1;
-    if (a->guard != Py_None && parse_guard(a->guard, &cfg->guard, c->keep) != 0) return -1;
-    if (a->kv_events != Py_None && parse_kv_events(a->kv_events, &cfg->kv_events, c->keep) != 0)
+    cfg->g3.paths = c->g3_paths;
+    if (a->curve_keys != Py_None &&
+        parse_strs(a->curve_keys, &c->curve_keys, &n_keys, c->keep, "curve allowed key") != 0)
         return -1;
+    cfg->remote.curve.allowed_keys = n_keys ? c->curve_keys : NULL; /* none: not given */
+    cfg->remote.curve.n_allowed_keys = n_keys;
     if (a->tenants != Py_None &&
-        parse_tenants(a->tenants, &c->tenants, &cfg->n_tenants, c->keep) != 0)
+        parse_array(a->tenants, (void **)&c->tenants, &cfg->n_tenants, sizeof *c->tenants,
+                    c->keep, tenant_of) != 0)
         return -1;
     cfg->tenants = cfg->n_tenants ? c->tenants : NULL;
-    /* limits: the seven kvcr_limits fields in their C order, then the peer
-     * table's two (libkvcr checks the ranges) */
-    if (a->limits != Py_None) {
-        kvcr_limits *l = &cfg->limits;
-        if (!PyArg_ParseTuple(a->limits, "IIIIIIIII", &l->max_source_writes_per_peer,
-                              &l->max_source_writes, &l->max_pin_requests,
-                              &l->max_control_message_bytes, &l->max_hint_bytes,
-                              &l->max_hinted_requests, &l->max_unpolled_operations,
-                              &cfg->max_peers, &cfg->peer_idle_ms))
-            return -1;
-    }
     return 0;
 }
 

@@ -44,23 +44,19 @@ static int live(Instance *self)
 
 static int Instance_init(Instance *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"agent_name", "pool_layouts", "local_dram", "local_backend",
-                            "regions", "operation_timeout_ms", "abandon_timeout_ms",
-                            "watermark_percent", "telemetry", "copy_threads", "policy",
-                            "inventory", "capacity", "log", "make_entry", "remote", "key_hash",
-                            "pins", "resilience", "g3", "guard", "limits", "kv_events",
-                            "tenants", NULL};
-    nat_config_args a = {.remote = Py_None, .g3 = Py_None, .guard = Py_None,
-                         .limits = Py_None, .kv_events = Py_None, .tenants = Py_None};
+    static char *names[] = {"agent_name", "pool_layouts", "local_dram", "regions", "options",
+                            "policy", "inventory", "capacity", "log", "make_entry", "key_hash",
+                            "pins", "resilience", "g3_paths", "curve_allowed_keys", "tenants",
+                            NULL};
+    nat_config_args a = {.g3_paths = Py_None, .curve_keys = Py_None, .tenants = Py_None};
     PyObject *policy, *inventory, *capacity, *log, *make_entry;
     PyObject *key_hash = Py_None, *pins = Py_None, *resilience = Py_None;
     if (!nat_ready() ||
-        !PyArg_ParseTupleAndKeywords(args, kw, "sOOsOIIdpIOOOOO|OOOOOOOOO", names, &a.agent,
-                                     &a.layouts, &a.dram, &a.local_backend, &a.regions,
-                                     &a.op_ms, &a.abandon_ms, &a.watermark, &a.telemetry,
-                                     &a.threads, &policy, &inventory, &capacity, &log,
-                                     &make_entry, &a.remote, &key_hash, &pins, &resilience,
-                                     &a.g3, &a.guard, &a.limits, &a.kv_events, &a.tenants))
+        !PyArg_ParseTupleAndKeywords(args, kw, "sOOOO!OOOOO|OOOOOO", names, &a.agent,
+                                     &a.layouts, &a.dram, &a.regions, &PyDict_Type, &a.options,
+                                     &policy, &inventory, &capacity, &log, &make_entry,
+                                     &key_hash, &pins, &resilience, &a.g3_paths, &a.curve_keys,
+                                     &a.tenants))
         return -1;
     if (self->kv != NULL || self->make_entry != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "instance already initialised");

@@ -636,9 +636,9 @@ class KVCR:
         self._stats = bindings.stats_factory() if self._telemetry else None
         self._warned_dropped = False
         pool_names = [name for name, _ in config.pool_layouts]
+        args["options"]["enable_telemetry"] = self._telemetry  # the stats need a sink too
         native = _native.Instance(
             **args,
-            telemetry=self._telemetry,
             policy=adapter if adapter is not None else builtin,
             inventory=(_inventory_callback(bindings.inventory_sink)
                        if bindings.inventory_sink is not None else None),
@@ -698,9 +698,9 @@ class KVCR:
         if policy is not None and not isinstance(policy, KVCachePolicy):
             raise TypeError("bindings.policy must be a KVCachePolicy")
         local, g3 = backends.local_dram, backends.g3
-        pools, local_backend = local_dram_args(local) if local is not None else (None, "UCX")
+        pools, options = local_dram_args(local) if local is not None else (None, {})
         legacy = framework_region(backends.framework_dram, config.nixl_agent_name,
-                                  args["pool_layouts"])
+                                  config.pool_layouts)
         regions = region_args(backends, region_of(legacy) if legacy is not None else None)
         endpoint = None
         if bindings.framework_control is not None:
@@ -719,18 +719,21 @@ class KVCR:
             if bindings.on_resilience_event is not None and not callable(
                     bindings.on_resilience_event):
                 raise TypeError("on_resilience_event must be callable or None")
-        remote = remote_args(backends.remote_fw_dram, endpoint)
-        block_size = args["pool_layouts"][0][1] if args["pool_layouts"] else 0
+        remote, curve_keys = remote_args(backends.remote_fw_dram, endpoint)
+        block_size = args["pool_layouts"][0]["block_size"] if args["pool_layouts"] else 0
+        g3_paths, g3_options = g3_args(g3, block_size) if g3 is not None else (None, {})
+        # Every option by its path in libkvcr's options table (kvcr.config.OPTIONS).
+        options = dict(args.pop("options"), **options, **remote, **g3_options,
+                       **kv_events_args(config.kv_events),
+                       **(guard_args(guard) if guard is not None else {}))
         return dict(
             args,
             legacy=legacy,
-            kv_events=kv_events_args(config.kv_events),
+            options=options,
             local_dram=pools,
-            local_backend=local_backend,
             regions=regions,
-            remote=remote,
-            g3=g3_args(g3, block_size) if g3 is not None else None,
-            guard=guard_args(guard) if guard is not None else None,
+            g3_paths=g3_paths,
+            curve_allowed_keys=curve_keys,
         )
 
     # ---- the API ----------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Tuple
 
@@ -18,6 +18,37 @@ from .types import BlockKey, InventoryEvent, RegionDescriptor
 
 _U32_MAX = 2**32 - 1
 _U64_MAX = 2**64 - 1
+
+# libkvcr's options table (src/api/options.def, kvcr/options.h): every
+# scalar option's path, type, default, range and rule, and the record field
+# ("Record.field") that sets it. The records' defaults come from it, and
+# their values reach libkvcr by path (_bound), never by position.
+OPTIONS = {row["path"]: row for row in _native.options()}
+
+
+def _default(path: str) -> Any:
+    """The default libkvcr's kvcr_config_init gives the option at `path`."""
+    return OPTIONS[path]["default"]
+
+
+def _top(path: str) -> int:
+    """The largest value the option's C field holds."""
+    return {"bool": 1, "u16": 2**16 - 1, "u32": _U32_MAX, "u64": _U64_MAX}[OPTIONS[path]["type"]]
+
+
+def _bound(record: Any, **values: Any) -> dict:
+    """{path: value} of every table row bound to a field of `record`'s class
+    or a base of it (its `py` "Record.field"): the field's value, or
+    values[field] when the caller checked or converted it."""
+    classes = {c.__name__ for c in type(record).__mro__}
+    bound = {}
+    for path, row in OPTIONS.items():
+        cls, _, name = (row["py"] or "").partition(".")
+        if cls in classes:
+            bound[path] = values[name] if name in values else getattr(record, name)
+    return bound
+
+
 _KVCR_MEM_TYPE = {"DRAM": 0, "VRAM": 1}  # RegionDescriptor.mem_type -> kvcr_mem_type
 FRAMEWORK_MEMORY_TYPES = frozenset(_KVCR_MEM_TYPE)
 
@@ -26,13 +57,13 @@ FRAMEWORK_MEMORY_TYPES = frozenset(_KVCR_MEM_TYPE)
 class KVCRConfig:
     nixl_agent_name: str
     pool_layouts: list  # [(pool_name, block_size_bytes)]
-    enable_telemetry: bool = False
-    operation_timeout_ms: int = 1000
-    abandon_timeout_ms: int = 5000
-    capacity_low_watermark_percent: float = 0
+    enable_telemetry: bool = _default("enable_telemetry")
+    operation_timeout_ms: int = _default("operation_timeout_ms")
+    abandon_timeout_ms: int = _default("abandon_timeout_ms")
+    capacity_low_watermark_percent: float = _default("capacity_low_watermark_percent")
     nixl_listen_port: Optional[int] = None
     # KVCR's own: libkvcr's copy threads (1..64).
-    copy_threads: int = 2
+    copy_threads: int = _default("copy_threads")
     # KVCR's own: libkvcr's resource limits (see KVCRLimits).
     limits: "KVCRLimits" = field(default_factory=lambda: KVCRLimits())
     # KVCR's own: KV events for routers (see KVEventsOptions); None: off.
@@ -82,22 +113,15 @@ class KVCRLimits:
     Refusals raise RuntimeError with libkvcr's
     message and are counted in telemetry (kvcr_limit_refusals_total{limit})."""
 
-    max_source_writes_per_peer: int = _native.LIMIT_DEFAULTS["max_source_writes_per_peer"]
-    max_source_writes: int = _native.LIMIT_DEFAULTS["max_source_writes"]
-    max_pin_requests: int = _native.LIMIT_DEFAULTS["max_pin_requests"]
-    max_control_message_bytes: int = _native.LIMIT_DEFAULTS["max_control_message_bytes"]
-    max_hint_bytes: int = _native.LIMIT_DEFAULTS["max_hint_bytes"]
-    max_hinted_requests: int = _native.LIMIT_DEFAULTS["max_hinted_requests"]
-    max_unpolled_operations: int = _native.LIMIT_DEFAULTS["max_unpolled_operations"]
-    max_peers: int = _native.LIMIT_DEFAULTS["max_peers"]
-    peer_idle_ms: int = _native.LIMIT_DEFAULTS["peer_idle_ms"]
-
-    def as_tuple(self) -> tuple:
-        """The fields in kvcr_limits' order, then kvcr_config's max_peers and
-        peer_idle_ms, as kvcr._native takes them."""
-        return (self.max_source_writes_per_peer, self.max_source_writes, self.max_pin_requests,
-                self.max_control_message_bytes, self.max_hint_bytes, self.max_hinted_requests,
-                self.max_unpolled_operations, self.max_peers, self.peer_idle_ms)
+    max_source_writes_per_peer: int = _default("limits.max_source_writes_per_peer")
+    max_source_writes: int = _default("limits.max_source_writes")
+    max_pin_requests: int = _default("limits.max_pin_requests")
+    max_control_message_bytes: int = _default("limits.max_control_message_bytes")
+    max_hint_bytes: int = _default("limits.max_hint_bytes")
+    max_hinted_requests: int = _default("limits.max_hinted_requests")
+    max_unpolled_operations: int = _default("limits.max_unpolled_operations")
+    max_peers: int = _default("max_peers")
+    peer_idle_ms: int = _default("peer_idle_ms")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,16 +153,16 @@ class KVEventsOptions:
     live, Dynamo drops it (it computes its hashes from the tokens)."""
 
     endpoint: str
-    replay_endpoint: Optional[str] = None
-    topic: str = ""
-    dp_rank: int = 0
-    buffer_batches: int = _native.KV_EVENTS_DEFAULTS["buffer_batches"]
-    max_batch_events: int = _native.KV_EVENTS_DEFAULTS["max_batch_events"]
-    batch_interval_ms: int = _native.KV_EVENTS_DEFAULTS["batch_interval_ms"]
-    max_queued_batches: int = _native.KV_EVENTS_DEFAULTS["max_queued_batches"]
-    legacy_positional: bool = False
-    medium_dram: str = "CPU"
-    medium_g3: str = "STORAGE"
+    replay_endpoint: Optional[str] = _default("kv_events.replay_endpoint")
+    topic: str = _default("kv_events.topic")
+    dp_rank: int = _default("kv_events.dp_rank")
+    buffer_batches: int = _default("kv_events.buffer_batches")
+    max_batch_events: int = _default("kv_events.max_batch_events")
+    batch_interval_ms: int = _default("kv_events.batch_interval_ms")
+    max_queued_batches: int = _default("kv_events.max_queued_batches")
+    legacy_positional: bool = _default("kv_events.legacy_positional")
+    medium_dram: str = _default("kv_events.medium_dram")
+    medium_g3: str = _default("kv_events.medium_g3")
 
 
 @dataclass(frozen=True)
@@ -149,7 +173,7 @@ class LocalDramOptions:
     the bytes; libkvcr's kvcr_config.local_dram_backend)."""
 
     pools: list  # [(pool_name, address, size_bytes)], one per pool_layouts entry
-    backend: str = "UCX"
+    backend: str = _default("local_dram_backend")
 
 
 @dataclass(frozen=True)
@@ -167,12 +191,12 @@ class RemoteFWDramOptions:
     peers are talked to. libkvcr checks the keys (ValueError with its
     reason)."""
 
-    eager_ctrl_connect: bool = True
-    opportunistic_query: bool = False
-    metadata_retry_interval_ms: int = 100
-    backend: str = "UCX"
-    curve_secret_key: Optional[str] = None
-    curve_public_key: Optional[str] = None
+    eager_ctrl_connect: bool = _default("remote.eager_ctrl_connect")
+    opportunistic_query: bool = _default("remote.opportunistic_query")
+    metadata_retry_interval_ms: int = _default("remote.metadata_retry_interval_ms")
+    backend: str = _default("remote.backend")
+    curve_secret_key: Optional[str] = _default("remote.curve.secret_key")
+    curve_public_key: Optional[str] = _default("remote.curve.public_key")
     curve_allowed_keys: Tuple[str, ...] = ()
 
 
@@ -198,8 +222,8 @@ class G3Options:
     capacity_bytes_per_file: int
     backend: str = "GDS_MT"
     backend_options: Mapping[str, str] = field(default_factory=dict)
-    queue_depth: int = _native.G3_QUEUE_DEPTH
-    max_staging_bytes: int = _native.G3_MAX_STAGING_BYTES
+    queue_depth: int = _default("g3.queue_depth")
+    max_staging_bytes: int = _default("g3.max_staging_bytes")
 
 
 @dataclass(frozen=True)
@@ -274,11 +298,12 @@ InventorySink = Callable[[InventoryEvent], None]
 
 # ---- arguments for kvcr._native (built by KVCR before anything starts) ------
 #
-# Each rule has one home. libkvcr checks the values (src/api/config.c,
-# src/service/client.c) and its kvcr_last_error() text is the message
-# raised. Here: the types of the fields, values a C field cannot hold, the
-# fields libkvcr does not have (nixl_listen_port, framework_dram, the
-# framework_control endpoint), memory type names, and G3 path spelling.
+# Each rule has one home. libkvcr checks the values (src/api/config.c and
+# its options table, the G3 path rule, src/service/client.c) and its
+# kvcr_last_error() text is the message raised. Here: the types of the
+# fields, values a C field cannot hold, the fields libkvcr does not have
+# (nixl_listen_port, framework_dram, the framework_control endpoint),
+# memory type names, and "~" in G3 paths.
 
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
 
@@ -328,8 +353,9 @@ def _c_float(name: str, value: Any) -> float:
 
 
 def config_args(config: KVCRConfig) -> dict:
-    """KVCRConfig as kvcr._native.Instance's arguments; nixl_listen_port,
-    which libkvcr has no field for, is checked here."""
+    """KVCRConfig as kvcr._native.Instance's arguments (its options by path
+    in "options"); nixl_listen_port, which libkvcr has no field for, is
+    checked here."""
     layouts = config.pool_layouts
     if not isinstance(layouts, (list, tuple)) or not all(
             isinstance(e, tuple) and len(e) == 2 for e in layouts):
@@ -340,20 +366,26 @@ def config_args(config: KVCRConfig) -> dict:
     limits = config.limits
     if not isinstance(limits, KVCRLimits):
         raise TypeError("limits must be a KVCRLimits")
+    options = _bound(
+        config,
+        operation_timeout_ms=_c_uint("operation_timeout_ms", config.operation_timeout_ms,
+                                     _top("operation_timeout_ms")),
+        abandon_timeout_ms=_c_uint("abandon_timeout_ms", config.abandon_timeout_ms,
+                                   _top("abandon_timeout_ms")),
+        capacity_low_watermark_percent=_c_float("capacity_low_watermark_percent",
+                                                config.capacity_low_watermark_percent),
+        copy_threads=_c_uint("copy_threads", config.copy_threads, _top("copy_threads"),
+                             clamp=True))
+    # libkvcr's messages quote these values: they reach it as given or not at all.
+    options.update({path: _c_int("limits." + OPTIONS[path]["py"].split(".")[1], value, 0,
+                                 _top(path))
+                    for path, value in _bound(limits).items()})
     return dict(
         agent_name=_c_str("nixl_agent_name", config.nixl_agent_name),
-        pool_layouts=[(_c_str("pool_layouts pool name", name),
-                       _c_uint("pool_layouts block size", size, _U64_MAX))
+        pool_layouts=[dict(name=_c_str("pool_layouts pool name", name),
+                           block_size=_c_uint("pool_layouts block size", size, _U64_MAX))
                       for name, size in layouts],
-        operation_timeout_ms=_c_uint("operation_timeout_ms", config.operation_timeout_ms,
-                                     _U32_MAX),
-        abandon_timeout_ms=_c_uint("abandon_timeout_ms", config.abandon_timeout_ms, _U32_MAX),
-        watermark_percent=_c_float("capacity_low_watermark_percent",
-                                   config.capacity_low_watermark_percent),
-        copy_threads=_c_uint("copy_threads", config.copy_threads, _U32_MAX, clamp=True),
-        # libkvcr's messages quote these values: they reach it as given or not at all.
-        limits=tuple(_c_int(f"limits.{name}", value, 0, _U32_MAX)
-                     for name, value in zip(KVCRLimits.__slots__, limits.as_tuple())),
+        options=options,
         tenants=_tenants_args(config.tenants),
     )
 
@@ -362,67 +394,70 @@ def _tenants_args(tenants) -> tuple:
     if not isinstance(tenants, (list, tuple)) or not all(
             isinstance(t, TenantQuota) for t in tenants):
         raise TypeError("tenants must be a list of TenantQuota")
-    return tuple((_c_str("tenant name", t.name),
-                  _c_int(f"tenant {t.name!r} dram_slots", t.dram_slots, 0, _U64_MAX),
-                  _c_int(f"tenant {t.name!r} g3_slots", t.g3_slots, 0, _U64_MAX))
+    return tuple(dict(name=_c_str("tenant name", t.name),
+                      dram_slots=_c_int(f"tenant {t.name!r} dram_slots", t.dram_slots, 0,
+                                        _U64_MAX),
+                      g3_slots=_c_int(f"tenant {t.name!r} g3_slots", t.g3_slots, 0, _U64_MAX))
                  for t in tenants)
 
 
-def kv_events_args(events: Optional[KVEventsOptions]) -> Optional[tuple]:
-    """KVEventsOptions as kvcr._native.Instance(kv_events=...): (endpoint,
-    replay endpoint or None, topic, dp_rank, buffer_batches,
-    max_batch_events, batch_interval_ms, max_queued_batches,
-    legacy_positional, medium_dram, medium_g3); None: off."""
+def kv_events_args(events: Optional[KVEventsOptions]) -> dict:
+    """KVEventsOptions as options by path (kv_events.*); {}: off."""
     if events is None:
-        return None
+        return {}
     if not isinstance(events, KVEventsOptions):
         raise TypeError("config.kv_events must be a KVEventsOptions or None")
-    replay = events.replay_endpoint
-    return (_c_str("kv_events.endpoint", events.endpoint),
-            None if replay is None else _c_str("kv_events.replay_endpoint", replay),
-            _c_str("kv_events.topic", events.topic),
-            _c_int("kv_events.dp_rank", events.dp_rank, 0, _U32_MAX),
-            *(_c_int(f"kv_events.{name}", getattr(events, name), 0, _U32_MAX)
-              for name in ("buffer_batches", "max_batch_events", "batch_interval_ms",
-                           "max_queued_batches")),
-            bool(events.legacy_positional),
-            _c_str("kv_events.medium_dram", events.medium_dram),
-            _c_str("kv_events.medium_g3", events.medium_g3))
+    optional = {f.name for f in fields(events) if f.default is None}
+    checked = {}
+    for path, value in _bound(events).items():
+        name = OPTIONS[path]["label"]
+        if OPTIONS[path]["type"] == "str":
+            field_name = OPTIONS[path]["py"].split(".")[1]
+            checked[path] = None if value is None and field_name in optional \
+                else _c_str(name, value)
+        elif OPTIONS[path]["type"] == "bool":
+            checked[path] = bool(value)
+        else:
+            checked[path] = _c_int(name, value, 0, _top(path))
+    return checked
 
 
 def local_dram_args(local: LocalDramOptions) -> tuple:
-    """(pools, backend name) for kvcr._native.Instance."""
+    """(pools as dicts by kvcr_dram_pool's field names, options by path)
+    for kvcr._native.Instance."""
     if not isinstance(local, LocalDramOptions):
         raise TypeError("backend_configs.local_dram must be a LocalDramOptions")
     pools = local.pools
     if not isinstance(pools, (list, tuple)) or not all(
             isinstance(p, tuple) and len(p) == 3 for p in pools):
         raise TypeError("local DRAM pools must be (name, address, size) tuples")
-    return ([(_c_str("local DRAM pool name", name),
-              _c_uint("local DRAM address", address, _U64_MAX),
-              _c_uint("local DRAM pool size", size, _U64_MAX)) for name, address, size in pools],
-            _c_str("local DRAM backend", local.backend))
+    return ([dict(name=_c_str("local DRAM pool name", name),
+                  addr=_c_uint("local DRAM address", address, _U64_MAX),
+                  size=_c_uint("local DRAM pool size", size, _U64_MAX))
+             for name, address, size in pools],
+            _bound(local, backend=_c_str("local DRAM backend", local.backend)))
 
 
-def _region(region: Any) -> tuple:
+def _region(region: Any) -> dict:
     if not isinstance(region, RegionDescriptor):
         raise TypeError("framework_regions must contain RegionDescriptor values")
     if region.mem_type not in _KVCR_MEM_TYPE:
         raise ValueError("framework region mem_type must be one of ['DRAM', 'VRAM'], "
                          f"got {region.mem_type!r}")
-    return (_c_uint("framework region address", region.addr, _U64_MAX),
-            _c_uint("framework region size", region.size, _U64_MAX),
-            _c_uint("framework region count", region.count, _U64_MAX),
-            _c_int("framework region stride", region.stride, 0, _U64_MAX),
-            _c_str("framework region label", region.label),
-            _KVCR_MEM_TYPE[region.mem_type],
-            _c_int("framework region device_id", region.device_Id, _I32_MIN, _I32_MAX))
+    return dict(addr=_c_uint("framework region address", region.addr, _U64_MAX),
+                element_size=_c_uint("framework region size", region.size, _U64_MAX),
+                count=_c_uint("framework region count", region.count, _U64_MAX),
+                stride=_c_int("framework region stride", region.stride, 0, _U64_MAX),
+                label=_c_str("framework region label", region.label),
+                mem_type=_KVCR_MEM_TYPE[region.mem_type],
+                device_id=_c_int("framework region device_id", region.device_Id, _I32_MIN,
+                                 _I32_MAX))
 
 
 def region_args(backends: KVCRBackendConfigs, legacy=None) -> list:
     """framework_regions (or the region `legacy`, kvcr.legacy's, made of
-    framework_dram) as kvcr._native.Instance's tuples (addr, size, count,
-    stride, label, kvcr_mem_type, device)."""
+    framework_dram) as kvcr._native.Instance's records, dicts by
+    kvcr_region's field names."""
     if backends.framework_dram is not None and backends.framework_regions:
         raise ValueError("configure either framework_dram or framework_regions, not both")
     regions = backends.framework_regions if legacy is None else [legacy]
@@ -432,9 +467,9 @@ def region_args(backends: KVCRBackendConfigs, legacy=None) -> list:
 
 
 def remote_args(remote: RemoteFWDramOptions, endpoint: Optional[tuple]) -> tuple:
-    """(eager, opportunistic, retry_ms, backend, curve, endpoint) for
-    kvcr._native.Instance: libkvcr checks these options with the tier on or
-    off; `endpoint` (control_endpoint's triple, or None) turns it on."""
+    """(options by path, CURVE allowed keys) for kvcr._native.Instance:
+    libkvcr checks these options with the tier on or off; `endpoint`
+    (control_endpoint's triple, or None) turns it on."""
     if not isinstance(remote, RemoteFWDramOptions):
         raise TypeError("backend_configs.remote_fw_dram must be a RemoteFWDramOptions")
     for name in ("curve_secret_key", "curve_public_key"):
@@ -443,10 +478,18 @@ def remote_args(remote: RemoteFWDramOptions, endpoint: Optional[tuple]) -> tuple
     allowed = remote.curve_allowed_keys
     if isinstance(allowed, (str, bytes)) or not all(isinstance(k, str) for k in allowed):
         raise TypeError("curve_allowed_keys must be a sequence of str (Z85 public keys)")
-    curve = (remote.curve_secret_key, remote.curve_public_key, tuple(allowed))
-    return (bool(remote.eager_ctrl_connect), bool(remote.opportunistic_query),
-            _c_uint("metadata_retry_interval_ms", remote.metadata_retry_interval_ms, _U32_MAX),
-            _c_str("remote backend", remote.backend), curve, endpoint)
+    options = _bound(
+        remote, eager_ctrl_connect=bool(remote.eager_ctrl_connect),
+        opportunistic_query=bool(remote.opportunistic_query),
+        metadata_retry_interval_ms=_c_uint("metadata_retry_interval_ms",
+                                           remote.metadata_retry_interval_ms,
+                                           _top("remote.metadata_retry_interval_ms")),
+        backend=_c_str("remote backend", remote.backend))
+    if endpoint is not None:
+        host, port, advertise = endpoint
+        options.update({"remote.enabled": True, "remote.control_host": host,
+                        "remote.control_port": port, "remote.advertise_host": advertise})
+    return options, tuple(allowed)
 
 
 def control_endpoint(control: Any) -> Tuple[str, int, str]:
@@ -476,40 +519,33 @@ def control_endpoint(control: Any) -> Tuple[str, int, str]:
 
 
 def _g3_path(i: int, p: Any) -> str:
-    """Path `i` expanded (~) and resolved (realpath), as libkvcr gets it; ""
-    stays "" (libkvcr refuses it, naming the path)."""
+    """Path `i` with "~" expanded, as libkvcr gets it (which resolves it:
+    the G3 path rule is libkvcr's, src/tiers/g3_store.h g3_paths_check)."""
     if isinstance(p, (str, os.PathLike)):
         s = os.fspath(p)
         if isinstance(s, str):
-            _c_str(f"G3 file path {i}", s)
-            return os.path.realpath(os.path.expanduser(s)) if s else s
+            return os.path.expanduser(_c_str(f"G3 file path {i}", s))
     raise TypeError(f"G3 file paths must be str or os.PathLike of str, not {type(p).__name__}")
 
 
 def g3_args(g3: G3Options, block_size: int) -> tuple:
-    """G3Options as kvcr._native.Instance(g3=...): (resolved paths,
-    capacity, backend, queue_depth, max_staging_bytes).
+    """G3Options as kvcr._native.Instance's (paths, options by path).
 
-    The paths are expanded and resolved here, so two spellings of one file
-    are refused here ("G3 file paths must be unique", "... must not alias
-    the same file") before anything touches the disk. libkvcr checks the
-    rest (an empty path list or path, the slot size, the capacity, an empty
-    backend name, queue_depth and max_staging_bytes) before it opens the
-    files, then hard links to one file, file systems without O_DIRECT
-    (tmpfs), files in use or of another layout. `block_size` is the single
-    pool's (as passed to libkvcr)."""
+    The paths are expanded ("~") here; libkvcr checks the rest before it
+    opens the files: the G3 path rule (an empty path list or path, two
+    paths spelled alike, "G3 file paths must be unique", or resolving to
+    one file, "... must not alias the same file", without touching the
+    disk), the slot size, the capacity, an empty backend name, queue_depth
+    and max_staging_bytes; then hard links to one file, file systems
+    without O_DIRECT (tmpfs), files in use or of another layout.
+    `block_size` is the single pool's (as passed to libkvcr)."""
     if not isinstance(g3, G3Options):
         raise TypeError("backend_configs.g3 must be a G3Options")
     paths = g3.paths
     if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, (list, tuple)):
         raise TypeError("G3 paths must be a tuple (or list) of file paths, not "
                         f"{type(paths).__name__}")
-    resolved = [_g3_path(i, p) for i, p in enumerate(paths)]
-    spelled = [os.path.expanduser(os.fspath(p)) for p in paths]
-    if len(set(spelled)) != len(spelled):
-        raise ValueError("G3 file paths must be unique")
-    if len(set(resolved)) != len(resolved):
-        raise ValueError("G3 file paths must not alias the same file")
+    expanded = tuple(_g3_path(i, p) for i, p in enumerate(paths))
     backend = g3.backend
     if not isinstance(backend, str):
         raise TypeError(f"G3 backend must be a str, not {type(backend).__name__}")
@@ -521,21 +557,32 @@ def g3_args(g3: G3Options, block_size: int) -> tuple:
         raise TypeError("G3 backend_options must map str to str")
     # The largest whole number of slots a u64 holds breaks libkvcr's 2^56 bound.
     top = _U64_MAX // block_size * block_size if block_size > 0 else _U64_MAX
-    return (tuple(resolved),
-            _c_uint("G3 capacity_bytes_per_file", g3.capacity_bytes_per_file, top, clamp=True),
-            backend, _c_uint("G3 queue_depth", g3.queue_depth, _U32_MAX, clamp=True),
-            # More than a u64 is just "unbounded".
-            _c_uint("G3 max_staging_bytes", g3.max_staging_bytes, _U64_MAX, clamp=True))
+    options = _bound(
+        g3,
+        capacity_bytes_per_file=_c_uint("G3 capacity_bytes_per_file", g3.capacity_bytes_per_file,
+                                        top, clamp=True),
+        queue_depth=_c_uint("G3 queue_depth", g3.queue_depth, _top("g3.queue_depth"),
+                            clamp=True),
+        # More than a u64 is just "unbounded".
+        max_staging_bytes=_c_uint("G3 max_staging_bytes", g3.max_staging_bytes,
+                                  _top("g3.max_staging_bytes"), clamp=True))
+    # Python's compatibility default ("GDS_MT") is not libkvcr's: no `py` row.
+    options["g3.backend"] = backend
+    return expanded, options
 
 
-def guard_args(guard: KVCRGuardConfig) -> tuple:
-    """(socket path, guard_index, digest) for kvcr._native.Instance(guard=...).
+def guard_args(guard: KVCRGuardConfig) -> dict:
+    """Guard mode's options by path (guard.*) for kvcr._native.Instance.
     libkvcr checks the path and digest lengths, and the conflict with
     local_dram, before it contacts the service; the service checks the rest
     (index range, digest match)."""
     path = guard.kvcr_service_socket_path
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
-    return (_c_str("guard_config.kvcr_service_socket_path", path),
-            _c_int("guard_config.guard_index", guard.guard_index, 0, _U32_MAX),
-            _c_str("guard_config.compatibility_digest", guard.compatibility_digest))
+    return _bound(
+        guard,
+        kvcr_service_socket_path=_c_str("guard_config.kvcr_service_socket_path", path),
+        guard_index=_c_int("guard_config.guard_index", guard.guard_index, 0,
+                           _top("guard.guard_index")),
+        compatibility_digest=_c_str("guard_config.compatibility_digest",
+                                    guard.compatibility_digest))

@@ -1,6 +1,8 @@
 #include "api/config.h"
 #include "api/abi.h"
 
+#include "kvcr/options.h"
+
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -11,44 +13,202 @@
 #include "net/control.h"
 #include "net/json.h"
 #include "net/wire.h"
+#include "tiers/g3_store.h"
+#include "util/api.h"
 
 _Static_assert(KVCR_MAX_CONTROL_MESSAGE == WIRE_MAX_MESSAGE, "the public bound is the decoder's");
 _Static_assert(KVCR_MAX_HINT_TEXT == JSON_MAX_TEXT, "the public bound is the JSON reader's");
 _Static_assert(KVCR_CURVE_KEY_LEN == CTL_KEY_LEN, "the public key length is the channel's");
 
+/* ---- the options table (src/api/options.def, kvcr/options.h) ------------ */
+
+/* What is made of the table: the rows (static), the defaults, the checks.
+ * None of it touches an instance or shared state: any thread, no lock. */
+
+/* The named rules a row may have beyond RANGE / BOUNDS / POSITIVE. */
+enum opt_rule { OPT_NONE, OPT_RANGE, OPT_BOUNDS, OPT_POSITIVE, OPT_ABANDON, OPT_PER_PEER,
+                OPT_DP_RANK };
+enum opt_group { OPT_G_CONFIG, OPT_G_LIMITS, OPT_G_REMOTE, OPT_G_G3, OPT_G_GUARD,
+                 OPT_G_KV_EVENTS };
+
+#define OPT_V_BOOL .u
+#define OPT_V_U16 .u
+#define OPT_V_U32 .u
+#define OPT_V_U64 .u
+#define OPT_V_F64 .d
+#define OPT_V_STR .s
+#define OPT_C_BOOL bool
+#define OPT_C_U16 uint16_t
+#define OPT_C_U32 uint32_t
+#define OPT_C_U64 uint64_t
+#define OPT_C_F64 double
+#define OPT_C_STR const char *
+#define OPT_NAME_NONE "none"
+#define OPT_NAME_RANGE "range"
+#define OPT_NAME_BOUNDS "bounds"
+#define OPT_NAME_POSITIVE "positive"
+#define OPT_NAME_ABANDON "abandon"
+#define OPT_NAME_PER_PEER "per_peer"
+#define OPT_NAME_DP_RANK "dp_rank"
+
+/* A row's type is its field's: a wrong type column does not compile. */
+#define X(group, path, label, type, def, lo, hi, rule, since, py, doc)                        \
+    _Static_assert(_Generic(((kvcr_config *)0)->path, OPT_C_##type: 1, default: 0),          \
+                   #path " is not " #type);
+#include "api/options.def"
+#undef X
+
+static const kvcr_option opt_rows[] = {
+#define X(group, path, label, type, def, lo, hi, rule, since, py, doc)                        \
+    {#path, label, KVCR_OPT_##type, offsetof(kvcr_config, path), {OPT_V_##type = (def)},     \
+     {OPT_V_##type = (lo)}, {OPT_V_##type = (hi)}, OPT_NAME_##rule, since, py, doc},
+#include "api/options.def"
+#undef X
+};
+
+#define N_OPTS (sizeof opt_rows / sizeof opt_rows[0])
+
+static const struct {
+    enum opt_group group;
+    enum opt_rule rule;
+} opt_checks[N_OPTS] = {
+#define X(group, path, label, type, def, lo, hi, rule, since, py, doc) {group, OPT_##rule},
+#include "api/options.def"
+#undef X
+};
+
+KVCR_API const kvcr_option *kvcr__options(size_t *n)
+{
+    if (n != NULL) *n = N_OPTS;
+    return opt_rows;
+}
+
+KVCR_API const kvcr_option *kvcr__option(const char *path)
+{
+    for (size_t i = 0; path != NULL && i < N_OPTS; i++)
+        if (strcmp(opt_rows[i].path, path) == 0) return &opt_rows[i];
+    return NULL;
+}
+
 void kvcr__config_defaults(kvcr_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
-    cfg->local_dram_backend = "UCX";
-    cfg->remote.eager_ctrl_connect = true;
-    cfg->remote.metadata_retry_interval_ms = 100;
-    cfg->remote.backend = "UCX";
-    cfg->g3.backend = "io_uring";
-    cfg->g3.queue_depth = 16;
-    cfg->g3.max_staging_bytes = 64ull << 20;
-    cfg->operation_timeout_ms = 1000;
-    cfg->abandon_timeout_ms = 5000;
-    cfg->copy_threads = 2;
-    cfg->limits = (kvcr_limits){
-        .max_source_writes_per_peer = 64,
-        .max_source_writes = 1024,
-        .max_pin_requests = 1024,
-        .max_control_message_bytes = KVCR_MAX_CONTROL_MESSAGE,
-        .max_hint_bytes = 1u << 20,
-        .max_hinted_requests = 65536,
-        .max_unpolled_operations = 65536,
-    };
-    cfg->kv_events = (kvcr_kv_events_options){
-        .topic = "",
-        .buffer_batches = 10000,
-        .max_batch_events = 256,
-        .batch_interval_ms = 10,
-        .max_queued_batches = 1024,
-        .medium_dram = "CPU",
-        .medium_g3 = "STORAGE",
-    };
-    cfg->max_peers = 1024;
-    cfg->peer_idle_ms = 300000;
+#define X(group, path, label, type, def, lo, hi, rule, since, py, doc) cfg->path = (def);
+#include "api/options.def"
+#undef X
+}
+
+/* The value of an integer row's field, widened. */
+static uint64_t opt_uint(const kvcr_config *cfg, const kvcr_option *o)
+{
+    const char *p = (const char *)cfg + o->offset;
+    uint16_t v16;
+    uint32_t v32;
+    uint64_t v64;
+    bool b;
+    switch (o->type) {
+    case KVCR_OPT_BOOL: memcpy(&b, p, sizeof b); return b;
+    case KVCR_OPT_U16: memcpy(&v16, p, sizeof v16); return v16;
+    case KVCR_OPT_U32: memcpy(&v32, p, sizeof v32); return v32;
+    default: memcpy(&v64, p, sizeof v64); return v64;
+    }
+}
+
+/* The largest value an integer row's field holds; 0 for F64 and STR. */
+static uint64_t opt_top(const kvcr_option *o)
+{
+    switch (o->type) {
+    case KVCR_OPT_BOOL: return 1;
+    case KVCR_OPT_U16: return UINT16_MAX;
+    case KVCR_OPT_U32: return UINT32_MAX;
+    case KVCR_OPT_U64: return UINT64_MAX;
+    default: return 0;
+    }
+}
+
+KVCR_API int kvcr__option_set(kvcr_config *cfg, const kvcr_option *o, uint64_t v)
+{
+    /* Compared as integers: o may point anywhere. */
+    size_t i = ((uintptr_t)o - (uintptr_t)opt_rows) / sizeof *o;
+    if (cfg == NULL || o == NULL || i >= N_OPTS || &opt_rows[i] != o)
+        return kvcr_fail(KVCR_EINVAL, "kvcr__option_set: NULL or not a row of the table");
+    if (o->type == KVCR_OPT_F64 || o->type == KVCR_OPT_STR || v > opt_top(o))
+        return kvcr_fail(KVCR_EINVAL, "%s does not hold %" PRIu64, o->path, v);
+    char *p = (char *)cfg + o->offset;
+    bool b = v != 0;
+    uint16_t v16 = (uint16_t)v;
+    uint32_t v32 = (uint32_t)v;
+    switch (o->type) {
+    case KVCR_OPT_BOOL: memcpy(p, &b, sizeof b); break;
+    case KVCR_OPT_U16: memcpy(p, &v16, sizeof v16); break;
+    case KVCR_OPT_U32: memcpy(p, &v32, sizeof v32); break;
+    default: memcpy(p, &v, sizeof v); break;
+    }
+    return 0;
+}
+
+/* The named rules, each with the message it always had. */
+static int opt_named(const kvcr_config *cfg, const kvcr_option *o, enum opt_rule rule,
+                     uint64_t v)
+{
+    uint64_t op = cfg->operation_timeout_ms, writes = cfg->limits.max_source_writes;
+    switch (rule) {
+    case OPT_ABANDON:
+        if (v >= 2 * op) return 0;
+        /* Frameworks pass both from their own configuration (vLLM's kvcr
+         * tier config): say which value would be accepted. */
+        return kvcr_fail(KVCR_EINVAL,
+                         "abandon_timeout_ms must be at least twice operation_timeout_ms "
+                         "(%" PRIu64 " < 2 x %" PRIu64 "): set abandon_timeout_ms to %" PRIu64
+                         " or more", v, op, 2 * op);
+    case OPT_PER_PEER:
+        if (v >= o->min.u && v <= writes) return 0;
+        return kvcr_fail(KVCR_EINVAL,
+                         "%s must be between %" PRIu64 " and limits.max_source_writes (%" PRIu64
+                         ") (got %" PRIu64 ")", o->label, o->min.u, writes, v);
+    case OPT_DP_RANK:
+        if (v <= o->max.u) return 0;
+        /* Dynamo decodes the payload's dp_rank as a signed 32-bit integer
+         * and refuses every batch of a larger one. */
+        return kvcr_fail(KVCR_EINVAL, "%s must be at most %" PRIu64 " (Dynamo reads it as "
+                         "a signed 32-bit integer), got %" PRIu64, o->label, o->max.u, v);
+    default: return 0;
+    }
+}
+
+/* One row's rule on cfg's value. */
+static int opt_check(const kvcr_config *cfg, const kvcr_option *o, enum opt_rule rule)
+{
+    if (o->type == KVCR_OPT_F64) {
+        double d;
+        memcpy(&d, (const char *)cfg + o->offset, sizeof d);
+        if (rule == OPT_NONE || (d >= o->min.d && d <= o->max.d)) return 0; /* NaN is out */
+        return kvcr_fail(KVCR_EINVAL, "%s must be between %g and %g", o->label, o->min.d,
+                         o->max.d);
+    }
+    if (o->type == KVCR_OPT_STR || rule == OPT_NONE) return 0;
+    uint64_t v = opt_uint(cfg, o);
+    if (rule != OPT_RANGE && rule != OPT_BOUNDS && rule != OPT_POSITIVE)
+        return opt_named(cfg, o, rule, v);
+    if (v >= o->min.u && v <= o->max.u) return 0;
+    if (rule == OPT_POSITIVE) return kvcr_fail(KVCR_EINVAL, "%s must be positive", o->label);
+    if (rule == OPT_BOUNDS)
+        return kvcr_fail(KVCR_EINVAL, "%s must be between %" PRIu64 " and %" PRIu64, o->label,
+                         o->min.u, o->max.u);
+    return kvcr_fail(KVCR_EINVAL, "%s must be between %" PRIu64 " and %" PRIu64 " (got %" PRIu64
+                     ")", o->label, o->min.u, o->max.u, v);
+}
+
+/* The rules of one group's rows, in the table's order; the ranges keep
+ * every product of a limit and a per-item size far from overflow. */
+static int check_group(const kvcr_config *cfg, enum opt_group g)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (opt_checks[i].group != g) continue;
+        int rc = opt_check(cfg, &opt_rows[i], opt_checks[i].rule);
+        if (rc != 0) return rc;
+    }
+    return 0;
 }
 
 static bool name_ok(const char *s)
@@ -84,77 +244,6 @@ static int check_pool_layouts(const kvcr_config *cfg)
     return 0;
 }
 
-static int check_scalars(const kvcr_config *cfg)
-{
-    if (cfg->operation_timeout_ms == 0)
-        return kvcr_fail(KVCR_EINVAL, "operation_timeout_ms must be positive");
-    if ((uint64_t)cfg->abandon_timeout_ms < 2 * (uint64_t)cfg->operation_timeout_ms)
-        /* Frameworks pass both from their own configuration (vLLM's kvcr
-         * tier config): say which value would be accepted. */
-        return kvcr_fail(KVCR_EINVAL,
-                         "abandon_timeout_ms must be at least twice operation_timeout_ms "
-                         "(%" PRIu32 " < 2 x %" PRIu32 "): set abandon_timeout_ms to %" PRIu64
-                         " or more",
-                         cfg->abandon_timeout_ms, cfg->operation_timeout_ms,
-                         2 * (uint64_t)cfg->operation_timeout_ms);
-    double w = cfg->capacity_low_watermark_percent;
-    if (!(w >= 0.0 && w <= 100.0)) /* also rejects NaN */
-        return kvcr_fail(KVCR_EINVAL, "capacity_low_watermark_percent must be between 0 and 100");
-    if (cfg->copy_threads < 1 || cfg->copy_threads > 64)
-        return kvcr_fail(KVCR_EINVAL, "copy_threads must be between 1 and 64");
-    return 0;
-}
-
-/* A u32 field of a part (at offset off) and its range. */
-typedef struct u32_rule {
-    size_t off;
-    const char *name;
-    uint32_t lo, hi;
-} u32_rule;
-
-/* Each field of part within its rule's range; the first one outside is
- * refused as "<part>.<name> must be between ...". */
-static int check_u32_rules(const void *part, const char *what, const u32_rule *rules, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint32_t v;
-        memcpy(&v, (const char *)part + rules[i].off, sizeof v);
-        if (v < rules[i].lo || v > rules[i].hi)
-            return kvcr_fail(KVCR_EINVAL, "%s.%s must be between %u and %u (got %u)", what,
-                             rules[i].name, rules[i].lo, rules[i].hi, v);
-    }
-    return 0;
-}
-
-/* Each limit within its range; the ranges keep every product of a limit
- * and a per-item size far from overflow. */
-static int check_limits(const kvcr_config *cfg)
-{
-    const kvcr_limits *l = &cfg->limits;
-    static const u32_rule peer_rules[] = {
-        {offsetof(kvcr_config, max_peers), "max_peers", 1, 1u << 16},
-        {offsetof(kvcr_config, peer_idle_ms), "peer_idle_ms", 100, 86400000},
-    };
-    static const u32_rule rules[] = {
-        {offsetof(kvcr_limits, max_source_writes), "max_source_writes", 1, 1u << 20},
-        {offsetof(kvcr_limits, max_pin_requests), "max_pin_requests", 1, 1u << 20},
-        {offsetof(kvcr_limits, max_control_message_bytes), "max_control_message_bytes", 4096,
-         KVCR_MAX_CONTROL_MESSAGE},
-        {offsetof(kvcr_limits, max_hint_bytes), "max_hint_bytes", 64, KVCR_MAX_HINT_TEXT},
-        {offsetof(kvcr_limits, max_hinted_requests), "max_hinted_requests", 1, 1u << 24},
-        {offsetof(kvcr_limits, max_unpolled_operations), "max_unpolled_operations", 1, 1u << 24},
-    };
-    int rc = check_u32_rules(l, "limits", rules, sizeof rules / sizeof rules[0]);
-    if (rc == 0) rc = check_u32_rules(cfg, "config", peer_rules, 2);
-    if (rc != 0) return rc;
-    if (l->max_source_writes_per_peer < 1 || l->max_source_writes_per_peer > l->max_source_writes)
-        return kvcr_fail(KVCR_EINVAL,
-                         "limits.max_source_writes_per_peer must be between 1 and "
-                         "limits.max_source_writes (%u) (got %u)",
-                         l->max_source_writes, l->max_source_writes_per_peer);
-    return 0;
-}
-
 /* The tier values a policy needs but the configuration lacks, sorted by
  * value ("DRAM, G3"), as the Python package names CacheTier values. */
 static int check_policy(const kvcr_config *cfg, const kvcr_policy_ops *p)
@@ -186,17 +275,12 @@ static int check_g3(const kvcr_config *cfg)
 {
     const kvcr_g3_options *g = &cfg->g3;
     if (g->n_paths == 0 && g->paths == NULL) return 0;
-    if (g->n_paths == 0 || g->paths == NULL)
-        return kvcr_fail(KVCR_EINVAL, "G3 requires at least one file path");
-    for (size_t i = 0; i < g->n_paths; i++)
-        if (g->paths[i] == NULL || g->paths[i][0] == '\0')
-            return kvcr_fail(KVCR_EINVAL, "G3 file path %zu must be a non-empty string", i);
+    int rc = g3_paths_check(g->paths, g->n_paths);
+    if (rc != 0) return rc;
     if (g->backend != NULL && g->backend[0] == '\0')
         return kvcr_fail(KVCR_EINVAL, "G3 backend must be non-empty");
-    if (g->queue_depth < 1 || g->queue_depth > 1024)
-        return kvcr_fail(KVCR_EINVAL, "G3 queue_depth must be between 1 and 1024");
-    if (g->max_staging_bytes == 0)
-        return kvcr_fail(KVCR_EINVAL, "G3 max_staging_bytes must be positive");
+    rc = check_group(cfg, OPT_G_G3);
+    if (rc != 0) return rc;
     if (cfg->local_dram == NULL || cfg->n_local_dram == 0)
         return kvcr_fail(KVCR_EINVAL, "G3 requires local DRAM");
     if (cfg->n_pool_layouts != 1)
@@ -260,10 +344,11 @@ static int copy_curve(const kvcr_curve_options *k, kvcr_conf *out)
 /* The options' own rules hold with the tier off as well, so a value is
  * refused wherever it is given (the Python package passes them always);
  * what needs the tier (the transport, keys, hosts) only with it on. */
-static int check_remote(const kvcr_remote_options *r)
+static int check_remote(const kvcr_config *cfg)
 {
-    if (r->metadata_retry_interval_ms == 0)
-        return kvcr_fail(KVCR_EINVAL, "metadata_retry_interval_ms must be positive");
+    const kvcr_remote_options *r = &cfg->remote;
+    int rc = check_group(cfg, OPT_G_REMOTE);
+    if (rc != 0) return rc;
     if (r->backend == NULL || r->backend[0] == '\0')
         return kvcr_fail(KVCR_EINVAL, "remote backend name must be non-empty");
     const kvcr_curve_options *k = &r->curve;
@@ -272,7 +357,7 @@ static int check_remote(const kvcr_remote_options *r)
         return kvcr_fail(KVCR_EINVAL, "remote curve: public_key or allowed_keys given without "
                                       "secret_key (CURVE is on only with a secret key)");
     if (!r->enabled) return 0;
-    int rc = check_curve(k);
+    rc = check_curve(k);
     if (rc != 0) return rc;
     if (strcmp(r->backend, "UCX") != 0)
         return kvcr_fail(KVCR_ENOTSUP, "remote backend '%s' is not supported (only \"UCX\")",
@@ -312,18 +397,7 @@ static int check_kv_string(const char *s, const char *what, bool optional, bool 
 static int check_kv_events(const kvcr_config *cfg)
 {
     const kvcr_kv_events_options *k = &cfg->kv_events;
-    static const u32_rule rules[] = {
-        {offsetof(kvcr_kv_events_options, buffer_batches), "buffer_batches", 1, 1u << 20},
-        {offsetof(kvcr_kv_events_options, max_batch_events), "max_batch_events", 1, 65536},
-        {offsetof(kvcr_kv_events_options, batch_interval_ms), "batch_interval_ms", 1, 10000},
-        {offsetof(kvcr_kv_events_options, max_queued_batches), "max_queued_batches", 1, 1u << 20},
-    };
-    int rc = check_u32_rules(k, "kv_events", rules, sizeof rules / sizeof rules[0]);
-    /* Dynamo decodes the payload's dp_rank as a signed 32-bit integer and
-     * refuses every batch of a larger one. */
-    if (rc == 0 && k->dp_rank > INT32_MAX)
-        rc = kvcr_fail(KVCR_EINVAL, "kv_events.dp_rank must be at most %d (Dynamo reads it as "
-                       "a signed 32-bit integer), got %u", INT32_MAX, k->dp_rank);
+    int rc = check_group(cfg, OPT_G_KV_EVENTS);
     if (rc == 0) rc = check_kv_string(k->endpoint, "endpoint", true, true);
     if (rc == 0) rc = check_kv_string(k->replay_endpoint, "replay_endpoint", true, true);
     if (rc == 0) rc = check_kv_string(k->topic, "topic", true, false);
@@ -717,13 +791,13 @@ int conf_build(const kvcr_config *cfg, kvcr_conf *out)
         return kvcr_fail(KVCR_EINVAL, "agent_name must be a non-empty string shorter than %d bytes",
                          KVCR_NAME_MAX);
     int rc = check_pool_layouts(cfg);
-    if (rc == 0) rc = check_scalars(cfg);
-    if (rc == 0) rc = check_limits(cfg);
+    if (rc == 0) rc = check_group(cfg, OPT_G_CONFIG);
+    if (rc == 0) rc = check_group(cfg, OPT_G_LIMITS);
     /* The default policy spills to G3 when there is one. */
     const kvcr_policy_ops *policy =
         cfg->policy ? cfg->policy : kvcr_policy_builtin(cfg->g3.n_paths ? "g3_lru" : "lru");
     if (rc == 0) rc = check_policy(cfg, policy);
-    if (rc == 0) rc = check_remote(&cfg->remote);
+    if (rc == 0) rc = check_remote(cfg);
     if (rc == 0) rc = check_g3(cfg);
     if (rc == 0) rc = check_kv_events(cfg);
     if (rc == 0) rc = check_local_dram(cfg);

@@ -1,5 +1,8 @@
 /* Configuration validation: every rule, in a fixed order (the first
- * broken rule is the one reported), before anything starts. */
+ * broken rule is the one reported), before anything starts. The scalar
+ * options' defaults and ranges are rows of src/api/options.def (see
+ * kvcr/options.h); config.c makes kvcr__config_defaults, their checks and
+ * kvcr__options() of it. */
 #ifndef KVCR_API_CONFIG_H
 #define KVCR_API_CONFIG_H
 

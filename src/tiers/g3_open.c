@@ -70,6 +70,73 @@ static int resolve_path(const char *path, char *out)
     return 0;
 }
 
+/* Appends component c (not "", ".", "..") of a path to out, resolved:
+ * followed to its real path when it exists, as it is spelled when not. */
+static int resolve_step(char *out, const char *c, size_t len, const char *path)
+{
+    size_t n = strlen(out);
+    if (n + 1 + len >= PATH_MAX) return kvcr_fail(KVCR_EINVAL, "G3 file path too long: %s", path);
+    snprintf(out + n, PATH_MAX - n, "/%.*s", (int)len, c);
+    char real[PATH_MAX];
+    struct stat s;
+    if (lstat(out, &s) == 0 && realpath(out, real) != NULL)
+        snprintf(out, PATH_MAX, "%s", strcmp(real, "/") == 0 ? "" : real);
+    return 0;
+}
+
+/* The G3 path rule's resolution, which touches nothing on disk: the real
+ * path of every component that exists (symbolic links followed), the
+ * rest as spelled ("." dropped, ".." the parent), relative paths from the
+ * working directory. So "sub/../a", "./a" and a link to a are one file. */
+static int resolve_spelled(const char *path, char out[PATH_MAX])
+{
+    out[0] = '\0';
+    if (path[0] != '/') {
+        char cwd[PATH_MAX];
+        if (getcwd(cwd, sizeof cwd) == NULL)
+            return kvcr_fail(KVCR_ESYS, "G3 file path %s: getcwd: %s", path, strerror(errno));
+        snprintf(out, PATH_MAX, "%s", strcmp(cwd, "/") == 0 ? "" : cwd);
+    }
+    for (const char *c = path; *c != '\0';) {
+        size_t len = strcspn(c, "/");
+        int rc = 0;
+        if (len == 2 && c[0] == '.' && c[1] == '.') {
+            char *slash = strrchr(out, '/');
+            if (slash != NULL) *slash = '\0';
+        } else if (len > 0 && !(len == 1 && c[0] == '.')) {
+            rc = resolve_step(out, c, len, path);
+        }
+        if (rc != 0) return rc;
+        c += len + (c[len] == '/');
+    }
+    if (out[0] == '\0') snprintf(out, PATH_MAX, "/");
+    return 0;
+}
+
+int g3_paths_check(const char *const *paths, size_t n)
+{
+    if (paths == NULL || n == 0) return kvcr_fail(KVCR_EINVAL, "G3 requires at least one file path");
+    if (n > G3_MAX_FILES) return kvcr_fail(KVCR_EINVAL, "G3 supports at most %d files", G3_MAX_FILES);
+    for (size_t i = 0; i < n; i++) {
+        if (paths[i] == NULL || paths[i][0] == '\0')
+            return kvcr_fail(KVCR_EINVAL, "G3 file path %zu must be a non-empty string", i);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(paths[i], paths[j]) == 0)
+                return kvcr_fail(KVCR_EINVAL, "G3 file paths must be unique");
+    }
+    char (*real)[PATH_MAX] = malloc(n * sizeof *real);
+    if (real == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = resolve_spelled(paths[i], real[i]);
+        for (size_t j = 0; j < i && rc == 0; j++)
+            if (strcmp(real[i], real[j]) == 0)
+                rc = kvcr_fail(KVCR_EINVAL, "G3 file paths must not alias the same file");
+    }
+    free(real);
+    return rc;
+}
+
 /* ---- opening ------------------------------------------------------------------- */
 
 static int check_options(const g3_store_options *o, long page)

@@ -142,6 +142,17 @@ typedef struct g3_store_options {
     const kvcr_logger *log;           /* may be NULL */
 } g3_store_options;
 
+/* The G3 path rule, checked before anything touches the disk (kvcr_create
+ * runs it; the Python package through it): at least one path, at most
+ * G3_MAX_FILES, each non-empty, no two spelled alike ("G3 file paths must
+ * be unique"), none the same file as another once resolved: the real path
+ * of what exists (links followed), the rest as spelled, "." and ".."
+ * applied ("G3 file paths must not alias the same file"). Hard links and
+ * what appears later are caught by the inode check when the files open.
+ * KVCR_EINVAL naming the rule; KVCR_ENOMEM, KVCR_ESYS (no working
+ * directory). Reads the file system, writes nothing. Any thread. */
+int g3_paths_check(const char *const *paths, size_t n);
+
 /* Validates the options, opens (creating if need be), locks and checks
  * every file, formats new ones, and sets up the ring. Rules and their
  * messages (kvcr_last_error):

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -90,6 +91,14 @@ static void region_overlap(setup *s) { s->regions[1] = s->regions[0]; s->regions
 static void region_on_pool(setup *s) { s->regions[0].addr = pool_mem(s, 0); }
 static void region_dup_label(setup *s) { s->regions[1] = s->regions[0]; s->regions[1].addr = region_mem(s, 1); s->cfg.n_framework_regions = 2; }
 static void no_dram_backend(setup *s) { s->cfg.local_dram = NULL; s->cfg.n_local_dram = 0; }
+/* The G3 path rule (tiers/g3_store.h g3_paths_check), before any disk access. */
+#define G3_MISSING "/nonexistent-kvcr-cfg"
+static void g3_paths(setup *s, const char *a, const char *b) { static const char *p[2]; p[0] = a; p[1] = b; s->cfg.g3.paths = p; s->cfg.g3.n_paths = 2; s->cfg.g3.capacity_bytes_per_file = 2 * BS; }
+static void g3_empty_path(setup *s) { g3_paths(s, "a", ""); }
+static void g3_spelled_twice(setup *s) { g3_paths(s, G3_MISSING "/g3", G3_MISSING "/g3"); }
+static void g3_dots(setup *s) { g3_paths(s, G3_MISSING "/sub/../g3", G3_MISSING "/./g3"); }
+static void g3_relative(setup *s) { g3_paths(s, "g3.bin", "./x/../g3.bin"); }
+static void g3_root_parent(setup *s) { g3_paths(s, "/../" "nonexistent-kvcr-cfg", G3_MISSING); }
 
 typedef struct rule {
     const char *name;
@@ -137,6 +146,11 @@ static const rule rules[] = {
     {"region on pool", region_on_pool, KVCR_EINVAL, "framework region '' overlaps local DRAM pool ''"},
     {"pins half", pins_half, KVCR_EINVAL, "request_pin and release_pin must be given together"},
     {"no backend", no_dram_backend, KVCR_EINVAL, "at least one DRAM backend must be configured"},
+    {"g3 empty path", g3_empty_path, KVCR_EINVAL, "G3 file path 1 must be a non-empty string"},
+    {"g3 spelled twice", g3_spelled_twice, KVCR_EINVAL, "G3 file paths must be unique"},
+    {"g3 dots", g3_dots, KVCR_EINVAL, "G3 file paths must not alias the same file"},
+    {"g3 relative", g3_relative, KVCR_EINVAL, "G3 file paths must not alias the same file"},
+    {"g3 root parent", g3_root_parent, KVCR_EINVAL, "G3 file paths must not alias the same file"},
 };
 
 static void test_each_rule_is_refused_with_its_message(void **state)
@@ -154,6 +168,7 @@ static void test_each_rule_is_refused_with_its_message(void **state)
         assert_null(kv);
         free(s.mem);
     }
+    assert_int_equal(access(G3_MISSING, F_OK), -1); /* the path rule created nothing */
 }
 
 static void test_overlapping_regions_message_names_both_spans(void **state)
