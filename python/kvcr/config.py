@@ -299,7 +299,7 @@ InventorySink = Callable[[InventoryEvent], None]
 # ---- arguments for kvcr._native (built by KVCR before anything starts) ------
 #
 # Each rule has one home. libkvcr checks the values (src/api/config.c and
-# its options table, the G3 path rule, src/service/client.c) and its
+# its options table, the G3 path rule, src/client/client.c) and its
 # kvcr_last_error() text is the message raised. Here: the types of the
 # fields, values a C field cannot hold, the fields libkvcr does not have
 # (nixl_listen_port, framework_dram, the framework_control endpoint),
