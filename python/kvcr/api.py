@@ -17,7 +17,7 @@ from .config import (FrameworkControl, InventorySink, KeyAdapter, TelemetryStats
 from .config import control_endpoint as control_endpoint_of
 from .control_channels import ZmqPeerControlChannel
 from .hints import encode_hints, encode_router_hint
-from .legacy import framework_region, region_of
+from .compat import check_inherited, framework_region, region_of
 from .policy import KVCachePolicy, native_builtin
 from .types import (BlockKey, BlockMeta, CacheTier, InventoryEvent, KVCRStartupError, MemoryRef,
                     OpEntryResult, OpEntryStatus, OpHandle, PinHandle, PinRequestId,
@@ -216,7 +216,7 @@ class _PinBridge:
     and close(), on the polling thread, with no KVCR lock held."""
 
     def __init__(self, bindings: "KVCRBindings", legacy=None) -> None:
-        self._legacy = legacy  # kvcr.legacy's region: pins given as MemDescriptors
+        self._legacy = legacy  # kvcr.compat's region: pins given as MemDescriptors
         self._request_pin = bindings.request_pin
         self._poll_pin_results = bindings.poll_pin_results
         self._release_pin = bindings.release_pin
@@ -619,7 +619,7 @@ class KVCR:
         self._backends = backend_configs
         args = self._validate(config, bindings, backend_configs, guard_config)
         # framework_dram's region, when the first API registered memory:
-        # its MemDescriptors become MemoryRefs (kvcr.legacy).
+        # its MemDescriptors become MemoryRefs (kvcr.compat).
         self._legacy = args.pop("legacy")
         policy = bindings.policy
         # No policy: libkvcr's default (g3_lru with G3, else lru). A built-in
@@ -693,6 +693,7 @@ class KVCR:
             raise TypeError("backend_configs must be a KVCRBackendConfigs")
         if guard is not None and not isinstance(guard, KVCRGuardConfig):
             raise TypeError("guard_config must be a KVCRGuardConfig or None")
+        check_inherited(config, backends.g3)
         args = config_args(config)
         policy = bindings.policy
         if policy is not None and not isinstance(policy, KVCachePolicy):

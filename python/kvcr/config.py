@@ -230,7 +230,7 @@ class G3Options:
 class FrameworkDramInput:
     """The first API's framework memory: one DRAM range (address, length) of
     whole blocks of the single pool, referenced by MemDescriptor (vLLM 0.30
-    and 0.31 adapters). KVCR registers it as one region (kvcr.legacy); new
+    and 0.31 adapters). KVCR registers it as one region (kvcr.compat); new
     code registers framework_regions of RegionDescriptor instead."""
 
     address: int
@@ -302,7 +302,7 @@ InventorySink = Callable[[InventoryEvent], None]
 # its options table, the G3 path rule, src/client/client.c) and its
 # kvcr_last_error() text is the message raised. Here: the types of the
 # fields, values a C field cannot hold, the fields libkvcr does not have
-# (nixl_listen_port, framework_dram, the framework_control endpoint),
+# (the framework_control endpoint; the inherited names are kvcr.compat's),
 # memory type names, and "~" in G3 paths.
 
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
@@ -354,15 +354,12 @@ def _c_float(name: str, value: Any) -> float:
 
 def config_args(config: KVCRConfig) -> dict:
     """KVCRConfig as kvcr._native.Instance's arguments (its options by path
-    in "options"); nixl_listen_port, which libkvcr has no field for, is
-    checked here."""
+    in "options"); the inherited names libkvcr has no field for are
+    kvcr.compat's."""
     layouts = config.pool_layouts
     if not isinstance(layouts, (list, tuple)) or not all(
             isinstance(e, tuple) and len(e) == 2 for e in layouts):
         raise TypeError("pool_layouts must be a list of (pool name, block size) tuples")
-    port = config.nixl_listen_port
-    if port is not None and (type(port) is not int or not 1 <= port <= 65535):
-        raise ValueError("nixl_listen_port must be between 1 and 65535")
     limits = config.limits
     if not isinstance(limits, KVCRLimits):
         raise TypeError("limits must be a KVCRLimits")
@@ -455,7 +452,7 @@ def _region(region: Any) -> dict:
 
 
 def region_args(backends: KVCRBackendConfigs, legacy=None) -> list:
-    """framework_regions (or the region `legacy`, kvcr.legacy's, made of
+    """framework_regions (or the region `legacy`, kvcr.compat's, made of
     framework_dram) as kvcr._native.Instance's records, dicts by
     kvcr_region's field names."""
     if backends.framework_dram is not None and backends.framework_regions:
@@ -546,15 +543,7 @@ def g3_args(g3: G3Options, block_size: int) -> tuple:
         raise TypeError("G3 paths must be a tuple (or list) of file paths, not "
                         f"{type(paths).__name__}")
     expanded = tuple(_g3_path(i, p) for i, p in enumerate(paths))
-    backend = g3.backend
-    if not isinstance(backend, str):
-        raise TypeError(f"G3 backend must be a str, not {type(backend).__name__}")
-    if "\0" in backend:
-        raise ValueError("G3 backend must not contain NUL")
-    opts = g3.backend_options
-    if not isinstance(opts, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
-        raise TypeError("G3 backend_options must map str to str")
+    backend = _c_str("G3 backend", g3.backend)  # its other rules: kvcr.compat
     # The largest whole number of slots a u64 holds breaks libkvcr's 2^56 bound.
     top = _U64_MAX // block_size * block_size if block_size > 0 else _U64_MAX
     options = _bound(

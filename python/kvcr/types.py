@@ -77,7 +77,7 @@ class MemoryRef:
 class MemDescriptor:
     """The first API's block reference (vLLM 0.30 and 0.31 adapters): one
     block at an absolute address of framework_dram. KVCR turns it into the
-    MemoryRef of that element (kvcr.legacy), or refuses it."""
+    MemoryRef of that element (kvcr.compat), or refuses it."""
 
     end_point_name: str
     mem_type: str

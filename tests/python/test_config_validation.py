@@ -364,7 +364,7 @@ def test_legacy_framework_dram(mem):
     legacy = kvcr.FrameworkDramInput(address_of(fw), len(fw))
     assert refused(ValueError, config, bindings, dataclasses.replace(backends, framework_dram=legacy)) \
         == "configure either framework_dram or framework_regions, not both"
-    # The first API's rules (kvcr.legacy); test_legacy_api.py runs it.
+    # The first API's rules (kvcr.compat); test_legacy_api.py runs it.
     alone = dataclasses.replace(backends, framework_dram=legacy, framework_regions=())
     assert refused(ValueError, config, bindings,
                    dataclasses.replace(alone, framework_dram=kvcr.FrameworkDramInput(

@@ -63,3 +63,18 @@ def test_a_descriptor_that_is_not_exactly_a_block_is_refused_before_any_copy(leg
         kv.deliver({b"k": misaligned})
     assert kv.poll_completed() == []
     assert kv.query([b"k"]) == [(kvcr.QueryStatus.MISS, None)]
+
+
+def test_every_inherited_name_is_a_field_of_its_record():
+    """kvcr.compat's table names fields that exist, each with what it means
+    here; a field renamed or dropped without the table fails."""
+    import dataclasses
+
+    from kvcr import compat
+    records = {"KVCRConfig": kvcr.KVCRConfig, "LocalDramOptions": kvcr.LocalDramOptions,
+               "RemoteFWDramOptions": kvcr.RemoteFWDramOptions, "G3Options": kvcr.G3Options,
+               "KVCRBackendConfigs": kvcr.KVCRBackendConfigs, "MemoryRef": kvcr.MemoryRef}
+    assert {record for record, _ in compat.INHERITED} == set(records)
+    for (record, name), meaning in compat.INHERITED.items():
+        assert name in {f.name for f in dataclasses.fields(records[record])}, (record, name)
+        assert meaning.strip(), (record, name)

@@ -1,11 +1,16 @@
-"""The older KVCR API that released vLLM adapters still call, on this build.
+"""Every name this package keeps only because callers written for another
+API use it: what each one means here, and the shapes that need converting.
 
-vLLM 0.30 and 0.31 carry an adapter (vllm/v1/kv_offload/tiering/kvcr/
-manager.py) written against the first KVCR API: the engine's memory is one
-`FrameworkDramInput(address, length)` and every block reference is a
-`MemDescriptor` (an absolute address and a size). This build registers
-regions (RegionDescriptor) and references their elements (MemoryRef). Here
-the old shapes become the new ones, exactly and with clear refusals:
+Two sources of such names. The reference KVCR (Python on NIXL), whose API
+the vLLM adapter (kvcr.integrations.vllm) and vLLM's own adapters were
+written against, names options after its transfer library; KVCR moves
+blocks with UCX and its own control lanes, so those names are accepted and
+mean what INHERITED says. And the first KVCR API, which vLLM 0.30 and 0.31
+still call: the engine's memory is one `FrameworkDramInput(address,
+length)` and every block reference is a `MemDescriptor` (an absolute
+address and a size). This build registers regions (RegionDescriptor) and
+references their elements (MemoryRef); here the old shapes become the new
+ones, exactly and with clear refusals:
 
 * FrameworkDramInput becomes one region of `length // block_size` elements
   of the single pool's block size, labelled with the pool's name. It needs
@@ -20,12 +25,43 @@ vLLM 0.32 and later use RegionDescriptor and MemoryRef themselves."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
-from .config import _U64_MAX, FrameworkDramInput, _c_uint
+from .config import _U64_MAX, FrameworkDramInput, G3Options, KVCRConfig, _c_uint
 from .types import MemDescriptor, MemoryRef, RegionDescriptor
 
 RELEASES_WITH_REGIONS = "vLLM 0.32 or later"
+
+# (record, field): what KVCR does with a name it inherited.
+INHERITED = {
+    ("KVCRConfig", "nixl_agent_name"): "the agent name: peers and MemoryRefs name this KVCR by it",
+    ("KVCRConfig", "nixl_listen_port"): "checked (1..65535) and unused: peers reach KVCR on its "
+                                        "control endpoint (framework_control)",
+    ("LocalDramOptions", "backend"): "any non-empty name: KVCR copies DRAM with its own threads",
+    ("RemoteFWDramOptions", "backend"): "any non-empty name while the peer tier is off; with it "
+                                        "on, \"UCX\" (the only transport)",
+    ("G3Options", "backend"): "any non-empty name: KVCR reads and writes G3 with io_uring",
+    ("G3Options", "backend_options"): "checked (str to str) and unused",
+    ("KVCRBackendConfigs", "framework_dram"): "the first API's memory: one region "
+                                              "(framework_region below)",
+    ("MemoryRef", "end_point_name"): "the agent name of the memory's owner",
+}
+
+
+def check_inherited(config: KVCRConfig, g3: Any) -> None:
+    """The rules of the inherited fields libkvcr has no field for; raises
+    before anything starts."""
+    port = config.nixl_listen_port
+    if port is not None and (type(port) is not int or not 1 <= port <= 65535):
+        raise ValueError("nixl_listen_port must be between 1 and 65535")
+    if not isinstance(g3, G3Options):
+        return  # none, or refused as the wrong type with the G3 arguments
+    if not isinstance(g3.backend, str):
+        raise TypeError(f"G3 backend must be a str, not {type(g3.backend).__name__}")
+    opts = g3.backend_options
+    if not isinstance(opts, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
+        raise TypeError("G3 backend_options must map str to str")
 
 
 @dataclass(frozen=True)
