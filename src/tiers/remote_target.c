@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvcr/stats.h"
 #include "tiers/remote_int.h"
 #include "util/clock.h"
 
@@ -224,6 +225,7 @@ static void finish(remote *r, pull *p, bool success, kvcr_reason why)
 {
     if (!success) r->ucx_fence = true;
     p->state = PULL_FINISHED;
+    p->finished_ns = kvcr_now_ns();
     p->success = success;
     p->fail_reason = (uint8_t)why;
     owe_main(r, p, PM_FINISHED);
@@ -389,6 +391,7 @@ static void send_start_write(remote *r, pull *p, uint64_t now)
                       .expected_inc = {p->inc, WIRE_INCARNATION_LEN},
                       .inline_write = p->inline_asked,
                       .has_put_min = put_min, .put_min = r->put_min};
+        p->sent_ns = kvcr_now_ns();
         rc = send_msg(r, p->source, &m, MD_FORCE);
         p->sent_md = m.has_metadata;
     }
@@ -642,6 +645,11 @@ static void on_write_done(remote *r, pull *p, const wire_msg *m)
     if (p->has_inc && !inc_is(p->inc, &m->incarnation)) {
         r->dropped_messages++;
         return;
+    }
+    if (m->terminal) { /* the answer: the pull ends on it (its bytes may trail it) */
+        p->answer_ns = kvcr_now_ns();
+        p->has_times = m->has_times;
+        p->times = m->times;
     }
     if (m->has_inline || (p->inline_asked && m->success && m->terminal && m->n_completed > 0)) {
         on_inline_done(r, p, m);
@@ -916,11 +924,41 @@ static uint64_t ref_bytes(const kvcr_t *kv, const wire_ref *ref)
     return pi.block_size;
 }
 
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* The pull's time in parts (kvcr/stats.h), when its source's answer said
+ * how it served it: start <= sent <= answer <= finished <= end, so the
+ * parts sum to the whole. Of the round trip, what the source says it
+ * served is the source's (at most all of it: the clocks' rates may differ
+ * a little); its pin wait and data time are parts of that. */
+static void observe_parts(kvcr_t *kv, const pull *p, const char *result, uint64_t end)
+{
+    static const char *const scopes[KVCR_PULL_PARTS] = KVCR_PULL_PART_SCOPES;
+    if (!p->has_times) return;
+    uint64_t rtt = p->answer_ns - p->sent_ns;
+    uint64_t served = min_u64(p->times.serve_ns, rtt);
+    uint64_t pins = min_u64(p->times.pin_ns, served);
+    uint64_t data = min_u64(p->times.data_ns, served - pins);
+    uint64_t part[KVCR_PULL_PARTS] = {p->sent_ns - p->start_ns,
+                                      rtt - served,
+                                      pins,
+                                      served - pins - data,
+                                      data + (p->finished_ns - p->answer_ns),
+                                      end - p->finished_ns};
+    for (int i = 0; i < KVCR_PULL_PARTS; i++)
+        host_observe(kv, scopes[i], result, kvcr_ns_to_s(part[i]));
+}
+
 static void observe(kvcr_t *kv, const pull *p)
 {
     const char *scope = p->fetch ? "remote_fetch" : "remote_deliver";
-    host_observe(kv, scope, p->success ? "success" : "failed",
-                 kvcr_ns_to_s(kvcr_now_ns() - p->start_ns));
+    const char *result = p->success ? "success" : "failed";
+    uint64_t end = kvcr_now_ns();
+    host_observe(kv, scope, result, kvcr_ns_to_s(end - p->start_ns));
+    observe_parts(kv, p, result, end);
     uint64_t blocks = 0, bytes = 0;
     for (uint32_t i = 0; p->success && i < p->n_keys; i++) {
         if (!p->keys[i].completed) continue;
