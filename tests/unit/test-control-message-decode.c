@@ -1365,7 +1365,10 @@ static void test_write_done_times(void **state)
     REFUSED(t, bad);
     t = tree_of(&done), get(root(t), "times")->via.array.size = 2;
     REFUSED(t, bad);
-    t = tree_of(&done), *get(root(t), "times") = arr_obj(t, 4);
+    t = tree_of(&done);
+    msgpack_object four = arr_obj(t, 4);
+    for (uint32_t i = 0; i < 4; i++) four.via.array.ptr[i] = u64_obj(1);
+    *get(root(t), "times") = four;
     REFUSED(t, bad);
     for (uint32_t i = 0; i < 3; i++) {
         t = tree_of(&done), get(root(t), "times")->via.array.ptr[i] = neg_obj(-1);
