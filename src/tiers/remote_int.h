@@ -132,8 +132,9 @@ struct pull {
     uint64_t start_ns, deadline_ns, abandon_ns;
     /* Its time in parts (kvcr/stats.h, KVCR_PULL_PART_SCOPES): its last
      * start_write sent, the answer that ended it taken, its end on the
-     * progress side, and the durations that answer carried (has_times). */
-    uint64_t sent_ns, answer_ns, finished_ns;
+     * progress side, the durations that answer carried (has_times), and
+     * when its first and last bytes sent as messages were taken (0: none). */
+    uint64_t sent_ns, answer_ns, finished_ns, bytes_first_ns, bytes_last_ns;
     bool has_times;
     wire_times times;
     uint64_t reprobe_ns;  /* waiting for terminal evidence: the next probe */

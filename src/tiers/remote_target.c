@@ -780,6 +780,8 @@ bool target_take_bytes(void *arg, uint64_t tag, uint64_t addr, const void *data,
      * destinations ours until the copy is done. */
     memcpy((void *)(uintptr_t)addr, data, len);
     if (relock) host_lock(r->kv);
+    p->bytes_last_ns = kvcr_now_ns();
+    if (p->bytes_first_ns == 0) p->bytes_first_ns = p->bytes_last_ns;
     p->am_in += len;
     check_taken(r, p);
     if (relock) host_unlock(r->kv);
@@ -933,7 +935,10 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
  * how it served it: start <= sent <= answer <= finished <= end, so the
  * parts sum to the whole. Of the round trip, what the source says it
  * served is the source's (at most all of it: the clocks' rates may differ
- * a little); its pin wait and data time are parts of that. */
+ * a little); its pin wait and data time are parts of that. Bytes sent as
+ * messages are sent for the source once they left it, and cross while
+ * its answer does: how long they took arriving here before the answer,
+ * beyond the source's data time, is data too, not control. */
 static void observe_parts(kvcr_t *kv, const pull *p, const char *result, uint64_t end)
 {
     static const char *const scopes[KVCR_PULL_PARTS] = KVCR_PULL_PART_SCOPES;
@@ -941,11 +946,17 @@ static void observe_parts(kvcr_t *kv, const pull *p, const char *result, uint64_
     uint64_t rtt = p->answer_ns - p->sent_ns;
     uint64_t served = min_u64(p->times.serve_ns, rtt);
     uint64_t pins = min_u64(p->times.pin_ns, served);
-    uint64_t data = min_u64(p->times.data_ns, served - pins);
+    uint64_t data = min_u64(p->times.data_ns, served - pins), control = rtt - served;
+    uint64_t own = served - pins - data;
+    uint64_t seen = min_u64(p->bytes_last_ns, p->answer_ns), crossing = 0;
+    if (p->bytes_first_ns != 0 && seen > p->bytes_first_ns + data)
+        crossing = min_u64(seen - p->bytes_first_ns - data, control);
+    control -= crossing;
+    data += crossing;
     uint64_t part[KVCR_PULL_PARTS] = {p->sent_ns - p->start_ns,
-                                      rtt - served,
+                                      control,
                                       pins,
-                                      served - pins - data,
+                                      own,
                                       data + (p->finished_ns - p->answer_ns),
                                       end - p->finished_ns};
     for (int i = 0; i < KVCR_PULL_PARTS; i++)
