@@ -169,17 +169,22 @@ static pull *pull_by_handle(remote *r, int64_t handle)
 }
 
 static bool ask_inline(remote *r, const pull *p);
+static bool comes_by_messages(remote *r, const pull *p);
 static bool adopt(remote *r, pull *p, uint64_t now, uint64_t *next_ns);
 
 /* Hands the pull to the progress thread (frees it when it has no keys).
  * A pull whose bytes come inline in its write_done is sent from here: on
  * one host the hand-off to the progress thread was 15-20 us of a one-block
  * deliver (docs/BENCHMARKS.md), and its answer wakes that thread anyway.
- * Other pulls are sent by the progress thread: their bytes may come as
- * puts our UCX worker copies into the destinations, within a ucx_progress
- * call that began before a send from here. The network orders those copies
- * after the caller's own writes, but a race detector sees only the lock,
- * which the progress thread takes from us before it sends. */
+ * So is one whose bytes can only come as messages (comes_by_messages):
+ * the sink takes the lock before it copies them. Across hosts under load
+ * the hand-off was 0.9-4.5 ms of a pull in `kvcr demo --hosts` (the
+ * thread busy in UCX, or waiting for a CPU). Other pulls are sent by the
+ * progress thread: their bytes may come as puts our UCX worker copies into
+ * the destinations, within a ucx_progress call that began before a send
+ * from here. The network orders those copies after the caller's own
+ * writes, but a race detector sees only the lock, which the progress
+ * thread takes from us before it sends. */
 void target_end(remote *r, tier_batch *b)
 {
     pull *p = b->p;
@@ -197,7 +202,8 @@ void target_end(remote *r, tier_batch *b)
     r->n_pulls++;
     uint64_t ignored = UINT64_MAX;
     p->inline_asked = ask_inline(r, p); /* fixed by the pull's destinations */
-    if (p->inline_asked && adopt(r, p, kvcr_now_ns(), &ignored)) return;
+    if ((p->inline_asked || comes_by_messages(r, p)) && adopt(r, p, kvcr_now_ns(), &ignored))
+        return;
     remote_wake(r);
 }
 
@@ -349,7 +355,7 @@ static bool ask_inline(remote *r, const pull *p)
 }
 
 /* Whether every destination piece of the pull holds at least min bytes
- * (as the source sees them: ref_pieces). Progress thread, locked. */
+ * (as the source sees them: ref_pieces). Locked. */
 static bool pieces_at_least(remote *r, const pull *p, uint64_t min)
 {
     mem_piece one[PIECES_MAX];
@@ -360,6 +366,20 @@ static bool pieces_at_least(remote *r, const pull *p, uint64_t min)
             if (one[j].len < min) return false;
     }
     return true;
+}
+
+/* Whether the pull's bytes can only come as messages, which our sink
+ * copies under the lock (target_take_bytes): the source's incarnation we
+ * know (the one start_write will expect, so that no other serves it)
+ * writes to us by messages, and the pull will not agree to puts
+ * (send_start_write's put_min). Locked. */
+static bool comes_by_messages(remote *r, const pull *p)
+{
+    const rpeer *peer = peer_get(r, p->source, false);
+    if (peer == NULL || !peer->has_inc || !peer->messages ||
+        memcmp(peer->messages_inc, peer->inc, sizeof peer->inc) != 0)
+        return false;
+    return r->put_min == 0 || !pieces_at_least(r, p, r->put_min);
 }
 
 static void send_start_write(remote *r, pull *p, uint64_t now)
