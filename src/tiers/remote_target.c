@@ -178,7 +178,7 @@ static bool adopt(remote *r, pull *p, uint64_t now, uint64_t *next_ns);
  * deliver (docs/BENCHMARKS.md), and its answer wakes that thread anyway.
  * So is one whose bytes can only come as messages (comes_by_messages):
  * the sink takes the lock before it copies them. Across hosts under load
- * the hand-off was 0.9-4.5 ms of a pull in `kvcr demo --hosts` (the
+ * the hand-off was 0.2-1.5 ms of a pull in `kvcr demo --hosts` (the
  * thread busy in UCX, or waiting for a CPU). Other pulls are sent by the
  * progress thread: their bytes may come as puts our UCX worker copies into
  * the destinations, within a ucx_progress call that began before a send
