@@ -31,3 +31,6 @@ expect(EQ requests 60)
 expect(GE remote_g2_pulled 1)
 expect(GE peer_bytes 65536)
 expect(GE verified_blocks 1)
+# Where the pulls' time went: every pull a peer answered is split in parts.
+expect(GE pull_split pulls 1)
+expect(GE pull_split pull_data 0.000000001)

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 #include <zmq.h>
 
+#include "kvcr/stats.h"
 #include "tool_util.h" /* tool_now, whole reads and writes */
 
 enum {
@@ -140,14 +141,23 @@ typedef struct demo_result {
 /* An operation this slow outlived even the engines' abandon timeout (10 s). */
 #define DEMO_SLOW_OP_S 12.0
 
+/* Where pulls' time went, as their KVCR measured it: the parts' durations
+ * (kvcr/stats.h, KVCR_PULL_PART_SCOPES) summed over the pulls they split. */
+typedef struct demo_split {
+    uint64_t pulls;
+    double part_s[KVCR_PULL_PARTS];
+} demo_split;
+
 /* An engine's state after the drain, before it closes (kvcr_stats gauges):
- * anything non-zero is a leak. */
+ * anything non-zero is a leak. And its pulls' split, taken from every
+ * snapshot of its run. */
 typedef struct demo_bye {
     int32_t engine;
     uint32_t slots;  /* KVCR DRAM slots allocated but not evictable (claimed) */
     uint32_t g3;     /* G3 slots allocated but not evictable, and stores pending */
     uint32_t ops;    /* operations in flight, hints kept */
     uint32_t pins;   /* framework pins, pinned keys, source writes in flight */
+    demo_split split;
 } demo_bye;
 
 /* Sent while the G3 file system is full: the next `fail_n` G3 I/O
@@ -212,6 +222,9 @@ void demo_progress(const demo_opts *o, const totals *t, bool last);
 struct demo_chaos_figures;
 /* Adds an engine's state after the drain into *sum (sum->engine counts them). */
 void demo_add_bye(demo_bye *sum, const demo_bye *b);
+/* Adds the pull parts' histograms of a kvcr_stats snapshot (one interval:
+ * each snapshot of an instance is added once) into *sum. */
+void demo_add_split(demo_split *sum, const kvcr_stats *s);
 /* Leaked slots, operations and pins in a sum of demo_bye. */
 uint64_t demo_leaks(const demo_bye *sum);
 /* The final table, or one JSON object with --json. Sorts t->pulls. chaos:

@@ -56,6 +56,7 @@ typedef struct engine {
     uint8_t *fw, *pool;
     size_t bs;
     uint32_t resilience; /* events since the last request's report */
+    demo_split split;    /* its pulls' parts, from every snapshot taken */
     bool uncertain[FW_ELEMENTS]; /* named UNCERTAIN, not yet QUIESCED: not reused */
 } engine;
 
@@ -105,11 +106,20 @@ typedef struct pending {
     const char *what; /* for the message when it does not complete */
 } pending;
 
+/* kvcr_stats_take: every snapshot adds its interval's pull parts to the
+ * engine's split (a snapshot holds only what came since the last). */
+static int take_stats(engine *e, kvcr_stats **s)
+{
+    int rc = kvcr_stats_take(e->kv, s);
+    if (rc == 0) demo_add_split(&e->split, *s);
+    return rc;
+}
+
 /* KVCR's gauges on stderr: what a stuck operation was waiting behind. */
 static void show_state(engine *e)
 {
     kvcr_stats *s = NULL;
-    if (kvcr_stats_take(e->kv, &s) != 0 || s == NULL) return;
+    if (take_stats(e, &s) != 0 || s == NULL) return;
     fprintf(stderr, "kvcr demo: engine %d: KVCR gauges:", e->idx);
     for (size_t i = 0; i < s->n_gauges; i++)
         fprintf(stderr, " %s=%g", s->gauges[i].resource, s->gauges[i].value);
@@ -456,7 +466,7 @@ static int create(engine *e, const kvcr_config *cfg)
 static void recovered(engine *e, demo_hello *h)
 {
     kvcr_stats *s = NULL;
-    if (kvcr_stats_take(e->kv, &s) != 0) return;
+    if (take_stats(e, &s) != 0) return;
     h->recovered_g2 = count_of(gauge(s, "local_g2_allocated_slots"));
     h->recovered_g3 = count_of(gauge(s, "g3_allocated_slots"));
     kvcr_stats_free(s);
@@ -562,7 +572,7 @@ static int bye(engine *e)
         if (rc != 0) return fail(e, "kvcr_poll", rc);
         kvcr_results_free(res);
         kvcr_stats *s = NULL;
-        if ((rc = kvcr_stats_take(e->kv, &s)) != 0) return fail(e, "kvcr_stats_take", rc);
+        if ((rc = take_stats(e, &s)) != 0) return fail(e, "kvcr_stats_take", rc);
         b.slots = count_of(gauge(s, "local_g2_allocated_slots") -
                            gauge(s, "local_g2_evictable_slots"));
         b.g3 = count_of(gauge(s, "g3_allocated_slots") - gauge(s, "g3_evictable_slots") +
@@ -574,6 +584,7 @@ static int bye(engine *e)
         if ((b.slots == 0 && b.g3 == 0 && b.ops == 0 && b.pins == 0) || tool_now() > until) break;
         usleep(10000);
     }
+    b.split = e->split;
     return demo_send(e->to_router, MSG_BYE, &b, sizeof b, NULL, 0) != 0;
 }
 

@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "demo.h"
@@ -65,6 +66,20 @@ void demo_add_bye(demo_bye *sum, const demo_bye *b)
     sum->g3 += b->g3;
     sum->ops += b->ops;
     sum->pins += b->pins;
+    sum->split.pulls += b->split.pulls;
+    for (int i = 0; i < KVCR_PULL_PARTS; i++) sum->split.part_s[i] += b->split.part_s[i];
+}
+
+static const char *const part_scopes[KVCR_PULL_PARTS] = KVCR_PULL_PART_SCOPES;
+
+void demo_add_split(demo_split *sum, const kvcr_stats *s)
+{
+    for (size_t h = 0; s && h < s->n_histograms; h++)
+        for (int i = 0; i < KVCR_PULL_PARTS; i++) {
+            if (strcmp(s->histograms[h].scope, part_scopes[i]) != 0) continue;
+            sum->part_s[i] += s->histograms[h].sum;
+            if (i == 0) sum->pulls += s->histograms[h].count; /* every part counts each pull */
+        }
 }
 
 uint64_t demo_leaks(const demo_bye *sum)
@@ -184,6 +199,46 @@ static void json_failures(const totals *t)
     printf("}");
 }
 
+/* "pull_split": the pulls split, the seconds of their parts summed (by
+ * scope name) and of their whole. */
+static void json_split(const demo_split *sp)
+{
+    printf(",\"pull_split\":");
+    ju("pulls", sp->pulls, true);
+    double total = 0;
+    for (int i = 0; i < KVCR_PULL_PARTS; i++) {
+        jf(part_scopes[i], sp->part_s[i]);
+        total += sp->part_s[i];
+    }
+    jf("total", total);
+    printf("}");
+}
+
+/* The parts for the table: a short name, and what each is. */
+static const struct {
+    const char *name, *what;
+} part_text[KVCR_PULL_PARTS] = {
+    {"queued", "submit to start_write sent"},
+    {"control", "the control round trip, less the source's time"},
+    {"pin wait", "the source waiting for framework pins"},
+    {"source", "the source's own work: claims, hand-offs between its threads"},
+    {"data", "the source writing the bytes (UCX puts to flush, or messages)"},
+    {"settle", "the pull's end to its result in kvcr_poll"},
+};
+
+static void text_split(const demo_split *sp)
+{
+    double total = 0;
+    for (int i = 0; i < KVCR_PULL_PARTS; i++) total += sp->part_s[i];
+    double n = (double)sp->pulls;
+    printf("%-20s %" PRIu64 " pulls, %.3f ms each on average, split by the pulling KVCR "
+           "(durations its sources reported)\n",
+           "where a pull's time", sp->pulls, 1e3 * total / n);
+    for (int i = 0; i < KVCR_PULL_PARTS; i++)
+        printf("  %-18s %8.3f ms %5.1f%%  %s\n", part_text[i].name, 1e3 * sp->part_s[i] / n,
+               total > 0 ? 100 * sp->part_s[i] / total : 0, part_text[i].what);
+}
+
 static void json_leaks(const demo_bye *l)
 {
     ju("engines_reported", (uint64_t)l->engine, false);
@@ -268,6 +323,7 @@ void demo_report(const demo_opts *o, totals *t, const totals *per, int started, 
         jf("peer_gbps", gbs);
         jf("peer_busy_s", busy);
         jf("peer_aggregate_gbps", agg);
+        json_split(&leaks->split);
         jf("prefill_ms_per_block", o->prefill_ms);
         jf("prefill_all_s", all_s);
         jf("prefill_with_kvcr_s", kvcr_s);
@@ -317,6 +373,7 @@ void demo_report(const demo_opts *o, totals *t, const totals *per, int started, 
             "%-20s %.1f MB in %zu pulls: %.2f GB/s (%.3f s of pulls summed); "
             "%.2f GB/s aggregate (%.3f s with a pull running)\n",
             "peer to peer", (double)t->peer_bytes / 1e6, t->n_pulls, gbs, t->peer_s, agg, busy);
+    if (leaks->split.pulls > 0) text_split(&leaks->split);
     printf(
         "%-20s %.2f ms/block: %.2f s recomputing everything, %.2f s with KVCR "
         "(%.2f s recompute + %.3f s deliveries)\n",

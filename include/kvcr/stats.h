@@ -34,6 +34,29 @@ extern "C" {
 #define KVCR_LIMIT_REFUSALS_METRIC "kvcr_limit_refusals"
 #define KVCR_CONTROL_DROPPED_METRIC "kvcr_control_dropped"
 
+/* The parts of a peer pull's time, as the pulling (target) side sees it:
+ * each a kvcr_duration_seconds scope, with the pull's result. A pull whose
+ * source answered with its own durations (every KVCR source does) adds one
+ * observation to each part, and its parts sum to its remote_fetch or
+ * remote_deliver duration; the source measures its parts with its own clock
+ * and sends durations, never timestamps, so the hosts' clocks need not
+ * agree. In order:
+ *   pull_queue     from the operation's submit to its start_write being sent
+ *                  (held while the source is silent, sent again after a refusal)
+ *   pull_control   the control round trip: start_write sent to the answer
+ *                  (write_done) taken, less the time the source served it
+ *   pull_pin_wait  the source waiting for framework pins (request_pin)
+ *   pull_source    the source's other work on it: claims, hand-offs between its
+ *                  threads, a first UCX endpoint to the target
+ *   pull_data      the source writing the bytes (UCX puts until flushed, active
+ *                  messages until sent, or an inline copy), and any of them
+ *                  taken here after the answer
+ *   pull_settle    from the pull's end on the progress thread to its result
+ *                  handed to kvcr_poll */
+#define KVCR_PULL_PARTS 6
+#define KVCR_PULL_PART_SCOPES                                                                  \
+    {"pull_queue", "pull_control", "pull_pin_wait", "pull_source", "pull_data", "pull_settle"}
+
 /* Upper bounds (seconds) of the duration histogram's buckets; +Inf is
  * implicit. */
 #define KVCR_HISTOGRAM_BUCKETS 14

@@ -35,6 +35,10 @@
  *   inline_data   bin         write_done, exactly with inline_runs: the runs' bytes one
  *                             after another, as many as their lengths sum to (at most
  *                             WIRE_MAX_INLINE)
+ *   times         [serve: uint, pin: uint, data: uint]  write_done (optional): the
+ *                             source's durations in ns (wire_times): pin + data <=
+ *                             serve <= WIRE_MAX_TIME_NS; absent: a source that does
+ *                             not measure them
  *
  *   md      {"worker": bin 1..WIRE_MAX_BLOB, "regions": [region] 0..WIRE_MAX_REGIONS}
  *   region  {"label": str, "fw": bool, "addr": uint, "size": uint, "stride": uint,
@@ -70,7 +74,8 @@
     X(MD, "md") X(OP, "op") X(REMAINING, "remaining_ms") X(KEYS, "keys") X(DST, "dst")       \
     X(EXPECTED, "expected_inc") X(SUCCESS, "success") X(TERMINAL, "terminal")                \
     X(COMPLETED, "completed") X(DEAD, "dead_inc") X(BUSY, "busy") X(AM_BYTES, "am_bytes")   \
-    X(INLINE, "inline") X(RUNS, "inline_runs") X(DATA, "inline_data") X(PUT_MIN, "put_min")
+    X(INLINE, "inline") X(RUNS, "inline_runs") X(DATA, "inline_data") X(PUT_MIN, "put_min") \
+    X(TIMES, "times")
 
 MPMAP_FIELD_TABLE(FIELDS);
 static const char *const missing_why[N_FIELDS] = {
@@ -104,7 +109,7 @@ static const struct shape {
                               B(INLINE) | B(PUT_MIN)},
     [WIRE_WRITE_DONE] = {"write_done", B(OP) | B(SUCCESS) | B(TERMINAL),
                          B(OP) | B(SUCCESS) | B(TERMINAL) | B(COMPLETED) | B(AM_BYTES) |
-                             B(RUNS) | B(DATA)},
+                             B(RUNS) | B(DATA) | B(TIMES)},
     [WIRE_WRITE_REFUSED] = {"write_refused", B(OP), B(OP) | B(BUSY)},
     [WIRE_WRITE_PROBE] = {"write_probe", B(OP), B(OP) | B(EXPECTED) | B(MD)},
     [WIRE_WRITE_PROBE_ACK] = {"write_probe_ack", B(OP) | B(TERMINAL),
@@ -132,7 +137,7 @@ static const char *const region_names[N_REGION] = {"label", "fw",    "addr", "si
 static uint32_t carried(const wire_msg *m)
 {
     uint32_t f = ~(B(MD) | B(OP) | B(EXPECTED) | B(DEAD) | B(COMPLETED) | B(BUSY) | B(AM_BYTES) |
-                   B(INLINE) | B(RUNS) | B(DATA) | B(PUT_MIN));
+                   B(INLINE) | B(RUNS) | B(DATA) | B(PUT_MIN) | B(TIMES));
     if (m->has_metadata) f |= B(MD);
     if (m->has_op) f |= B(OP);
     if (m->has_expected_inc) f |= B(EXPECTED);
@@ -143,6 +148,7 @@ static uint32_t carried(const wire_msg *m)
     if (m->inline_write) f |= B(INLINE);
     if (m->has_put_min) f |= B(PUT_MIN);
     if (m->has_inline) f |= B(RUNS) | B(DATA);
+    if (m->has_times) f |= B(TIMES);
     return COMMON | (f & shapes[m->type].allow);
 }
 
@@ -221,6 +227,16 @@ static const char *run_rule(const wire_run *run, uint64_t *sum)
     if (__builtin_add_overflow(run->addr, run->len, &end)) return "write_done: inline run overflows u64";
     if (run->len > WIRE_MAX_INLINE - *sum) return "write_done: inline runs over 1 MiB";
     *sum += run->len;
+    return NULL;
+}
+
+/* The source's durations: its parts within the whole, the whole bounded. */
+static const char *times_rule(const wire_times *t)
+{
+    uint64_t parts;
+    if (t->serve_ns > WIRE_MAX_TIME_NS) return "write_done: times serve over the bound";
+    if (__builtin_add_overflow(t->pin_ns, t->data_ns, &parts) || parts > t->serve_ns)
+        return "write_done: times pin + data over serve";
     return NULL;
 }
 
@@ -436,6 +452,18 @@ static const char *decode_inline(arena *a, const msgpack_object *runs, const msg
     return NULL;
 }
 
+static const char *decode_times(const msgpack_object *o, wire_msg *m)
+{
+    wire_times *t = &m->times;
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3 ||
+        !mpmap_u64(&o->via.array.ptr[0], &t->serve_ns) ||
+        !mpmap_u64(&o->via.array.ptr[1], &t->pin_ns) ||
+        !mpmap_u64(&o->via.array.ptr[2], &t->data_ns))
+        return "write_done: times not a [serve, pin, data] array of unsigned integers";
+    m->has_times = true;
+    return times_rule(t);
+}
+
 static const char *decode_incs(arena *a, const msgpack_object **f, wire_msg *m)
 {
     if (!get_bin(a, f[F_INC], WIRE_INCARNATION_LEN, WIRE_INCARNATION_LEN, &m->incarnation))
@@ -484,6 +512,7 @@ static const char *decode_body(arena *a, const msgpack_object **f, uint32_t pres
         if (m->has_am_bytes) return "write_done: inline bytes and am_bytes are exclusive";
         if ((why = decode_inline(a, f[F_RUNS], f[F_DATA], m))) return why;
     }
+    if (present & B(TIMES) && (why = decode_times(f[F_TIMES], m))) return why;
     if (present & B(INLINE) && !(mpmap_bool(f[F_INLINE], &m->inline_write) && m->inline_write))
         return "start_write: inline must be true when present";
     if (present & B(PUT_MIN)) {
@@ -634,6 +663,7 @@ static bool msg_ok(const wire_msg *m)
     if (f & B(AM_BYTES) && !m->success) return false;
     if (f & B(PUT_MIN) && (m->put_min == 0 || m->inline_write)) return false;
     if (f & B(RUNS) && !inline_ok(m)) return false;
+    if (f & B(TIMES) && times_rule(&m->times) != NULL) return false;
     return true;
 }
 
@@ -712,6 +742,12 @@ static int pack_runs(msgpack_packer *pk, const wire_msg *m)
     return 0;
 }
 
+static int pack_times(msgpack_packer *pk, const wire_times *t)
+{
+    return msgpack_pack_array(pk, 3) || msgpack_pack_uint64(pk, t->serve_ns) ||
+           msgpack_pack_uint64(pk, t->pin_ns) || msgpack_pack_uint64(pk, t->data_ns);
+}
+
 static int pack_value(msgpack_packer *pk, const void *msg, int f)
 {
     const wire_msg *m = msg;
@@ -738,6 +774,7 @@ static int pack_value(msgpack_packer *pk, const void *msg, int f)
     case F_RUNS: return pack_runs(pk, m);
     case F_DATA: return pack_bin(pk, m->inline_data);
     case F_PUT_MIN: return msgpack_pack_uint64(pk, m->put_min);
+    case F_TIMES: return pack_times(pk, &m->times);
     }
     return -1;
 }
@@ -817,5 +854,6 @@ bool wire_msg_equal(const wire_msg *a, const wire_msg *b)
            (!(f & B(DEAD)) || bytes_eq(a->dead_inc, b->dead_inc)) &&
            (!(f & B(AM_BYTES)) || a->am_bytes == b->am_bytes) &&
            (!(f & B(PUT_MIN)) || a->put_min == b->put_min) &&
-           (!(f & B(RUNS)) || runs_eq(a, b));
+           (!(f & B(RUNS)) || runs_eq(a, b)) &&
+           (!(f & B(TIMES)) || memcmp(&a->times, &b->times, sizeof a->times) == 0);
 }

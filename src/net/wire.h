@@ -19,7 +19,10 @@
  *                                      they were sent: am_bytes says how many bytes
  *                                      the target must have taken before it believes
  *                                      the write complete); or [inline runs and
- *                                      their bytes] when start_write asked so
+ *                                      their bytes] when start_write asked so;
+ *                                      [times] (the source's own durations: serving
+ *                                      the write, of which waiting for pins and
+ *                                      writing the data, on its own clock)
  *   write_refused    source -> target  op, [busy] (no route back, or busy: at one of
  *                                      the source's limits; nothing was written)
  *   write_probe      target -> source  op, [expected_inc]
@@ -50,6 +53,7 @@
 #define WIRE_MAX_BLOB 65536          /* worker address, one packed rkey */
 #define WIRE_INCARNATION_LEN 16      /* raw bytes of an incarnation id */
 #define WIRE_MAX_INLINE (1u << 20)   /* bytes carried inline by one write_done */
+#define WIRE_MAX_TIME_NS ((uint64_t)INT64_MAX) /* a duration in write_done's times */
 
 enum wire_type {
     WIRE_METADATA = 1,
@@ -92,6 +96,16 @@ typedef struct wire_ref {
     wire_bytes label;
     uint64_t index;
 } wire_ref;
+
+/* A source's durations of one write, in nanoseconds of its own monotonic
+ * clock (never a timestamp: the hosts' clocks are not compared). serve runs
+ * from taking start_write to sending the write_done; pin (waiting for
+ * framework pins) and data (writing the bytes: UCX put to flush, messages
+ * sent, or the inline copy) are parts of it: pin + data <= serve <=
+ * WIRE_MAX_TIME_NS. */
+typedef struct wire_times {
+    uint64_t serve_ns, pin_ns, data_ns;
+} wire_times;
 
 /* One run of an inline write: len bytes at addr in the target's memory. */
 typedef struct wire_run {
@@ -144,6 +158,8 @@ typedef struct wire_msg {
     uint32_t n_runs;           /* 1..WIRE_MAX_INLINE runs, whose lengths sum to */
     wire_run *runs;            /* inline_data.len (1..WIRE_MAX_INLINE bytes), the */
     wire_bytes inline_data;    /* bytes of the runs one after another */
+    bool has_times;            /* write_done (optional): the source's durations */
+    wire_times times;
 
     /* write_refused: refused at one of the source's limits (optional; only
      * true is carried) */

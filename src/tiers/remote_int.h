@@ -132,6 +132,13 @@ struct pull {
     bool has_inc;        /* the source incarnation this pull quoted */
     uint8_t inc[WIRE_INCARNATION_LEN];
     uint64_t start_ns, deadline_ns, abandon_ns;
+    /* Its time in parts (kvcr/stats.h, KVCR_PULL_PART_SCOPES): its last
+     * start_write sent, the answer that ended it taken, its end on the
+     * progress side, the durations that answer carried (has_times), and
+     * when its first and last bytes sent as messages were taken (0: none). */
+    uint64_t sent_ns, answer_ns, finished_ns, bytes_first_ns, bytes_last_ns;
+    bool has_times;
+    wire_times times;
     uint64_t reprobe_ns;  /* waiting for terminal evidence: the next probe */
     uint32_t reprobe_ms;  /* and the interval after it (doubling, at most 30 s) */
     uint32_t n_keys, cap_keys;
@@ -206,6 +213,10 @@ typedef struct swrite {
     bool by_messages;             /* posted as UCX messages (net/ucx.h), not puts */
     const char *busy;             /* refused at this limit before anything was written */
     uint64_t start_ns, deadline_ns, cancel_deadline_ns;
+    /* What write_done reports of its time (wire_times): since when it waits
+     * for pins (0: not waiting), how long it waited, when its data went to
+     * UCX and how long the data took. */
+    uint64_t pin_from_ns, pin_ns, data_from_ns, data_ns;
     uint32_t n_keys;
     sw_key *keys;
     uint8_t *key_bytes;

@@ -185,13 +185,28 @@ static bool inline_bytes(const swrite *sw, wire_msg *m)
     return true;
 }
 
+/* Locked: sw's durations until now, for its write_done (net/wire.h). Its
+ * pin wait and data time are disjoint parts of the time served, on one
+ * clock; serve is raised to cover them should that clock ever say
+ * otherwise, so that the encoder never refuses the answer. */
+static wire_times times_of(const swrite *sw)
+{
+    wire_times t = {kvcr_now_ns() - sw->start_ns, sw->pin_ns, sw->data_ns};
+    if (t.pin_ns + t.data_ns > t.serve_ns) t.serve_ns = t.pin_ns + t.data_ns;
+    return t;
+}
+
 /* The write_done of sw; returns whether it said success (an inline write
  * whose bytes cannot be gathered says failure). */
 static bool send_done(remote *r, swrite *sw, bool success, bool terminal)
 {
     uint32_t *completed = NULL, n = 0;
     wire_msg in = {0};
-    if (success && sw->inline_write && sw->n_segs > 0 && !inline_bytes(sw, &in)) success = false;
+    if (success && sw->inline_write && sw->n_segs > 0) {
+        uint64_t t0 = kvcr_now_ns(); /* an inline write's data time is its copy */
+        if (!inline_bytes(sw, &in)) success = false;
+        sw->data_ns = kvcr_now_ns() - t0;
+    }
     if (success) {
         completed = calloc(sw->n_keys ? sw->n_keys : 1, sizeof *completed);
         if (completed == NULL) success = false;
@@ -211,6 +226,8 @@ static bool send_done(remote *r, swrite *sw, bool success, bool terminal)
         m.runs = in.runs;
         m.inline_data = in.inline_data;
     }
+    m.has_times = true;
+    m.times = times_of(sw);
     m.from = (wire_bytes){(const uint8_t *)sw->reflected, strlen(sw->reflected)};
     send_msg(r, sw->reply_to, &m, MD_NEVER);
     free(completed);
@@ -241,6 +258,10 @@ static void to_main(remote *r, swrite *sw)
 
 static void to_post(remote *r, swrite *sw)
 {
+    if (sw->pin_from_ns != 0) { /* its wait for pins is over */
+        sw->pin_ns = kvcr_now_ns() - sw->pin_from_ns;
+        sw->pin_from_ns = 0;
+    }
     sw->state = SW_READY;
     if (sw->on_post) return;
     sw->on_post = true;
@@ -470,6 +491,7 @@ static bool inc_ours(const remote *r, const wire_bytes *b)
 static void on_start_write(remote *r, const wire_msg *m)
 {
     kvcr_t *kv = r->kv;
+    uint64_t taken_ns = kvcr_now_ns(); /* served from here: a first endpoint counts */
     route *rt = NULL;
     int rc = route_resolve(r, m, &rt);
     if (rc != 0 || (!m->inline_write && route_connect(r, rt) != 0)) {
@@ -492,6 +514,7 @@ static void on_start_write(remote *r, const wire_msg *m)
         refuse(r, m, why);
         return;
     }
+    sw->start_ns = taken_ns;
     if (m->has_metadata) {
         wire_msg ack = {.type = WIRE_METADATA_ACK, .has_op = true, .op = m->op};
         reply(r, m, &ack, false);
@@ -523,7 +546,6 @@ static void on_start_write(remote *r, const wire_msg *m)
     const kvcr_conf *conf = host_conf(kv);
     double budget = m->remaining_ms < conf->operation_timeout_ms ? m->remaining_ms
                                                                  : conf->operation_timeout_ms;
-    sw->start_ns = now;
     sw->deadline_ns = now + (uint64_t)(budget * 1e6);
     sw->number = r->next_source_no++;
     rt->users++;
@@ -538,6 +560,7 @@ static void on_start_write(remote *r, const wire_msg *m)
         assemble(r, sw);
     } else {
         sw->state = SW_PINNING; /* the polling thread asks the framework */
+        sw->pin_from_ns = now;
         to_main(r, sw);
     }
 }
@@ -667,6 +690,7 @@ static void on_ucx_done(void *ud, int status)
 {
     swrite *sw = ud;
     sw->ucx_status = status;
+    sw->data_ns = kvcr_now_ns() - sw->data_from_ns;
     sw->ucx_next = sw->owner->ucx_done;
     sw->owner->ucx_done = sw;
 }
@@ -676,6 +700,7 @@ void source_post(remote *r, swrite *sw)
     /* Puts over message lanes only where the target agreed (put_min): it
      * then treats the write as a put, never as quiet at its deadline. */
     sw->by_messages = ucx_write_messages(sw->route->peer, sw->puts_agreed);
+    sw->data_from_ns = kvcr_now_ns();
     int rc = ucx_write_as(sw->route->peer, sw->segs, sw->n_segs, (uint64_t)sw->op,
                           sw->puts_agreed, on_ucx_done, sw);
     if (rc != 0) on_ucx_done(sw, rc); /* nothing was posted */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvcr/stats.h"
 #include "tiers/remote_int.h"
 #include "util/clock.h"
 
@@ -168,17 +169,22 @@ static pull *pull_by_handle(remote *r, int64_t handle)
 }
 
 static bool ask_inline(remote *r, const pull *p);
+static bool comes_by_messages(remote *r, const pull *p);
 static bool adopt(remote *r, pull *p, uint64_t now, uint64_t *next_ns);
 
 /* Hands the pull to the progress thread (frees it when it has no keys).
  * A pull whose bytes come inline in its write_done is sent from here: on
  * one host the hand-off to the progress thread was 15-20 us of a one-block
  * deliver (docs/BENCHMARKS.md), and its answer wakes that thread anyway.
- * Other pulls are sent by the progress thread: their bytes may come as
- * puts our UCX worker copies into the destinations, within a ucx_progress
- * call that began before a send from here. The network orders those copies
- * after the caller's own writes, but a race detector sees only the lock,
- * which the progress thread takes from us before it sends. */
+ * So is one whose bytes can only come as messages (comes_by_messages):
+ * the sink takes the lock before it copies them. Across hosts under load
+ * the hand-off was 0.2-1.5 ms of a pull in `kvcr demo --hosts` (the
+ * thread busy in UCX, or waiting for a CPU). Other pulls are sent by the
+ * progress thread: their bytes may come as puts our UCX worker copies into
+ * the destinations, within a ucx_progress call that began before a send
+ * from here. The network orders those copies after the caller's own
+ * writes, but a race detector sees only the lock, which the progress
+ * thread takes from us before it sends. */
 void target_end(remote *r, tier_batch *b)
 {
     pull *p = b->p;
@@ -196,7 +202,8 @@ void target_end(remote *r, tier_batch *b)
     r->n_pulls++;
     uint64_t ignored = UINT64_MAX;
     p->inline_asked = ask_inline(r, p); /* fixed by the pull's destinations */
-    if (p->inline_asked && adopt(r, p, kvcr_now_ns(), &ignored)) return;
+    if ((p->inline_asked || comes_by_messages(r, p)) && adopt(r, p, kvcr_now_ns(), &ignored))
+        return;
     remote_wake(r);
 }
 
@@ -224,6 +231,7 @@ static void finish(remote *r, pull *p, bool success, kvcr_reason why)
 {
     if (!success) r->ucx_fence = true;
     p->state = PULL_FINISHED;
+    p->finished_ns = kvcr_now_ns();
     p->success = success;
     p->fail_reason = (uint8_t)why;
     owe_main(r, p, PM_FINISHED);
@@ -347,7 +355,7 @@ static bool ask_inline(remote *r, const pull *p)
 }
 
 /* Whether every destination piece of the pull holds at least min bytes
- * (as the source sees them: ref_pieces). Progress thread, locked. */
+ * (as the source sees them: ref_pieces). Locked. */
 static bool pieces_at_least(remote *r, const pull *p, uint64_t min)
 {
     mem_piece one[PIECES_MAX];
@@ -358,6 +366,20 @@ static bool pieces_at_least(remote *r, const pull *p, uint64_t min)
             if (one[j].len < min) return false;
     }
     return true;
+}
+
+/* Whether the pull's bytes can only come as messages, which our sink
+ * copies under the lock (target_take_bytes): the source's incarnation we
+ * know (the one start_write will expect, so that no other serves it)
+ * writes to us by messages, and the pull will not agree to puts
+ * (send_start_write's put_min). Locked. */
+static bool comes_by_messages(remote *r, const pull *p)
+{
+    const rpeer *peer = peer_get(r, p->source, false);
+    if (peer == NULL || !peer->has_inc || !peer->messages ||
+        memcmp(peer->messages_inc, peer->inc, sizeof peer->inc) != 0)
+        return false;
+    return r->put_min == 0 || !pieces_at_least(r, p, r->put_min);
 }
 
 static void send_start_write(remote *r, pull *p, uint64_t now)
@@ -389,6 +411,7 @@ static void send_start_write(remote *r, pull *p, uint64_t now)
                       .expected_inc = {p->inc, WIRE_INCARNATION_LEN},
                       .inline_write = p->inline_asked,
                       .has_put_min = put_min, .put_min = r->put_min};
+        p->sent_ns = kvcr_now_ns();
         rc = send_msg(r, p->source, &m, MD_FORCE);
         p->sent_md = m.has_metadata;
     }
@@ -643,6 +666,11 @@ static void on_write_done(remote *r, pull *p, const wire_msg *m)
         r->dropped_messages++;
         return;
     }
+    if (m->terminal) { /* the answer: the pull ends on it (its bytes may trail it) */
+        p->answer_ns = kvcr_now_ns();
+        p->has_times = m->has_times;
+        p->times = m->times;
+    }
     if (m->has_inline || (p->inline_asked && m->success && m->terminal && m->n_completed > 0)) {
         on_inline_done(r, p, m);
         return;
@@ -791,6 +819,8 @@ bool target_take_bytes(void *arg, uint64_t tag, uint64_t addr, const void *data,
      * destinations ours until the copy is done. */
     memcpy((void *)(uintptr_t)addr, data, len);
     if (relock) host_lock(r->kv);
+    p->bytes_last_ns = kvcr_now_ns();
+    if (p->bytes_first_ns == 0) p->bytes_first_ns = p->bytes_last_ns;
     p->am_in += len;
     check_taken(r, p);
     if (relock) host_unlock(r->kv);
@@ -935,11 +965,50 @@ static uint64_t ref_bytes(const kvcr_t *kv, const wire_ref *ref)
     return pi.block_size;
 }
 
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* The pull's time in parts (kvcr/stats.h), when its source's answer said
+ * how it served it: start <= sent <= answer <= finished <= end, so the
+ * parts sum to the whole. Of the round trip, what the source says it
+ * served is the source's (at most all of it: the clocks' rates may differ
+ * a little); its pin wait and data time are parts of that. Bytes sent as
+ * messages are sent for the source once they left it, and cross while
+ * its answer does: how long they took arriving here before the answer,
+ * beyond the source's data time, is data too, not control. */
+static void observe_parts(kvcr_t *kv, const pull *p, const char *result, uint64_t end)
+{
+    static const char *const scopes[KVCR_PULL_PARTS] = KVCR_PULL_PART_SCOPES;
+    if (!p->has_times) return;
+    uint64_t rtt = p->answer_ns - p->sent_ns;
+    uint64_t served = min_u64(p->times.serve_ns, rtt);
+    uint64_t pins = min_u64(p->times.pin_ns, served);
+    uint64_t data = min_u64(p->times.data_ns, served - pins), control = rtt - served;
+    uint64_t own = served - pins - data;
+    uint64_t seen = min_u64(p->bytes_last_ns, p->answer_ns), crossing = 0;
+    if (p->bytes_first_ns != 0 && seen > p->bytes_first_ns + data)
+        crossing = min_u64(seen - p->bytes_first_ns - data, control);
+    control -= crossing;
+    data += crossing;
+    uint64_t part[KVCR_PULL_PARTS] = {p->sent_ns - p->start_ns,
+                                      control,
+                                      pins,
+                                      own,
+                                      data + (p->finished_ns - p->answer_ns),
+                                      end - p->finished_ns};
+    for (int i = 0; i < KVCR_PULL_PARTS; i++)
+        host_observe(kv, scopes[i], result, kvcr_ns_to_s(part[i]));
+}
+
 static void observe(kvcr_t *kv, const pull *p)
 {
     const char *scope = p->fetch ? "remote_fetch" : "remote_deliver";
-    host_observe(kv, scope, p->success ? "success" : "failed",
-                 kvcr_ns_to_s(kvcr_now_ns() - p->start_ns));
+    const char *result = p->success ? "success" : "failed";
+    uint64_t end = kvcr_now_ns();
+    host_observe(kv, scope, result, kvcr_ns_to_s(end - p->start_ns));
+    observe_parts(kv, p, result, end);
     uint64_t blocks = 0, bytes = 0;
     for (uint32_t i = 0; p->success && i < p->n_keys; i++) {
         if (!p->keys[i].completed) continue;

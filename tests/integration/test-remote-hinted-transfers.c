@@ -250,6 +250,78 @@ static void test_two_sources_serve_one_target_concurrently(void **state)
     peer_stop(&b);
 }
 
+/* Every observation of a pull part (kvcr/stats.h) in a fresh snapshot:
+ * n pulls, each part observed once a pull and above 0 (pin_wait: above 0
+ * exactly when the source pinned), and the parts' sums within the pulls'
+ * total, together making it. */
+static void expect_split(rig *r, uint64_t n, bool pinned)
+{
+    static const char *const parts[KVCR_PULL_PARTS] = KVCR_PULL_PART_SCOPES;
+    kvcr_stats *s = NULL;
+    assert_int_equal(kvcr_stats_take(r->kv, &s), 0);
+    double total = 0, sum[KVCR_PULL_PARTS] = {0}, all = 0;
+    uint64_t pulls = 0, count[KVCR_PULL_PARTS] = {0};
+    for (size_t h = 0; h < s->n_histograms; h++) {
+        const kvcr_histogram *g = &s->histograms[h];
+        assert_string_equal(g->result, "success");
+        if (strcmp(g->scope, "remote_deliver") == 0) total += g->sum, pulls += g->count;
+        for (int i = 0; i < KVCR_PULL_PARTS; i++)
+            if (strcmp(g->scope, parts[i]) == 0) sum[i] += g->sum, count[i] += g->count;
+    }
+    assert_int_equal(pulls, n);
+    for (int i = 0; i < KVCR_PULL_PARTS; i++) {
+        assert_int_equal(count[i], n);
+        assert_true(sum[i] <= total);
+        all += sum[i];
+    }
+    assert_true(all > total * (1 - 1e-9) && all < total * (1 + 1e-9));
+    for (size_t i = 0; i < s->n_observations; i++) {
+        const kvcr_observation *o = &s->observations[i];
+        if (strcmp(o->scope, "pull_pin_wait") == 0)
+            assert_true(pinned ? o->seconds > 0 : o->seconds == 0);
+        else if (strncmp(o->scope, "pull_", 5) == 0)
+            assert_true(o->seconds > 0);
+    }
+    kvcr_stats_free(s);
+}
+
+/* A pull's time in parts, as the target's telemetry reports it, with the
+ * bytes as UCX puts (inline writes off), from a source holding them in
+ * KVCR DRAM and from one that pins them in framework memory. */
+static void test_pull_time_is_split_into_parts(void **state)
+{
+    (void)state;
+    peer_opts o;
+    peer_opts_init(&o);
+    o.slots = 0; /* the second source pins framework memory */
+    o.fw_n = 8;
+    o.pins = true;
+    peer dram, pinning;
+    peer_spawn_source(&dram, 8);
+    peer_spawn(&pinning, &o);
+    rig r;
+    rig_init_remote(&r, BS, 32, 8);
+    r.cfg.enable_telemetry = true;
+    assert_int_equal(setenv("KVCR_INLINE_WRITE_MAX", "0", 1), 0); /* read at start */
+    rig_start(&r);
+    assert_int_equal(unsetenv("KVCR_INLINE_WRITE_MAX"), 0);
+    peer_hint_range(&r, "dram", dram.endpoint, 0, 8);
+    peer_hint_range(&r, "pins", pinning.endpoint, 0, 8);
+    kvcr_entry_status st[8];
+    assert_int_equal(rig_wait(&r, peer_deliver_range(&r, 0, 8, 0, "dram"), st, NULL, NULL), 8);
+    for (uint32_t i = 0; i < 8; i++) assert_int_equal(st[i], KVCR_ENTRY_SUCCESS);
+    expect_split(&r, 1, false);
+    assert_int_equal(rig_wait(&r, peer_deliver_range(&r, 0, 8, 8, "pins"), st, NULL, NULL), 8);
+    for (uint32_t i = 0; i < 8; i++) {
+        assert_int_equal(st[i], KVCR_ENTRY_SUCCESS);
+        expect_block(&r, 8 + i, i);
+    }
+    expect_split(&r, 1, true);
+    rig_stop(&r);
+    peer_stop(&dram);
+    peer_stop(&pinning);
+}
+
 static void test_without_key_adapter_nothing_is_remote(void **state)
 {
     (void)state;
@@ -272,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_framework_pins_shared_and_released_exactly_once),
         cmocka_unit_test(test_second_source_fails_request_closed),
         cmocka_unit_test(test_two_sources_serve_one_target_concurrently),
+        cmocka_unit_test(test_pull_time_is_split_into_parts),
         cmocka_unit_test(test_without_key_adapter_nothing_is_remote),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -175,6 +175,10 @@ static void same_fields(const wire_msg *m, const wire_msg *d)
         assert_true(d->runs[i].addr == m->runs[i].addr && d->runs[i].len == m->runs[i].len);
     if (d->has_inline) same_bytes(m->inline_data, d->inline_data);
     else none(d->inline_data);
+    assert_int_equal(d->has_times, wd && m->has_times);
+    const wire_times zero = {0, 0, 0}, *want = d->has_times ? &m->times : &zero;
+    assert_true(d->times.serve_ns == want->serve_ns && d->times.pin_ns == want->pin_ns &&
+                d->times.data_ns == want->data_ns);
 }
 
 /* Encodes m, decodes it from a copy that is then scribbled over and freed
@@ -1305,6 +1309,102 @@ static void test_inline_writes(void **state)
     UNENCODABLE(most);
 }
 
+/* A well-formed times array [serve, pin, data]. */
+static msgpack_object times_obj(tree *t, uint64_t serve, uint64_t pin, uint64_t data)
+{
+    msgpack_object o = arr_obj(t, 3);
+    o.via.array.ptr[0] = u64_obj(serve);
+    o.via.array.ptr[1] = u64_obj(pin);
+    o.via.array.ptr[2] = u64_obj(data);
+    return o;
+}
+
+/* write_done's times: the source's durations, [serve, pin, data], unsigned,
+ * pin + data within serve, serve within WIRE_MAX_TIME_NS; optional (a
+ * source that does not send them is understood), only in write_done. */
+static void test_write_done_times(void **state)
+{
+    (void)state;
+    wire_msg done = write_done(true, 4);
+    done.has_times = true;
+    done.times = (wire_times){1500000, 400000, 900000};
+    roundtrip(&done);
+    wire_msg failed = write_done(false, 0); /* a failure says how it was served too */
+    failed.has_times = true;
+    failed.times = (wire_times){7, 0, 0};
+    roundtrip(&failed);
+    wire_msg most = done, full = done, zero = done, none_sent = write_done(true, 4);
+    most.times = (wire_times){WIRE_MAX_TIME_NS, WIRE_MAX_TIME_NS / 2, WIRE_MAX_TIME_NS / 2 + 1};
+    full.times = (wire_times){10, 3, 7}; /* the parts may fill the whole */
+    zero.times = (wire_times){0, 0, 0};
+    roundtrip(&most);
+    roundtrip(&full);
+    roundtrip(&zero);
+    roundtrip(&none_sent);
+    wire_msg inl = inline_done(), am = write_done(true, 2); /* beside either way of writing */
+    inl.has_times = am.has_times = true;
+    inl.times = am.times = done.times;
+    am.has_am_bytes = true, am.am_bytes = 4096;
+    roundtrip(&inl);
+    roundtrip(&am);
+    /* Equality sees each duration and the field itself. */
+    assert_false(wire_msg_equal(&done, &none_sent));
+    for (int i = 0; i < 3; i++) {
+        wire_msg e = done;
+        uint64_t *f[] = {&e.times.serve_ns, &e.times.pin_ns, &e.times.data_ns};
+        (*f[i])--;
+        if (wire_msg_equal(&done, &e)) fail_msg("times mutation %d not noticed", i);
+    }
+    wire_msg probe = base(WIRE_WRITE_PROBE_ACK); /* a type without it: encodes as bare */
+    probe.has_op = probe.has_times = true, probe.times = done.times;
+    roundtrip(&probe);
+
+    static const char *const bad = "write_done: times not a [serve, pin, data] array of unsigned integers";
+    tree *t;
+    t = tree_of(&done), *get(root(t), "times") = u64_obj(5);
+    REFUSED(t, bad);
+    t = tree_of(&done), get(root(t), "times")->via.array.size = 2;
+    REFUSED(t, bad);
+    t = tree_of(&done);
+    msgpack_object four = arr_obj(t, 4);
+    for (uint32_t i = 0; i < 4; i++) four.via.array.ptr[i] = u64_obj(1);
+    *get(root(t), "times") = four;
+    REFUSED(t, bad);
+    for (uint32_t i = 0; i < 3; i++) {
+        t = tree_of(&done), get(root(t), "times")->via.array.ptr[i] = neg_obj(-1);
+        REFUSED(t, bad);
+        t = tree_of(&done), get(root(t), "times")->via.array.ptr[i] = f64_obj(1.0);
+        REFUSED(t, bad);
+    }
+    t = tree_of(&full), get(root(t), "times")->via.array.ptr[0] = u64_obj(9); /* one short */
+    REFUSED(t, "write_done: times pin + data over serve");
+    t = tree_of(&full), get(root(t), "times")->via.array.ptr[2] = u64_obj(8);
+    REFUSED(t, "write_done: times pin + data over serve");
+    t = tree_of(&most), get(root(t), "times")->via.array.ptr[1] = u64_obj(UINT64_MAX);
+    REFUSED(t, "write_done: times pin + data over serve"); /* the sum overflows */
+    t = tree_of(&most), get(root(t), "times")->via.array.ptr[0] = u64_obj(WIRE_MAX_TIME_NS + 1);
+    REFUSED(t, "write_done: times serve over the bound");
+    t = tree_of(&full), get(root(t), "times")->via.array.ptr[0] = u64_obj(10);
+    accepted(t); /* the bound's other side */
+    wire_msg sw = full_start_write(), refused = base(WIRE_WRITE_REFUSED);
+    refused.has_op = true;
+    t = tree_of(&sw), *add(t, root(t), STR("times")) = times_obj(t, 3, 1, 1);
+    REFUSED(t, "field not allowed for this type: times");
+    t = tree_of(&refused), *add(t, root(t), STR("times")) = times_obj(t, 3, 1, 1);
+    REFUSED(t, "field not allowed for this type: times");
+    t = tree_of(&none_sent), *add(t, root(t), STR("times")) = times_obj(t, 3, 1, 1);
+    accepted(t);
+
+    /* The encoder makes none of these. */
+    wire_msg e = full;
+    e.times.serve_ns = 9;
+    UNENCODABLE(e);
+    e = most, e.times.pin_ns = UINT64_MAX;
+    UNENCODABLE(e);
+    e = most, e.times.serve_ns = WIRE_MAX_TIME_NS + 1;
+    UNENCODABLE(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1316,6 +1416,7 @@ int main(void)
         cmocka_unit_test(test_write_refused_busy),
         cmocka_unit_test(test_inline_writes),
         cmocka_unit_test(test_put_min_rides_start_write_only_as_a_positive_count),
+        cmocka_unit_test(test_write_done_times),
         cmocka_unit_test(test_integer_and_number_rules),
         cmocka_unit_test(test_start_write_bounds),
         cmocka_unit_test(test_key_count_bound),

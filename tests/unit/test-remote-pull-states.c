@@ -298,14 +298,19 @@ static pull *start_pull_from(remote *r, bool fetch, bool known)
 {
     size_t wakes = net.n_wakes;
     pull *p = end_pull(r, fetch);
-    /* Only a pull whose bytes come inline goes from the caller's thread;
-     * the progress thread hears of the others, and sends them. */
+    /* Only a pull whose bytes come inline, or can only come as messages
+     * (its source's incarnation writes by them, and it agreed to no puts),
+     * goes from the caller's thread; the progress thread hears of the
+     * others, and sends them. */
     bool by_caller = p->state == PULL_WAIT_DONE;
+    const rpeer *peer = peer_get(r, SOURCE, false);
+    bool by_messages = by_caller && !p->puts_agreed && peer->has_inc && peer->messages &&
+                       memcmp(peer->messages_inc, peer->inc, sizeof peer->inc) == 0;
     assert_int_equal(net.n_wakes, wakes + !by_caller);
     assert_int_equal(net.n, by_caller);
     if (!by_caller) target_adopt(r, clock_ns, &(uint64_t){UINT64_MAX});
     assert_int_equal(p->state, PULL_WAIT_DONE);
-    assert_int_equal(p->inline_asked, by_caller);
+    assert_int_equal(p->inline_asked || by_messages, by_caller);
     assert_int_equal(net.n, 1);
     const sent *s = &net.msgs[0];
     assert_int_equal(s->type, WIRE_START_WRITE);
@@ -971,9 +976,11 @@ static void test_a_pull_that_let_its_source_put_is_not_quiet_at_its_deadline(voi
     assert_null(r->pulls);
     assert_true(peer_get(r, SOURCE, false)->messages);
 
-    /* Every piece reaches put_min: not quiet at the deadline. */
+    /* Every piece reaches put_min: not quiet at the deadline, and sent by
+     * the progress thread (the source may put). */
     r->put_min = ELEM;
     p = next_pull(r);
+    assert_int_equal(net.n_wakes, 1);
     assert_true(net.msgs[0].has_put_min);
     assert_int_equal(net.msgs[0].put_min, ELEM);
     assert_true(p->puts_agreed);
@@ -1007,10 +1014,12 @@ static void test_a_pull_that_let_its_source_put_is_not_quiet_at_its_deadline(voi
     assert_true(target_take_bytes(r, 7, elem(10), payload, ELEM));
     assert_quiet_at_deadline(r, p);
 
-    /* put_min off: none sent, and the memory makes the pull quiet. */
+    /* put_min off: none sent, and the memory makes the pull quiet; its
+     * bytes can only come as messages, so it went from the caller's thread. */
     r->put_min = 0;
     clock_ns = T0;
     p = next_pull(r);
+    assert_int_equal(net.n_wakes, 0);
     assert_false(net.msgs[0].has_put_min);
     assert_false(p->puts_agreed);
     assert_quiet_at_deadline(r, p);
