@@ -200,12 +200,13 @@ static int taken_up_to_here(void *ctx, void *push, const char *endpoint, const c
     if (pub != NULL && (zmq_setsockopt(pull, ZMQ_CURVE_SERVER, &server, sizeof server) != 0 ||
                         zmq_setsockopt(pull, ZMQ_CURVE_SECRETKEY, sec, 41) != 0))
         err = errno;
-    char from[128];
+    char from[128] = "";
     size_t len = sizeof from;
     if (!err && (zmq_bind(pull, "tcp://127.0.0.1:*") != 0 ||
                  zmq_getsockopt(pull, ZMQ_LAST_ENDPOINT, from, &len) != 0))
         err = errno;
-    if (!err && pub != NULL) snprintf(from + strlen(from), sizeof from - strlen(from), "#curve=%s", pub);
+    size_t at = strlen(from);
+    if (!err && pub != NULL) snprintf(from + at, sizeof from - at, "#curve=%s", pub);
     mp m;
     mp_start_write(&m, from, endpoint, 99);
     uint8_t reply[1024];

@@ -128,7 +128,8 @@ static int start_service(void **state)
     if (mkdtemp(g_svc.dir) == NULL) return -1;
     snprintf(g_svc.sock, sizeof g_svc.sock, "%s/claim.sock", g_svc.dir);
     snprintf(g_svc.log, sizeof g_svc.log, "%s/service.log", g_svc.dir);
-    int log_fd = open(g_svc.log, O_WRONLY | O_CREAT | O_TRUNC, 0600), watch = inotify_init1(IN_CLOEXEC);
+    int log_fd = open(g_svc.log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int watch = inotify_init1(IN_CLOEXEC);
     if (log_fd < 0 || watch < 0 || inotify_add_watch(watch, g_svc.log, IN_MODIFY) < 0) return -1;
     close(log_fd);
     g_svc.pid = fork();

@@ -276,11 +276,12 @@ static void test_survivor_serves_after_links_drop_during_setup(void **state)
         assert_true(get_within(c.resp, &got, 1, 30000));
         assert_int_equal(got, 'c');
         /* The cut falls somewhere in the set-up: the outcome must not
-         * depend on where. */
+         * depend on where (this delay places it; it orders nothing the
+         * test asserts). */
         sleep_ms(10 * (r / 2));
         assert_int_equal(netrig_partition(g_rig, 1, true), 0);
         if (r % 2 == 0) {
-            sleep_ms(300);
+            sleep_ms(300); /* the partition's length, not a wait: either outcome is counted */
             assert_int_equal(netrig_partition(g_rig, 1, false), 0);
             int status = 1;
             assert_true(get_within(c.resp, &status, sizeof status, 60000)); /* it ended */
