@@ -63,6 +63,12 @@
  * not reused until QUIESCED; then they hold POISON for WATCH_MS before they
  * are reused, and a byte changed meanwhile is a write after the quiet. */
 #define WATCH_MS 2000
+/* The faults come once pulls flow steadily: every operation slot has
+ * succeeded and this many operations in all (about 0.1 s natively). A
+ * partition within the first few dozen operations was seen, with puts, to
+ * hold pulls until an abandon deadline after it ended (back after 3.1 s):
+ * a recovery these cases do not cover. */
+#define STEADY_OPS 1000
 #define POISON 0xA5
 
 /* How the source's bytes travel (see above), and the target's settings
@@ -138,6 +144,7 @@ typedef struct target {
     fw_state fw[N_DELIVERS * PER_DELIVER];
     uint64_t n_deliver, n_fetch;
     double first_ok, last_ok, mark;
+    uint32_t slots_ok; /* bit k: operation slot k has succeeded once */
     /* The event the test awaits since the mark, told with its letter on
      * the report pipe once: 'B' the first success (the source is back),
      * 'D' the end of an operation started after the first failure (with
@@ -233,6 +240,7 @@ static void target_settle(target *t, const kvcr_op_result *res)
         t->rep.late += now - o->t0 > ABANDON_MS;
         if (ok) {
             if (t->first_ok == 0) t->first_ok = now;
+            t->slots_ok |= 1u << k;
             if (!t->stopping && t->last_ok > 0 && now - t->last_ok > t->rep.max_gap_ms)
                 t->rep.max_gap_ms = now - t->last_ok;
             t->last_ok = now;
@@ -350,10 +358,10 @@ static void target_gauges(target *t)
     t->rep.pulls_held = rig_stat(&t->r, "pulls_held_for_silent_source", NULL);
 }
 
-/* The target's life: up on host 0, 'R' on the first success, pulls until
- * 'S' (telling the event a mark asks for, target_tell), then the drain
- * (bounded by the abandon deadline and the slack), 'S' and the report, and
- * a clean close. */
+/* The target's life: up on host 0, 'R' once pulls flow steadily
+ * (STEADY_OPS), pulls until 'S' (telling the event a mark asks for,
+ * target_tell), then the drain (bounded by the abandon deadline and the
+ * slack), 'S' and the report, and a clean close. */
 static _Noreturn void target_main(netrig *nr, const char *source, int cmd, int out)
 {
     if (netrig_join(nr, 0) != 0) _exit(2);
@@ -377,7 +385,8 @@ static _Noreturn void target_main(netrig *nr, const char *source, int cmd, int o
         struct pollfd p[2] = {{cmd, POLLIN, 0}, {kvcr_fd(t.r.kv), POLLIN, 0}};
         poll(p, 2, 5);
         bool busy = target_poll(&t);
-        if (!ready && t.first_ok > 0) {
+        if (!ready && t.slots_ok == (1u << (N_DELIVERS + N_FETCHES)) - 1 &&
+            t.rep.ok_ops >= STEADY_OPS) {
             ready = write(out, "R", 1) == 1;
             if (!ready) _exit(4);
         }
@@ -470,7 +479,7 @@ static void bench_up(bench *b, double loss)
     b->to_target = down[1];
     b->from_target = up[0];
     char c = 0;
-    assert_true(read_within(b->from_target, &c, 1, 20000)); /* its first success */
+    assert_true(read_within(b->from_target, &c, 1, 20000)); /* every slot succeeded */
     assert_int_equal(c, 'R');
 }
 
@@ -592,7 +601,7 @@ static void test_loss_5_percent(void **state)
 static void fault_then_back(const char *name, int (*fault)(netrig *, unsigned, bool), double ms)
 {
     bench b;
-    bench_up(&b, 0); /* pulls succeed, and are in flight from now on */
+    bench_up(&b, 0); /* pulls flow steadily, and are in flight from now on */
     assert_int_equal(fault(b.nr, 1, true), 0);
     sleep_ms(ms); /* the fault's length, not a wait for anything */
     assert_int_equal(fault(b.nr, 1, false), 0);
@@ -630,7 +639,7 @@ static void test_source_host_destroyed(void **state)
 {
     (void)state;
     bench b;
-    bench_up(&b, 0); /* pulls succeed, and are in flight from now on */
+    bench_up(&b, 0); /* pulls flow steadily, and are in flight from now on */
     assert_int_equal(netrig_kill_host(b.nr, 1), 0);
     /* The pulls in flight fail at their deadlines; one begun after that
      * (held, with puts, for the silent source) ends at its own. */
