@@ -165,11 +165,11 @@ static peer_pull job(const rig *source, uint32_t first, uint32_t span, uint32_t 
 static peer_pull_stats serve_until(rig *r, peer *t, uint64_t done)
 {
     peer_pull_stats st = {0};
-    for (int spin = 0; spin < 20000; spin++) {
+    for (uint64_t until = rig_now_ms() + 20000; rig_now_ms() < until;) {
         rig_pump(r);
         st = peer_pull_stats_get(t);
         if (st.done >= done) return st;
-        usleep(1000);
+        rig_await(r, 1); /* a pin request or a write to settle wakes it */
     }
     fail_msg("the target finished %llu of %llu operations within 20 s",
              (unsigned long long)st.done, (unsigned long long)done);
@@ -179,9 +179,9 @@ static peer_pull_stats serve_until(rig *r, peer *t, uint64_t done)
 /* Serves until the source holds `n` pin requests (bounded: 20 s). */
 static void serve_until_pins(rig *r, int n)
 {
-    for (int spin = 0; spin < 20000 && held.n < n; spin++) {
+    for (uint64_t until = rig_now_ms() + 20000; held.n < n && rig_now_ms() < until;) {
         rig_pump(r);
-        usleep(1000);
+        rig_await(r, 1); /* a pin request wakes it */
     }
     assert_int_equal(held.n, n);
 }
@@ -369,7 +369,7 @@ static void flood_round(rig *src, flood *f, uint32_t ms, bool flooders, uint64_t
     bool idle = false, stopping = false;
     while (!idle && now_ms() < give_up) {
         rig_pump(src);
-        usleep(2000); /* finished writes wait for the next poll: pressure */
+        usleep(2000); /* pacing, not a wait: finished writes wait for the next poll (pressure) */
         if (now_ms() < next_look) continue;
         next_look = now_ms() + 100;
         take(src, &f->v);

@@ -156,9 +156,11 @@ static void stop_mid_write(rig *r, peer *t)
     /* A first contact can fail (a cold UCX under valgrind on a loaded
      * runner): a round that ended without asking for a pin starts again. */
     int rounds = 1;
-    for (int spin = 0; spin < 60000 && n_held == 0; spin++) {
+    uint64_t give_up = rig_now_ms() + 60000, next_look = rig_now_ms() + 100;
+    while (n_held == 0 && rig_now_ms() < give_up) {
         rig_pump(r);
-        if (spin % 100 == 99 && rounds < 5) {
+        if (rig_now_ms() >= next_look && rounds < 5) {
+            next_look = rig_now_ms() + 100;
             peer_pull_stats st = peer_pull_stats_get(t);
             if (st.idle) {
                 print_message("round %d ended without a pin request (%llu ok, %llu failed, "
@@ -168,7 +170,7 @@ static void stop_mid_write(rig *r, peer *t)
                 rounds++;
             }
         }
-        usleep(1000);
+        rig_await(r, 1); /* a pin request wakes it */
     }
     if (n_held == 0)
         fail_msg("no pin request in %d rounds of pulls%s", rounds,
@@ -204,11 +206,13 @@ static void writes_to_a_stopped_target(bool target_connected_first)
     rig_pump(&r);
     assert_true(in_flight(&r) >= 1);
 
-    /* Bounded: the abandon deadline, then a few turns to settle. */
-    for (int spin = 0; spin < (int)(ABANDON_MS + 10000) / 10 && in_flight(&r) > 0; spin++) {
+    /* Bounded: the abandon deadline, then a few turns to settle. The
+     * abandon timer does not wake the fd: a poll, every 10 ms at most. */
+    for (uint64_t until = rig_now_ms() + ABANDON_MS + 10000;
+         in_flight(&r) > 0 && rig_now_ms() < until;) {
         rig_pump(&r);
         answer_pins(&r); /* pins the target's later operations asked for */
-        usleep(10 * 1000);
+        rig_await(&r, 10);
     }
     assert_int_equal(in_flight(&r), 0);
     rig_pump(&r); /* events queued by the last settle */
@@ -229,12 +233,12 @@ static void writes_to_a_stopped_target(bool target_connected_first)
     peer_pull p = all_keys(&r, 1);
     peer_pull_start(&u, &p);
     peer_pull_stats st = {0};
-    for (int spin = 0; spin < 30000; spin++) {
+    for (uint64_t until = rig_now_ms() + 30000; rig_now_ms() < until;) {
         rig_pump(&r);
         answer_pins(&r);
         st = peer_pull_stats_get(&u);
         if (st.done >= KEYS) break;
-        usleep(1000);
+        rig_await(&r, 1); /* a pin request or a write to settle wakes it */
     }
     assert_int_equal(st.done, KEYS);
     assert_int_equal(st.ok_entries, KEYS);

@@ -82,10 +82,10 @@ static ways pull_with_put_min(rig *src, const char *agent, const char *put_min)
     snprintf(job.source, sizeof job.source, "%s", kvcr_control_endpoint(src->kv));
     peer_pull_start(&t, &job);
     peer_pull_stats st = {0};
-    for (int spin = 0; spin < 30000 && st.done < OPS; spin++) {
+    for (uint64_t until = rig_now_ms() + 30000; st.done < OPS && rig_now_ms() < until;) {
         rig_pump(src);
         st = peer_pull_stats_get(&t);
-        if (st.done < OPS) usleep(1000);
+        if (st.done < OPS) rig_await(src, 1); /* a pin request or a write to settle wakes it */
     }
     if (st.done < OPS) fail_msg("the target finished %llu of %d pulls within 30 s",
                                 (unsigned long long)st.done, OPS);

@@ -415,9 +415,15 @@ static void pull_through_a_death(bool restart)
     peer_freeze(&a);
     peer_hint_range(&r, "stuck", endpoint, 0, 8);
     memset(r.fw, 0, 8 * BS);
+    uint64_t unread = peer_unread_bytes(endpoint);
     uint64_t t0 = mono_ms();
     kvcr_op_handle op = peer_deliver_range(&r, 0, 8, 0, "stuck");
-    usleep(200 * 1000);
+    /* The kill comes once our start_write sits in the engine's socket:
+     * bytes it cannot read have arrived since the deliver (a poll, bounded:
+     * 30 s, for a sanitizer or valgrind on a loaded machine). */
+    for (int i = 0; i < 3000 && peer_unread_bytes(endpoint) <= unread; i++) usleep(10000);
+    if (peer_unread_bytes(endpoint) <= unread)
+        fail_msg("the deliver sent nothing to the stopped engine within 30 s");
     peer_kill(&a);
     assert_true(wait_serving(&s, 0) >= 1);
     if (restart) {

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -83,18 +84,24 @@ static char *read_file(const char *path)
     return out;
 }
 
-/* Waits for the log line naming the metrics address; the port. */
-static int wait_port(void)
+/* Waits for the log line naming the metrics address (bounded: WAIT_S),
+ * reading the log again each time it is written to (watch: an inotify fd
+ * on it); the port, 0 if none came. */
+static int wait_port(int watch)
 {
     const char *mark = "metrics at http://127.0.0.1:";
-    for (double end = tool_now() + WAIT_S; tool_now() < end; usleep(10000)) {
+    for (double end = tool_now() + WAIT_S;;) {
         char *log = read_file(g_svc.log);
         char *at = strstr(log, mark);
         int port = at ? atoi(at + strlen(mark)) : 0;
         free(log);
-        if (port > 0) return port;
+        double left = end - tool_now();
+        if (port > 0 || left <= 0) return port;
+        struct pollfd p = {watch, POLLIN, 0};
+        char events[4096];
+        if (poll(&p, 1, (int)(left * 1000) + 1) == 1 && read(watch, events, sizeof events) < 0)
+            return 0;
     }
-    return 0;
 }
 
 /* SIGTERM: the service must exit 0 (it removes its pool files and socket);
@@ -121,6 +128,10 @@ static int start_service(void **state)
     if (mkdtemp(g_svc.dir) == NULL) return -1;
     snprintf(g_svc.sock, sizeof g_svc.sock, "%s/claim.sock", g_svc.dir);
     snprintf(g_svc.log, sizeof g_svc.log, "%s/service.log", g_svc.dir);
+    int log_fd = open(g_svc.log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int watch = inotify_init1(IN_CLOEXEC);
+    if (log_fd < 0 || watch < 0 || inotify_add_watch(watch, g_svc.log, IN_MODIFY) < 0) return -1;
+    close(log_fd);
     g_svc.pid = fork();
     if (g_svc.pid == 0) {
         int fd = open(g_svc.log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -132,7 +143,10 @@ static int start_service(void **state)
               "127.0.0.1:0", (char *)NULL);
         _exit(127);
     }
-    g_svc.port = wait_port();
+    g_svc.port = wait_port(watch);
+    close(watch);
+    /* Then the claim socket: `kvcr stats` asked until it answers (a poll
+     * for the service's readiness, bounded). */
     for (double end = tool_now() + WAIT_S; g_svc.port > 0 && tool_now() < end; usleep(10000)) {
         char *text = stats_text();
         bool up = text != NULL;

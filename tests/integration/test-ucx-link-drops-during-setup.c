@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -151,47 +150,27 @@ static int wait_pattern(side *s, uint32_t seed, size_t len)
 
 /* ---- the processes ---------------------------------------------------------- */
 
-typedef struct child {
-    pid_t pid;
-    int cmd, resp; /* our ends of its pipes */
-} child;
-
 static netrig *g_rig;
+
+/* What a helper runs, and on which rig host. */
+typedef struct on_host {
+    unsigned host;
+    int (*fn)(int cmd, int resp);
+} on_host;
+
+static int run_on_host(int cmd, int resp, void *arg)
+{
+    const on_host *h = arg;
+    if (netrig_join(g_rig, h->host) != 0) return 5;
+    return h->fn(cmd, resp);
+}
 
 /* Forks fn on rig host `host` with two pipes to it; fn's result is its
  * exit status. */
-static void fork_on(child *ch, unsigned host, int (*fn)(int cmd, int resp))
+static void fork_on(pipe_child *ch, unsigned host, int (*fn)(int cmd, int resp))
 {
-    int cmd[2], resp[2];
-    if (pipe(cmd) != 0 || pipe(resp) != 0) abort();
-    fflush(NULL);
-    ch->pid = fork();
-    if (ch->pid < 0) abort();
-    if (ch->pid == 0) {
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1) _exit(6);
-        close(cmd[1]);
-        close(resp[0]);
-        if (netrig_join(g_rig, host) != 0) _exit(5);
-        _exit(fn(cmd[0], resp[1]));
-    }
-    close(cmd[0]);
-    close(resp[1]);
-    ch->cmd = cmd[1];
-    ch->resp = resp[0];
-}
-
-/* Reaps ch (killing it first if asked): its wait status. */
-static int reap(child *ch, bool kill_it)
-{
-    if (ch->pid <= 0) return -1;
-    if (kill_it) kill(ch->pid, SIGKILL);
-    int ws = 0;
-    while (waitpid(ch->pid, &ws, 0) < 0 && errno == EINTR) {
-    }
-    ch->pid = 0;
-    close(ch->cmd);
-    close(ch->resp);
-    return ws;
+    on_host h = {host, fn};
+    pipe_child_fork(ch, run_on_host, &h);
 }
 
 /* The survivor: sends its card, then progresses until told a seed and a
@@ -284,31 +263,32 @@ static void test_survivor_serves_after_links_drop_during_setup(void **state)
     char why[320];
     netrig_opts o = {.n_hosts = 2, .delay_us = DELAY_US};
     if (netrig_up(&o, &g_rig, why, sizeof why) != 0) fail_msg("netrig_up: %s", why);
-    child surv;
+    pipe_child surv;
     static card surv_card;
     fork_on(&surv, 0, survivor);
     assert_true(get_within(surv.resp, &surv_card, sizeof surv_card, 30000));
     int healed_ok = 0, healed_failed = 0, killed = 0;
     for (unsigned r = 0; r < ROUNDS; r++) {
-        child c;
+        pipe_child c;
         fork_on(&c, 1, connector);
         pipe_put_all(c.cmd, &surv_card, sizeof surv_card);
         char got = 0;
         assert_true(get_within(c.resp, &got, 1, 30000));
         assert_int_equal(got, 'c');
         /* The cut falls somewhere in the set-up: the outcome must not
-         * depend on where. */
+         * depend on where (this delay places it; it orders nothing the
+         * test asserts). */
         sleep_ms(10 * (r / 2));
         assert_int_equal(netrig_partition(g_rig, 1, true), 0);
         if (r % 2 == 0) {
-            sleep_ms(300);
+            sleep_ms(300); /* the partition's length, not a wait: either outcome is counted */
             assert_int_equal(netrig_partition(g_rig, 1, false), 0);
             int status = 1;
             assert_true(get_within(c.resp, &status, sizeof status, 60000)); /* it ended */
             status == 0 ? healed_ok++ : healed_failed++;
-            reap(&c, true);
+            pipe_child_reap(&c, true);
         } else {
-            assert_true(WIFSIGNALED(reap(&c, true)));
+            assert_true(WIFSIGNALED(pipe_child_reap(&c, true)));
             assert_int_equal(netrig_partition(g_rig, 1, false), 0);
             killed++;
         }
@@ -317,7 +297,7 @@ static void test_survivor_serves_after_links_drop_during_setup(void **state)
     print_message("  %d links healed (writes: %d done, %d failed), %d connectors killed behind "
                   "the partition\n",
                   healed_ok + healed_failed, healed_ok, healed_failed, killed);
-    child last;
+    pipe_child last;
     static card last_card;
     fork_on(&last, 1, partner);
     assert_true(get_within(last.resp, &last_card, sizeof last_card, 30000));
@@ -331,9 +311,9 @@ static void test_survivor_serves_after_links_drop_during_setup(void **state)
     assert_true(get_within(surv.resp, &rc_surv, sizeof rc_surv, 60000));
     assert_int_equal(rc_last, 0); /* it got the survivor's bytes, and wrote its own */
     assert_int_equal(rc_surv, 0); /* the survivor got them, and wrote its own */
-    int ws = reap(&surv, false);
+    int ws = pipe_child_reap(&surv, false);
     assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
-    reap(&last, true);
+    pipe_child_reap(&last, true);
     netrig_down(g_rig);
     g_rig = NULL;
 }

@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -143,18 +142,14 @@ static bool progress_until(ucx_ctx *c, const int *calls, int want, uint64_t dead
 
 enum role { DIES_CONNECTING, DIES_CONNECTED_TO, LIVES };
 
-typedef struct helper {
-    pid_t pid;
-    int cmd, resp; /* our ends of the pipes */
-    enum role role;
-} helper;
-
-static helper diers[ROUNDS], targets[ROUNDS], partner;
+static pipe_child diers[ROUNDS], targets[ROUNDS], partner;
 
 /* DIES_CONNECTING: told our card and k, makes its endpoint to us, writes
  * MSG bytes, progresses k times and kills itself. */
-static int dies_connecting(int cmd)
+static int dies_connecting(int cmd, int resp, void *arg)
 {
+    (void)resp;
+    (void)arg;
     card us;
     uint32_t k;
     if (!pipe_get_all(cmd, &us, sizeof us) || !pipe_get_all(cmd, &k, sizeof k)) return 3;
@@ -179,8 +174,9 @@ static int dies_connecting(int cmd)
  * told a seed, checks that its buffer holds that pattern, writes the next
  * pattern into ours (our card, sent with the seed) and exits 0 only if
  * both held. DIES_CONNECTED_TO is killed by us while it progresses. */
-static int serves(int cmd, int resp)
+static int serves(int cmd, int resp, void *arg)
 {
+    (void)arg;
     kvcr_logger lg;
     kvcr_logger_init(&lg, "helper", NULL, NULL);
     side s;
@@ -223,42 +219,11 @@ static int serves(int cmd, int resp)
     return rc;
 }
 
-static void spawn(helper *h, enum role role)
+/* The helpers forked after h hold copies of its pipe ends, which is
+ * harmless: none reads them. */
+static void spawn(pipe_child *h, enum role role)
 {
-    int cmd[2], resp[2];
-    if (pipe(cmd) != 0 || pipe(resp) != 0) abort();
-    fflush(NULL);
-    h->role = role;
-    h->pid = fork();
-    if (h->pid < 0) abort();
-    if (h->pid == 0) {
-        /* A helper never outlives this process, even one that crashed
-         * (UCX's abort): it would progress forever. */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1) _exit(6);
-        close(cmd[1]);
-        close(resp[0]);
-        _exit(role == DIES_CONNECTING ? dies_connecting(cmd[0]) : serves(cmd[0], resp[1]));
-    }
-    close(cmd[0]);
-    close(resp[1]);
-    h->cmd = cmd[1];
-    h->resp = resp[0];
-}
-
-/* Reaps h, killing it first if asked; its wait status, or -1 if none. The
- * helpers forked after h hold copies of its pipe ends, which is harmless:
- * none reads them. */
-static int reap(helper *h, bool kill_it)
-{
-    if (h->pid <= 0) return -1;
-    if (kill_it) kill(h->pid, SIGKILL);
-    int ws = 0;
-    while (waitpid(h->pid, &ws, 0) < 0 && errno == EINTR) {
-    }
-    h->pid = 0;
-    close(h->cmd);
-    close(h->resp);
-    return ws;
+    pipe_child_fork(h, role == DIES_CONNECTING ? dies_connecting : serves, NULL);
 }
 
 /* ---- the scenarios -------------------------------------------------------- */
@@ -277,7 +242,7 @@ static card our_card;
 
 /* Progresses us until h has exited, then a little more (each call finds
  * what the death left: a refused connection, a reset, an end of file). */
-static void progress_while_alive(helper *h)
+static void progress_while_alive(pipe_child *h)
 {
     uint64_t deadline = kvcr_now_ns() + 20 * SEC;
     int ws = 0;
@@ -318,7 +283,7 @@ static void test_peers_killed_while_we_connect_and_write(void **state)
     fill_pattern(src, BUF, 9);
     int landed = 0, refused = 0, failed = 0;
     for (uint32_t r = 0; r < ROUNDS; r++) {
-        helper *h = &targets[r];
+        pipe_child *h = &targets[r];
         static card far;
         assert_true(pipe_get_all(h->resp, &far, sizeof far));
         ucx_peer *p;
@@ -329,7 +294,7 @@ static void test_peers_killed_while_we_connect_and_write(void **state)
         assert_int_equal(write_to(p, rk, far.buf, src, 0, BUF, &d), 0);
         uint32_t j = r < 4 ? r : 1u << (r - 2);
         for (uint32_t i = 0; i < j; i++) ucx_progress(us.c);
-        assert_true(WIFSIGNALED(reap(h, true)));
+        assert_true(WIFSIGNALED(pipe_child_reap(h, true)));
         /* The write ends, once. */
         assert_true(progress_until(us.c, &d.calls, 1, kvcr_now_ns() + 20 * SEC));
         landed += d.status == 0;
@@ -401,7 +366,7 @@ static void test_a_live_peer_is_served_afterwards(void **state)
         ucx_progress(us.c);
     fill_pattern(src, BUF, 42);
     assert_memory_equal(us.buf, src, BUF);
-    int ws = reap(&partner, false);
+    int ws = pipe_child_reap(&partner, false);
     assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
     ucx_rkey_destroy(rk);
     ucx_peer_close(p);
@@ -428,10 +393,10 @@ int main(void)
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* A skipped or failed test leaves helpers running: none outlives us. */
     for (int r = 0; r < ROUNDS; r++) {
-        reap(&diers[r], true);
-        reap(&targets[r], true);
+        pipe_child_reap(&diers[r], true);
+        pipe_child_reap(&targets[r], true);
     }
-    reap(&partner, true);
+    pipe_child_reap(&partner, true);
     side_close(&us);
     return failed;
 }

@@ -760,18 +760,20 @@ static void test_malformed_addresses_and_rkeys_fail_cleanly(void **state)
 
 enum { HELPER_BUF = 1 << 20 };
 
-typedef struct helper {
-    pid_t pid;
-    int cmd, resp; /* our ends of the pipes */
-} helper;
-
-static helper verifier, victim;
+static pipe_child verifier, victim;
 
 /* The helper: a context and a registered buffer, announced to the parent,
  * then progress (the parent's writes need it) until told to verify the
- * buffer: exit 0 only if it holds the pattern. */
-static int helper_main(int cmd, int resp)
+ * buffer: exit 0 only if it holds the pattern. sibling (may be NULL) is a
+ * helper forked before it, whose pipe ends are not this one's to hold
+ * open. */
+static int helper_main(int cmd, int resp, void *sibling)
 {
+    const pipe_child *older = sibling;
+    if (older != NULL && older->pid > 0) {
+        close(older->cmd);
+        close(older->resp);
+    }
     kvcr_logger lg;
     kvcr_logger_init(&lg, "ucx-helper", NULL, NULL);
     ucx_ctx *c;
@@ -809,42 +811,6 @@ static int helper_main(int cmd, int resp)
     }
 }
 
-static void spawn_helper(helper *h)
-{
-    int cmd[2], resp[2];
-    if (pipe(cmd) != 0 || pipe(resp) != 0) abort();
-    fflush(NULL);
-    h->pid = fork();
-    if (h->pid < 0) abort();
-    if (h->pid == 0) {
-        if (h != &verifier && verifier.pid > 0) { /* not ours to hold open */
-            close(verifier.cmd);
-            close(verifier.resp);
-        }
-        close(cmd[1]);
-        close(resp[0]);
-        _exit(helper_main(cmd[0], resp[1]));
-    }
-    close(cmd[0]);
-    close(resp[1]);
-    h->cmd = cmd[1];
-    h->resp = resp[0];
-}
-
-/* Reaps h (killing it if it still runs); its exit status or -1. */
-static int reap(helper *h, bool kill_it)
-{
-    if (h->pid <= 0) return -1;
-    if (kill_it) kill(h->pid, SIGKILL);
-    int ws = 0;
-    while (waitpid(h->pid, &ws, 0) < 0 && errno == EINTR) {
-    }
-    h->pid = 0;
-    close(h->cmd);
-    close(h->resp);
-    return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
-}
-
 typedef struct far_end {
     ucx_ctx *c;
     ucx_peer *p;
@@ -852,7 +818,7 @@ typedef struct far_end {
     uint64_t buf;
 } far_end;
 
-static void connect_helper(helper *h, far_end *r)
+static void connect_helper(const pipe_child *h, far_end *r)
 {
     struct pollfd pf = {h->resp, POLLIN, 0};
     assert_int_equal(poll(&pf, 1, 10000), 1);
@@ -901,7 +867,8 @@ static void test_second_process_receives_the_bytes(void **state)
 
     uint32_t seed = 77;
     pipe_put_all(verifier.cmd, &seed, sizeof seed);
-    assert_int_equal(reap(&verifier, false), 0);
+    int ws = pipe_child_reap(&verifier, false);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
     ucx_ctx_destroy(r.c);
     free(segs);
     free(src);
@@ -921,7 +888,7 @@ static void test_killed_peer_fails_later_writes_in_bounded_time(void **state)
     wait_done(r.c, NULL, &d);
     assert_int_equal(d.status, 0);
 
-    assert_int_equal(reap(&victim, true), -1);
+    assert_true(WIFSIGNALED(pipe_child_reap(&victim, true)));
     uint64_t t0 = kvcr_now_ns(), deadline = t0 + WAIT_NS;
     int writes = 0, refused = 0, failed = 0;
     while (refused + failed == 0 && kvcr_now_ns() < deadline) {
@@ -958,8 +925,8 @@ static void test_killed_peer_fails_later_writes_in_bounded_time(void **state)
 int main(void)
 {
     /* Before any UCX context exists in this process. */
-    spawn_helper(&verifier);
-    spawn_helper(&victim);
+    pipe_child_fork(&verifier, helper_main, NULL);
+    pipe_child_fork(&victim, helper_main, &verifier);
     kvcr_logger_init(&test_log, "ucx-test", on_log, NULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_write_lands_every_byte_and_reports_once),
@@ -976,7 +943,7 @@ int main(void)
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* A failed test may have left a helper running: no child outlives us. */
-    reap(&verifier, true);
-    reap(&victim, true);
+    pipe_child_reap(&verifier, true);
+    pipe_child_reap(&victim, true);
     return failed;
 }

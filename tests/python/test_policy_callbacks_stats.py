@@ -216,7 +216,10 @@ def test_inventory_events_arrive_only_inside_poll_on_the_polling_thread(rig_fact
 
     r = rig_factory(slots=1, sink=sink)
     op = r.kv.deposit({b"a": r.ref(0)})
-    time.sleep(0.05)  # the copy finishes; no callback runs outside poll
+    # The copy finished (the fd is readable, bounded wait): no callback ran
+    # outside poll.
+    readable, _, _ = select.select([r.kv.fileno()], [], [], 10)
+    assert readable
     assert events == []
     result = []
     worker = threading.Thread(target=lambda: result.append(r.wait(op)))

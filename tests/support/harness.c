@@ -1,5 +1,7 @@
 #include "harness.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,7 +169,7 @@ kvcr_op_handle rig_deliver(rig *r, const char *const *keys, const size_t *fw_idx
     return submit(r, true, keys, fw_idx, n, 0);
 }
 
-static uint64_t now_ms(void)
+uint64_t rig_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -214,9 +216,9 @@ static bool unstash(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reaso
 size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *why,
                 kvcr_release_handle *rh)
 {
-    uint64_t until = now_ms() + 10000;
+    uint64_t until = rig_now_ms() + 10000;
     size_t m;
-    while (now_ms() < until) {
+    while (rig_now_ms() < until) {
         kvcr_op_result *res;
         size_t n;
         assert_int_equal(kvcr_poll(r->kv, &res, &n), 0);
@@ -226,10 +228,19 @@ size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *w
         pthread_mutex_unlock(&r->stash_lock);
         kvcr_results_free(res);
         if (found) return m;
-        usleep(200);
+        rig_await(r, 2); /* 2 ms: how late an expired deadline may be seen */
     }
     fail_msg("operation %llu did not complete within 10 s", (unsigned long long)op);
     return 0;
+}
+
+bool rig_await(rig *r, int max_ms)
+{
+    struct pollfd p = {kvcr_fd(r->kv), POLLIN, 0};
+    int n;
+    while ((n = poll(&p, 1, max_ms)) < 0 && errno == EINTR) {
+    }
+    return n == 1 && (p.revents & POLLIN);
 }
 
 void rig_pump(rig *r)
@@ -256,14 +267,14 @@ void rig_wait_all_failed(rig *r, kvcr_op_handle op, size_t n, kvcr_reason why)
 
 kvcr_op_result *rig_poll_results(rig *r, size_t *n)
 {
-    uint64_t until = now_ms() + 10000;
+    uint64_t until = rig_now_ms() + 10000;
     kvcr_op_result *res = NULL;
     *n = 0;
-    while (now_ms() < until) {
+    while (rig_now_ms() < until) {
         assert_int_equal(kvcr_poll(r->kv, &res, n), 0);
         if (*n > 0) return res;
         kvcr_results_free(res);
-        usleep(500);
+        rig_await(r, 2);
     }
     fail_msg("no operation completed within 10 s");
     return NULL;
@@ -287,10 +298,10 @@ double rig_stat(rig *r, const char *gauge, const char *counter_scope)
 
 void rig_g3_settle(rig *r)
 {
-    for (int spin = 0; spin < 5000; spin++) {
+    for (uint64_t until = rig_now_ms() + 5000; rig_now_ms() < until;) {
         rig_pump(r);
         if (rig_stat(r, "g3_pending_stores", NULL) == 0) return;
-        usleep(1000);
+        rig_await(r, 1); /* a store landing wakes it */
     }
     fail_msg("G3 stores did not land within 5 s");
 }

@@ -69,6 +69,16 @@ size_t rig_wait(rig *r, kvcr_op_handle op, kvcr_entry_status *st, kvcr_reason *w
  * that serves peers rather than waiting for its own operations. */
 void rig_pump(rig *r);
 
+/* CLOCK_MONOTONIC in ms: the bounds of a test's waits. */
+uint64_t rig_now_ms(void);
+
+/* Waits until the instance's fd is readable (a copy or an operation
+ * completed, or the remote tier owes the polling thread work: pins, source
+ * writes to settle) or max_ms passed; true when readable. kvcr_poll() finds
+ * expired deadlines itself without waking the fd, so a loop that also waits
+ * for a deadline passes a bound no longer than the lateness it tolerates. */
+bool rig_await(rig *r, int max_ms);
+
 /* rig_wait, then every one of the op's n entries must have FAILED for why. */
 void rig_wait_all_failed(rig *r, kvcr_op_handle op, size_t n, kvcr_reason why);
 

@@ -187,7 +187,7 @@ static void child_poll(child *c)
 /* Polls until op completes (bounded: 10 s); true when every entry succeeded. */
 static bool child_wait(child *c, kvcr_op_handle op)
 {
-    for (int spin = 0; spin < 20000; spin++) {
+    for (uint64_t until = rig_now_ms() + 10000; rig_now_ms() < until;) {
         kvcr_op_result *res;
         size_t n;
         if (kvcr_poll(c->r.kv, &res, &n) != 0) return false;
@@ -196,7 +196,7 @@ static bool child_wait(child *c, kvcr_op_handle op)
         bool ok = absorb(c, res, n, op);
         kvcr_results_free(res);
         if (mine) return ok;
-        usleep(500);
+        rig_await(&c->r, 2); /* 2 ms: how late an expired deadline may be seen */
     }
     return false;
 }

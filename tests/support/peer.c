@@ -146,6 +146,42 @@ uint16_t peer_lane_port(const char *endpoint)
     return lane ? (uint16_t)atoi(lane + strlen("#lane=")) : 0;
 }
 
+/* The receive queues of the established sockets bound to port, from one
+ * table of /proc/net (tcp or tcp6). */
+static uint64_t unread_at(const char *table, uint16_t port)
+{
+    FILE *f = fopen(table, "r");
+    if (f == NULL) return 0; /* no IPv6 here */
+    char line[512];
+    uint64_t sum = 0;
+    while (fgets(line, sizeof line, f)) {
+        char local[64];
+        unsigned st;
+        unsigned long tx, rx;
+        /* "sl: local rem st tx_queue:rx_queue ..."; the header line fails */
+        if (sscanf(line, " %*s %63s %*s %x %lx:%lx", local, &st, &tx, &rx) != 4) continue;
+        const char *colon = strrchr(local, ':');
+        if (st == 1 /* ESTABLISHED */ && colon && strtoul(colon + 1, NULL, 16) == port) sum += rx;
+    }
+    fclose(f);
+    return sum;
+}
+
+uint64_t peer_unread_bytes(const char *endpoint)
+{
+    char zmq[256];
+    snprintf(zmq, sizeof zmq, "%s", endpoint);
+    zmq[strcspn(zmq, "#")] = '\0'; /* the options, whose keys may hold ':' */
+    const char *colon = strrchr(zmq, ':');
+    assert_non_null(colon);
+    uint16_t ports[2] = {(uint16_t)atoi(colon + 1), peer_lane_port(endpoint)};
+    uint64_t sum = 0;
+    for (int i = 0; i < 2; i++)
+        if (ports[i] != 0)
+            sum += unread_at("/proc/net/tcp", ports[i]) + unread_at("/proc/net/tcp6", ports[i]);
+    return sum;
+}
+
 uint16_t peer_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

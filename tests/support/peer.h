@@ -138,6 +138,11 @@ const char *peer_zmq_address(char *buf, size_t cap, const char *endpoint);
 /* The port of an endpoint's control lane, 0 when it offers none. */
 uint16_t peer_lane_port(const char *endpoint);
 
+/* Bytes that arrived on the TCP connections accepted at an endpoint's
+ * ports (ZeroMQ and lane) and that its process has not read yet: with that
+ * process stopped (peer_freeze), what was sent to it since. */
+uint64_t peer_unread_bytes(const char *endpoint);
+
 /* "k<i>" into buf. */
 const char *peer_key(char *buf, size_t cap, uint32_t i);
 /* What a peer publishing KV events says of block "k<i>" at its deposit:
