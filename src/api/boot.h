@@ -8,9 +8,11 @@
 
 #include "core/recovery.h"
 #include "util/api.h"
+#include "util/log.h"
 
 struct journal;
 struct svc_hold;
+struct ucx_ctx;
 
 /* What an instance starts from besides its configuration: given by the
  * service client for a claimant, and by the Guard for its serving
@@ -31,10 +33,21 @@ typedef struct kvcr_boot {
     uint64_t kv_first_seq;
     void (*kv_numbered)(void *ud, uint64_t next_seq);
     void *kv_numbered_ud;
+    /* A UCX context made ahead (kvcr__ucx_ahead) for the peer tier, which
+     * then starts without waiting for UCX. Consumed, either way. */
+    struct ucx_ctx *ucx;
 } kvcr_boot;
 
 /* kvcr_create with a boot record. */
 KVCR_API int kvcr__create(const kvcr_config *cfg, const kvcr_boot *boot, kvcr_t **out);
+
+/* A UCX context for a later kvcr__create's boot record (the Guard makes
+ * one while its owner lives, so that serving after a death does not wait
+ * for UCX to start), logging to log until an instance takes it. 0, or
+ * KVCR_ESYS / KVCR_ENOMEM with the message. Any thread. */
+KVCR_API int kvcr__ucx_ahead(const kvcr_logger *log, struct ucx_ctx **out);
+/* Frees a context no instance took (NULL is ignored). Any thread. */
+KVCR_API void kvcr__ucx_ahead_free(struct ucx_ctx *c);
 
 /* Takes what boot gives before any thread runs: the journal (the
  * instance's incarnation is written into its header), the retired

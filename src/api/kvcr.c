@@ -22,6 +22,7 @@
 #include "client/client.h"
 #include "client/journal.h"
 #include "tiers/g3.h"
+#include "net/ucx.h"
 #include "tiers/remote.h"
 #include "util/api.h"
 #include "util/clock.h"
@@ -168,7 +169,8 @@ void kvcr__incarnation(const kvcr_t *kv, uint8_t out[KVCR_INC_LEN])
     memcpy(out, kv->incarnation, KVCR_INC_LEN);
 }
 
-int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
+/* kvcr__create's work; the peer tier takes *ucx when it starts on it. */
+static int create(const kvcr_config *user, const kvcr_boot *boot, ucx_ctx **ucx, kvcr_t **out)
 {
     int listener = boot ? boot->control_listener : -1;
     if (out == NULL) {
@@ -240,7 +242,7 @@ int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
         return kvcr_fail(rc, "cannot start the copy threads");
     }
     if (kv->conf.remote.enabled) {
-        rc = remote_start(kv, kv->control_listener, &kv->remote);
+        rc = remote_start(kv, kv->control_listener, ucx, &kv->remote);
         kv->control_listener = -1; /* consumed, either way */
         if (rc == 0 && (rc = add_tier(kv, &remote_tier_ops, remote_tier(kv->remote))) != 0)
             kv->remote = NULL;
@@ -255,6 +257,26 @@ int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
     log_start(kv);
     *out = kv;
     return 0;
+}
+
+int kvcr__create(const kvcr_config *user, const kvcr_boot *boot, kvcr_t **out)
+{
+    ucx_ctx *ucx = boot ? boot->ucx : NULL;
+    int rc = create(user, boot, &ucx, out);
+    ucx_ctx_destroy(ucx); /* not taken: no peer tier, or a failure before it started */
+    return rc;
+}
+
+int kvcr__ucx_ahead(const kvcr_logger *log, ucx_ctx **out)
+{
+    if (log == NULL || out == NULL)
+        return kvcr_fail(KVCR_EINVAL, "kvcr__ucx_ahead: log and out must not be NULL");
+    return ucx_ctx_create(log, out);
+}
+
+void kvcr__ucx_ahead_free(ucx_ctx *c)
+{
+    ucx_ctx_destroy(c);
 }
 
 /* Everything kvcr_create would check, before the service is asked: the

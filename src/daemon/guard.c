@@ -42,6 +42,10 @@ struct guard {
     uint32_t requested_port;
     int listener; /* the control endpoint's TCP listener, or -1 */
     uint16_t port;
+    /* A UCX context made while the owner lives, for the backup: UCX takes
+     * 5-8 ms to start, most of a promotion. One try per lease. */
+    struct ucx_ctx *ucx_ahead;
+    bool ucx_ahead_tried;
 
     /* The lease. */
     uint64_t lease, next_lease;
@@ -146,6 +150,7 @@ void guard_destroy(guard *g)
     if (g == NULL) return;
     stop_backup(g);
     end_lease(g);
+    kvcr__ucx_ahead_free(g->ucx_ahead);
     if (g->configured) mirror_destroy(&g->mir);
     if (g->listener >= 0) close(g->listener);
     if (g->base) pool_unmap(g->base, g->mapping_bytes);
@@ -325,6 +330,8 @@ static void unconfigure(guard *g)
 {
     if (g->listener >= 0) close(g->listener);
     g->listener = -1;
+    kvcr__ucx_ahead_free(g->ucx_ahead);
+    g->ucx_ahead = NULL;
     g->port = 0;
     mirror_destroy(&g->mir);
     g->configured = false;
@@ -390,6 +397,7 @@ int guard_claim(guard *g, const svc_msg *c, int pidfd, svc_msg *grant, int *fds,
     g->phase = PH_PRIMARY;
     g->pidfd = pidfd;
     g->lease = g->next_lease++;
+    g->ucx_ahead_tried = false; /* a new lease: one more try */
     snprintf(g->agent, sizeof g->agent, "%s", c->agent);
     snprintf(g->kv_endpoint, sizeof g->kv_endpoint, "%s", c->kv_endpoint);
     snprintf(g->kv_replay, sizeof g->kv_replay, "%s", c->kv_replay);
@@ -539,6 +547,8 @@ static int create_backup(guard *g, const recovered_block *list, size_t n, bool e
     if (events) backup_events(g, &c, &boot);
     boot.control_listener = fcntl(g->listener, F_DUPFD_CLOEXEC, 0);
     if (boot.control_listener < 0) return kvcr_fail(KVCR_ESYS, "dup: %s", strerror(errno));
+    boot.ucx = g->ucx_ahead; /* consumed */
+    g->ucx_ahead = NULL;
     return kvcr__create(&c, &boot, &g->backup);
 }
 
@@ -579,9 +589,23 @@ static void promote(guard *g)
              g->last_promotion_s * 1e3);
 }
 
+/* While an owner lives: the backup's UCX context, made once per lease
+ * (without one, a promotion makes its own). Service thread. */
+static void make_ucx_ahead(guard *g)
+{
+    if (g->listener < 0 || g->ucx_ahead != NULL || g->ucx_ahead_tried) return;
+    g->ucx_ahead_tried = true;
+    if (kvcr__ucx_ahead(g->t->log, &g->ucx_ahead) != 0)
+        kvcr_log(g->t->log, KVCR_LOG_WARN, "guard %u: no UCX context made ahead (%s): a "
+                 "promotion starts UCX itself", g->index, kvcr_last_error());
+}
+
 bool guard_tick(guard *g)
 {
-    if (g->phase == PH_PRIMARY) return read_journal(g, FRAMES_PER_TICK);
+    if (g->phase == PH_PRIMARY) {
+        make_ucx_ahead(g);
+        return read_journal(g, FRAMES_PER_TICK);
+    }
     if (g->phase == PH_SERVING && g->backup) {
         kvcr_op_result *done = NULL;
         size_t n = 0;

@@ -360,6 +360,11 @@ int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out)
     return 0;
 }
 
+void ucx_ctx_set_logger(ucx_ctx *c, const kvcr_logger *log)
+{
+    c->log = log;
+}
+
 void ucx_ctx_destroy(ucx_ctx *c)
 {
     if (c == NULL) return;

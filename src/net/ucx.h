@@ -55,8 +55,11 @@ typedef struct ucx_rkey ucx_rkey;
 
 /* 0, or KVCR_ESYS with UCX's reason in the message. */
 int ucx_ctx_create(const kvcr_logger *log, ucx_ctx **out);
-/* Every peer must be closed first. */
+/* Every peer must be closed first. NULL is ignored. */
 void ucx_ctx_destroy(ucx_ctx *c);
+/* Where a context made ahead of its user logs from now on: before any
+ * other thread uses it. */
+void ucx_ctx_set_logger(ucx_ctx *c, const kvcr_logger *log);
 
 /* Makes progress on every transfer; returns the number of events. */
 unsigned ucx_progress(ucx_ctx *c);

@@ -37,11 +37,15 @@ typedef struct remote remote;
  * end; no spills. */
 extern const tier_ops remote_tier_ops;
 
+struct ucx_ctx;
+
 /* Registers memory, binds the control channel (on control_listener when it
  * is >= 0: an fd already bound, taken over either way) and starts the
- * progress thread. 0 and *out, or an error with its message (nothing left
- * running, nothing to destroy). */
-int remote_start(kvcr_t *kv, int control_listener, remote **out);
+ * progress thread, on the UCX context *ready when there is one (made
+ * ahead: UCX takes 5-8 ms to start; taken, *ready set to NULL, once the
+ * tier's record exists) or a new one. 0 and *out, or an error with its
+ * message (nothing left running, nothing to destroy). */
+int remote_start(kvcr_t *kv, int control_listener, struct ucx_ctx **ready, remote **out);
 /* The tier the core loops over (with remote_tier_ops). */
 tier *remote_tier(remote *r);
 

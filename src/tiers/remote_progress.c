@@ -748,7 +748,7 @@ static int start_thread(remote *r)
     return rc;
 }
 
-int remote_start(kvcr_t *kv, int control_listener, remote **out)
+int remote_start(kvcr_t *kv, int control_listener, ucx_ctx **ready, remote **out)
 {
     remote *r = calloc(1, sizeof *r);
     if (r == NULL) {
@@ -768,7 +768,13 @@ int remote_start(kvcr_t *kv, int control_listener, remote **out)
     int rc = 0;
     if ((r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
         rc = kvcr_fail(KVCR_ESYS, "eventfd failed: %s", strerror(errno));
-    if (rc == 0) rc = ucx_ctx_create(host_logger(kv), &r->ucx);
+    if (rc == 0 && ready != NULL && *ready != NULL) {
+        r->ucx = *ready;
+        *ready = NULL;
+        ucx_ctx_set_logger(r->ucx, host_logger(kv));
+    } else if (rc == 0) {
+        rc = ucx_ctx_create(host_logger(kv), &r->ucx);
+    }
     if (rc == 0) rc = register_memory(r);
     if (rc == 0)
         rc = open_control(r, control_listener);
