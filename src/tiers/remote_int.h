@@ -43,7 +43,7 @@ typedef struct rpeer {
     uint64_t heard_ns; /* a message last came from it (0: never) */
 } rpeer;
 
-/* ---- routes: how to write into a target (remote_route.c) ------------------- */
+/* ---- routes: how to write into a target (remote_route.c; progress only) ---- */
 
 typedef struct rregion {
     char label[WIRE_MAX_NAME + 1];
@@ -327,7 +327,7 @@ struct remote {
     wire_metadata md;
     region_geom *own_geom;        /* md's regions as core/conf.h's resolver sees them */
     ctl_channel *ctl;             /* also a caller's, locked (target_end) */
-    route_table routes;           /* remote_route.c's; locked too */
+    route_table routes;           /* remote_route.c's (its gauges read locked) */
     swrite *ucx_done;             /* finished in UCX, to settle under the lock */
     bool progress_locked;         /* the progress thread holds the lock: UCX calls made
                                    * under it (closing an endpoint) may run the sink */

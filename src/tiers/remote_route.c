@@ -155,7 +155,7 @@ static int route_load(const wire_msg *m, route **out)
     return 0;
 }
 
-/* ---- the bound on routes (config.max_peers) -------------------------------- */
+/* ---- the bound on routes (config.max_peers) ------------------------------- */
 
 /* Whether rt's endpoint is coming for a target it served inline
  * (post_inline asks for it a little later): a real target's route, which
@@ -269,7 +269,7 @@ void route_release(remote *r, route *rt)
     route_free(rt);
 }
 
-/* ---- endpoints ------------------------------------------------------------- */
+/* ---- endpoints ------------------------------------------------------------ */
 
 int route_connect(remote *r, route *rt)
 {
@@ -329,12 +329,13 @@ void route_connect_due(remote *r, uint64_t *next_ns)
                             kvcr_last_error());
             continue;
         }
-        wire_msg ack = {.type = WIRE_METADATA_ACK, .from = {(const uint8_t *)rt->ack_from, strlen(rt->ack_from)}};
+        wire_bytes from = {(const uint8_t *)rt->ack_from, strlen(rt->ack_from)};
+        wire_msg ack = {.type = WIRE_METADATA_ACK, .from = from};
         send_msg(r, rt->ack_to, &ack, MD_NEVER);
     }
 }
 
-/* ---- the sweep, the gauges, the end ----------------------------------------- */
+/* ---- the sweep, the gauges, the end --------------------------------------- */
 
 void peers_sweep(remote *r, uint64_t now, uint64_t *next_ns)
 {
