@@ -1,8 +1,9 @@
 /* The peer-to-peer tier's internals, shared by its sources:
- *   remote_progress.c  the progress thread: UCX, the ZeroMQ channel, routes,
+ *   remote_progress.c  the progress thread: UCX, the ZeroMQ channel,
  *                      message sending and dispatch, timers; the tier_ops
  *   remote_peer.c      peers: what we know of a control endpoint
- *   remote_reclaim.c   the bound on routes (config.max_peers), the sweep
+ *   remote_route.c     routes: how to write into a target, their endpoints,
+ *                      their bound (config.max_peers), the sweep
  *   remote_target.c    pulls: start_write, write_done, probes, deadlines
  *   remote_source.c    source writes: acceptance, claims, the UCX write
  *   remote_pin.c       framework pins: requests, residencies, releases
@@ -42,7 +43,7 @@ typedef struct rpeer {
     uint64_t heard_ns; /* a message last came from it (0: never) */
 } rpeer;
 
-/* ---- routes: how to write into a target (progress only) -------------------- */
+/* ---- routes: how to write into a target (remote_route.c; progress only) ---- */
 
 typedef struct rregion {
     char label[WIRE_MAX_NAME + 1];
@@ -74,6 +75,19 @@ typedef struct route {
     rregion *regions;
     region_geom *geom;              /* regions[i] as core/conf.h's resolver sees it */
 } route;
+
+/* A source's routes, touched by remote_route.c alone: the progress thread
+ * under the lock (the gauges read the counts, locked), and the stop once
+ * the thread ended. */
+typedef struct route_table {
+    route *live;                    /* one per target (agent name and key) */
+    route *replaced;                /* still used by writes that will fail */
+    uint32_t n;                     /* in live <= config.max_peers */
+    uint64_t reclaimed;             /* idle or failed routes closed (a gauge) */
+    uint64_t connect_next;          /* the earliest connect_at of a route,
+                                     * UINT64_MAX: none */
+    uint64_t sweep_ns;              /* the next sweep (peers_sweep) */
+} route_table;
 
 /* ---- pulls: target side ---------------------------------------------------- */
 
@@ -313,8 +327,7 @@ struct remote {
     wire_metadata md;
     region_geom *own_geom;        /* md's regions as core/conf.h's resolver sees them */
     ctl_channel *ctl;             /* also a caller's, locked (target_end) */
-    route *routes;
-    route *replaced_routes;       /* still used by writes that will fail */
+    route_table routes;           /* remote_route.c's (its gauges read locked) */
     swrite *ucx_done;             /* finished in UCX, to settle under the lock */
     bool progress_locked;         /* the progress thread holds the lock: UCX calls made
                                    * under it (closing an endpoint) may run the sink */
@@ -328,16 +341,11 @@ struct remote {
 
     rpeer *peers;
     uint32_t n_peers, cap_peers;  /* n_peers <= config.max_peers */
-    uint32_t n_routes;            /* in routes (not replaced ones) <= config.max_peers */
-    uint64_t routes_reclaimed;    /* idle or failed routes closed (a gauge) */
     uint64_t peers_reclaimed;     /* records of unused sources dropped (a gauge) */
-    uint64_t peer_sweep_ns;       /* progress only: the next sweep */
     kvcr_log_limit peer_log;      /* refusals at max_peers, logged once a second */
     uint64_t pulls_held;          /* pulls that waited for a silent source */
     kvcr_log_limit held_log;      /* and their log line, once a second */
 
-    uint64_t connect_next;        /* the earliest connect_at of a route, UINT64_MAX:
-                                   * none (progress only) */
     pull *pulls;                  /* every live pull */
     pull *pull_index[PULL_BUCKETS]; /* ... by handle (target_take_bytes, replies) */
     uint32_t inline_max;          /* pulls of at most this many bytes ask for them inline
@@ -394,23 +402,6 @@ void remote_drop(remote *r, ctl_drop cause, const char *fmt, ...)
  * failure invalidates the peer. */
 int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule);
 enum { MD_NEVER = 0, MD_RETRY, MD_FORCE };
-int route_resolve(remote *r, const wire_msg *m, route **out);
-/* The route's UCX endpoint and rkeys, made on first need (a write that goes
- * with UCX, or metadata alone): an inline write needs none. 0, or the
- * error (the route stays, without an endpoint, to try again). */
-int route_connect(remote *r, route *rt);
-/* The same, at the end of a turn of the progress thread at least delay_ns
- * from now: after the turn's replies went out, so that ucp_ep_create's CPU
- * time delays none. */
-void route_connect_later(remote *r, route *rt, uint64_t delay_ns);
-/* Metadata m made or confirmed rt, which has no endpoint yet: the endpoint
- * is made at the end of the turn and m acknowledged only once it is (else
- * m is dropped as unusable). */
-void route_ack_later(remote *r, route *rt, const wire_msg *m);
-/* A source write ended on the progress thread: its use of the route too. */
-void route_release(remote *r, route *rt);
-/* Closes its endpoint (none may be running on it) and frees it. */
-void route_free(route *rt);
 /* Any thread holding the lock: queues a callback for the polling thread. */
 void rcb_push(remote *r, rcb *cb);
 void rcb_resilience(remote *r, kvcr_resilience_state st, bool source_side, uint64_t op,
@@ -435,15 +426,42 @@ void peer_refused(remote *r, const char *what, int len, const char *name);
  * dropped. */
 void peer_records_sweep(remote *r, uint64_t now);
 
-/* remote_reclaim.c (locked, progress thread) */
-/* Before a route to a new target is made: 0 when there
- * is room for it (a reclaimable route closed if need be), else
- * KVCR_ELIMIT, counted and logged at most once a second. */
-int route_admit(remote *r, const wire_bytes *agent);
+/* remote_route.c (locked, progress thread unless noted) */
+/* Before the thread starts: no route, no endpoint due. */
+void route_init(remote *r);
+/* The route to m's sender, made or replaced from the metadata m carries
+ * (a new target within config.max_peers: KVCR_ELIMIT, counted and logged,
+ * when no route is reclaimable); 0, or the error. */
+int route_resolve(remote *r, const wire_msg *m, route **out);
+/* The route's UCX endpoint and rkeys, made on first need (a write that goes
+ * with UCX, or metadata alone): an inline write needs none. 0, or the
+ * error (the route stays, without an endpoint, to try again). */
+int route_connect(remote *r, route *rt);
+/* The same, at the end of a turn of the progress thread at least delay_ns
+ * from now: after the turn's replies went out, so that ucp_ep_create's CPU
+ * time delays none. */
+void route_connect_later(remote *r, route *rt, uint64_t delay_ns);
+/* Metadata m made or confirmed rt, which has no endpoint yet: the endpoint
+ * is made at the end of the turn and m acknowledged only once it is (else
+ * m is dropped as unusable). */
+void route_ack_later(remote *r, route *rt, const wire_msg *m);
+/* At the end of a turn: the endpoints asked for by now made, the metadata
+ * waiting for them acknowledged or dropped as unusable; *next_ns lowered
+ * to when the next one is due. */
+void route_connect_due(remote *r, uint64_t *next_ns);
+/* A source write was accepted on rt: it uses the route until it ends. */
+void route_use(route *rt);
+/* A source write ended on the progress thread: its use of the route too. */
+void route_release(remote *r, route *rt);
 /* At most once a second: routes without users idle for
- * config.peer_idle_ms or failed, and records unused that long, are
- * reclaimed. */
+ * config.peer_idle_ms or failed, and records unused that long
+ * (peer_records_sweep), are reclaimed. */
 void peers_sweep(remote *r, uint64_t now, uint64_t *next_ns);
+/* Locked, any thread: the routes' gauges (peer_routes, peer_routes_reclaimed). */
+void route_gauges(const remote *r, gauge_sink *s);
+/* Unlocked, once the progress thread ended: every route's endpoint closed
+ * (ending the writes still on it) and the routes freed. */
+void route_close_all(remote *r);
 
 /* remote_target.c (locked, progress thread unless noted) */
 void target_adopt(remote *r, uint64_t now, uint64_t *next_ns);

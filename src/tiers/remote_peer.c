@@ -6,9 +6,9 @@
  *
  * A record is reclaimable when no pull names its endpoint and no hint asked
  * for eager metadata: the least recently used makes room for a new one, and
- * the sweep (remote_reclaim.c) drops those unused for config.peer_idle_ms;
- * losing one costs only our metadata riding along on the next message to
- * that source. With every record in use a new one is not made (counted as
+ * the sweep (peers_sweep, remote_route.c) drops those unused for
+ * config.peer_idle_ms; losing one costs only our metadata riding along on
+ * the next message to that source. With every record in use a new one is not made (counted as
  * kvcr_limit_refusals_total{limit="peers"}, logged at most once a second):
  * our metadata then rides along on every message to that source. */
 #include <stdlib.h>

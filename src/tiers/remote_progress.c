@@ -1,7 +1,6 @@
 /* The peer tier's progress thread and its plumbing: start and stop, the
- * loop, routes (how to write into a target), message sending and dispatch,
- * the callbacks queued for the polling thread, and the tier_ops the core
- * calls.
+ * loop, message sending and dispatch, the callbacks queued for the polling
+ * thread, and the tier_ops the core calls (routes: remote_route.c).
  *
  * One turn of the loop: drive UCX (unlocked), then under the instance lock
  * settle UCX completions, receive and dispatch up to 64 control messages,
@@ -91,246 +90,6 @@ int send_msg(remote *r, const char *endpoint, wire_msg *m, int md_rule)
         p->retry_ns = now + (uint64_t)conf->remote.metadata_retry_interval_ms * MS;
     return 0;
 }
-
-/* ---- routes (progress only) ----------------------------------------------- */
-
-/* The route's endpoint and the rkeys unpacked on it, if any. */
-static void route_disconnect(route *rt)
-{
-    for (uint32_t i = 0; i < rt->n_regions; i++) {
-        if (rt->regions[i].rkey) ucx_rkey_destroy(rt->regions[i].rkey);
-        rt->regions[i].rkey = NULL;
-    }
-    if (rt->peer) ucx_peer_close(rt->peer);
-    rt->peer = NULL;
-}
-
-void route_free(route *rt)
-{
-    route_disconnect(rt);
-    for (uint32_t i = 0; i < rt->n_regions; i++) free(rt->regions[i].rkey_bytes);
-    free(rt->regions);
-    free(rt->geom);
-    free(rt->worker_addr);
-    free(rt);
-}
-
-int route_connect(remote *r, route *rt)
-{
-    if (rt->peer != NULL) return 0;
-    int rc = ucx_peer_connect(r->ucx, rt->worker_addr, rt->worker_len, &rt->peer);
-    for (uint32_t i = 0; rc == 0 && i < rt->n_regions; i++) {
-        rregion *g = &rt->regions[i];
-        rc = ucx_rkey_unpack(rt->peer, g->rkey_bytes, g->rkey_len, &g->rkey);
-    }
-    if (rc != 0) route_disconnect(rt);
-    return rc;
-}
-
-void route_connect_later(remote *r, route *rt, uint64_t delay_ns)
-{
-    if (rt->peer != NULL) return;
-    uint64_t at = kvcr_now_ns() + delay_ns;
-    if (rt->connect_at == 0 || at < rt->connect_at) rt->connect_at = at;
-    if (at < r->connect_next) r->connect_next = at;
-}
-
-void route_ack_later(remote *r, route *rt, const wire_msg *m)
-{
-    snprintf(rt->ack_to, sizeof rt->ack_to, "%.*s", (int)m->from.len, (const char *)m->from.data);
-    snprintf(rt->ack_from, sizeof rt->ack_from, "%.*s", (int)m->to.len, (const char *)m->to.data);
-    rt->acks_due++; /* each message is counted if unusable */
-    route_connect_later(r, rt, 0);
-}
-
-/* Locked, progress thread, at the end of a turn: the endpoints asked for
- * by now (a route whose endpoint fails to be made keeps none, and the
- * next write that needs one tries again), and the metadata waiting for
- * them acknowledged, or dropped as unusable. */
-static void connect_due(remote *r, uint64_t *next_ns)
-{
-    uint64_t now = kvcr_now_ns();
-    if (r->connect_next > now) {
-        if (r->connect_next < *next_ns) *next_ns = r->connect_next;
-        return;
-    }
-    r->connect_next = UINT64_MAX;
-    for (route *rt = r->routes; rt; rt = rt->next) {
-        if (rt->connect_at == 0) continue;
-        if (rt->connect_at > now) {
-            if (rt->connect_at < r->connect_next) r->connect_next = rt->connect_at;
-            continue;
-        }
-        rt->connect_at = 0;
-        bool ok = route_connect(r, rt) == 0;
-        if (!ok)
-            kvcr_log(host_logger(r->kv), KVCR_LOG_DEBUG, "no UCX endpoint to %s yet: %s",
-                     rt->agent, kvcr_last_error());
-        uint32_t n = rt->acks_due;
-        rt->acks_due = 0;
-        if (n == 0) continue;
-        if (!ok) {
-            for (uint32_t i = 0; i < n; i++)
-                remote_drop(r, CTL_DROP_UNUSABLE, "metadata from %s not usable: %s", rt->agent,
-                            kvcr_last_error());
-            continue;
-        }
-        wire_msg ack = {.type = WIRE_METADATA_ACK, .from = str_bytes(rt->ack_from)};
-        send_msg(r, rt->ack_to, &ack, MD_NEVER);
-    }
-}
-
-/* The CURVE key a message speaks for: the one in its reply endpoint, which
- * on_message checked against its connection's ("" without CURVE). */
-static const char *sender_key(const wire_msg *m)
-{
-    const char *key = ctl_endpoint_key((const char *)m->from.data);
-    return key ? key : "";
-}
-
-/* A route belongs to an agent name and the key that announced it, so that
- * a peer holding another key cannot replace (hijack) it by using the name. */
-static route *route_find(remote *r, const wire_bytes *agent, const char *key)
-{
-    for (route *rt = r->routes; rt; rt = rt->next)
-        if (strlen(rt->agent) == agent->len && memcmp(rt->agent, agent->data, agent->len) == 0 &&
-            strcmp(rt->key, key) == 0)
-            return rt;
-    return NULL;
-}
-
-static bool bytes_eq(const uint8_t *a, size_t alen, const wire_bytes *b)
-{
-    return alen == b->len && (alen == 0 || memcmp(a, b->data, alen) == 0);
-}
-
-static bool route_same(const route *rt, const wire_metadata *md)
-{
-    if (!bytes_eq(rt->worker_addr, rt->worker_len, &md->worker_addr) ||
-        rt->n_regions != md->n_regions)
-        return false;
-    for (uint32_t i = 0; i < md->n_regions; i++) {
-        const rregion *a = &rt->regions[i];
-        const wire_region *b = &md->regions[i];
-        if (!bytes_eq((const uint8_t *)a->label, strlen(a->label), &b->label) ||
-            a->framework != b->framework || a->addr != b->addr ||
-            a->element_size != b->element_size || a->stride != b->stride ||
-            a->count != b->count || !bytes_eq(a->rkey_bytes, a->rkey_len, &b->rkey))
-            return false;
-    }
-    return true;
-}
-
-/* A route from m's metadata: its regions and rkeys as bytes; the UCX
- * endpoint is made later, on first need (route_connect). */
-static int route_load(const wire_msg *m, route **out)
-{
-    const wire_bytes *agent = &m->agent;
-    const wire_metadata *md = &m->md;
-    route *rt = calloc(1, sizeof *rt);
-    if (rt == NULL) return kvcr_fail(KVCR_ENOMEM, "out of memory");
-    memcpy(rt->agent, agent->data, agent->len);
-    snprintf(rt->key, sizeof rt->key, "%s", sender_key(m));
-    rt->worker_addr = malloc(md->worker_addr.len);
-    rt->regions = calloc(md->n_regions ? md->n_regions : 1, sizeof *rt->regions);
-    rt->geom = calloc(md->n_regions ? md->n_regions : 1, sizeof *rt->geom);
-    if (rt->worker_addr == NULL || rt->regions == NULL || rt->geom == NULL) {
-        route_free(rt);
-        return kvcr_fail(KVCR_ENOMEM, "out of memory");
-    }
-    memcpy(rt->worker_addr, md->worker_addr.data, md->worker_addr.len);
-    rt->worker_len = md->worker_addr.len;
-    int rc = 0;
-    for (uint32_t i = 0; i < md->n_regions; i++) {
-        const wire_region *w = &md->regions[i];
-        rregion *g = &rt->regions[i];
-        rt->n_regions = i + 1;
-        memcpy(g->label, w->label.data, w->label.len);
-        g->framework = w->framework;
-        g->addr = w->addr;
-        g->element_size = w->element_size;
-        g->stride = w->stride;
-        g->count = w->count;
-        rt->geom[i] = (region_geom){g->label, g->framework, g->addr, g->element_size, g->stride,
-                                    g->count};
-        g->rkey_bytes = malloc(w->rkey.len);
-        if (g->rkey_bytes == NULL) {
-            rc = kvcr_fail(KVCR_ENOMEM, "out of memory");
-            break;
-        }
-        memcpy(g->rkey_bytes, w->rkey.data, w->rkey.len);
-        g->rkey_len = w->rkey.len;
-    }
-    if (rc != 0) {
-        route_free(rt);
-        return rc;
-    }
-    *out = rt;
-    return 0;
-}
-
-/* The route to the message's sender (its agent name is the logical name).
- * Metadata in the message replaces a route that differs (a restarted or
- * reconfigured target) unless writes to it are running in UCX; writes
- * queued on the old route fail instead of writing through the new one. */
-int route_resolve(remote *r, const wire_msg *m, route **out)
-{
-    route *rt = route_find(r, &m->agent, sender_key(m));
-    /* A route whose endpoint failed is made again from the next metadata. */
-    bool usable = rt != NULL && (rt->peer == NULL || !ucx_peer_failed(rt->peer));
-    if (!m->has_metadata || (usable && route_same(rt, &m->md))) {
-        *out = rt;
-        if (rt != NULL) rt->last_ns = kvcr_now_ns();
-        return rt ? 0 : kvcr_fail(KVCR_ENOENT, "no metadata from this target yet");
-    }
-    if (rt == NULL && route_admit(r, &m->agent) != 0) return KVCR_ELIMIT;
-    if (rt != NULL) {
-        if (rt->peer != NULL && ucx_peer_busy(rt->peer) > 0)
-            return kvcr_fail(KVCR_EBUSY, "target replaced while writes to it are running");
-        route **link = &r->routes;
-        while (*link != rt) link = &(*link)->next;
-        *link = rt->next;
-        r->n_routes--;
-        rt->replaced = true;
-        if (rt->users > 0) {
-            rt->next = r->replaced_routes;
-            r->replaced_routes = rt;
-        } else {
-            route_free(rt);
-        }
-        kvcr_log(host_logger(r->kv), KVCR_LOG_INFO, "target %.*s %s: route replaced",
-                 (int)m->agent.len, (const char *)m->agent.data,
-                 usable ? "changed its metadata" : "sent metadata after its endpoint failed");
-    }
-    int rc = route_load(m, &rt);
-    if (rc != 0) return rc;
-    rt->last_ns = kvcr_now_ns();
-    rt->next = r->routes;
-    r->routes = rt;
-    r->n_routes++;
-    *out = rt;
-    return 0;
-}
-
-void route_release(remote *r, route *rt)
-{
-    rt->last_ns = kvcr_now_ns(); /* idle from now on, if it was the last user */
-    if (--rt->users > 0 || !rt->replaced) return;
-    route **link = &r->replaced_routes;
-    while (*link != rt) link = &(*link)->next;
-    *link = rt->next;
-    route_free(rt);
-}
-
-static void free_routes(route **list)
-{
-    while (*list) {
-        route *rt = *list;
-        *list = rt->next;
-        route_free(rt);
-    }
-}
-
 
 /* ---- callbacks for the polling thread ------------------------------------- */
 
@@ -583,7 +342,7 @@ static void *progress_main(void *arg)
         swrite *posts = source_take_posts(r);
         ctl_uncork(r->ctl); /* before endpoints are made: they may take a while */
         wake_main_owed(r);
-        connect_due(r, &next_ns);
+        route_connect_due(r, &next_ns);
         bool transfers = posts != NULL || !source_idle(r) || target_moving(r);
         bool done = r->stop && target_idle(r) && source_idle(r);
         if (r->stop && give_up == 0)
@@ -757,7 +516,7 @@ int remote_start(kvcr_t *kv, int control_listener, ucx_ctx **ready, remote **out
     }
     r->kv = kv;
     r->wake_fd = -1;
-    r->connect_next = UINT64_MAX;
+    route_init(r);
     r->next_source_no = 1;
     r->next_pin_req = 1;
     host_incarnation(kv, r->inc);
@@ -828,8 +587,7 @@ static void remote_stop(tier *t)
     }
     /* Endpoints first: closing one ends the writes still on it (their
      * completions land on ucx_done, never read again). */
-    free_routes(&r->routes);
-    free_routes(&r->replaced_routes);
+    route_close_all(r);
     for (uint32_t i = 0; i < r->n_mems; i++)
         if (r->mems[i]) ucx_mem_deregister(r->mems[i]);
     r->n_mems = 0;
@@ -921,9 +679,8 @@ static void remote_gauges(tier *t, gauge_sink *s)
     gauge_sink_add(s, "", "pinned_keys", pinned_keys);
     gauge_sink_add(s, "", "connected_remotes", peers);
     gauge_sink_add(s, "", "peer_records", (double)r->n_peers);
-    gauge_sink_add(s, "", "peer_routes", (double)r->n_routes);
     gauge_sink_add(s, "", "peer_records_reclaimed", (double)r->peers_reclaimed);
-    gauge_sink_add(s, "", "peer_routes_reclaimed", (double)r->routes_reclaimed);
+    route_gauges(r, s);
     gauge_sink_add(s, "", "source_writes_in_flight", (double)r->n_serving);
     gauge_sink_add(s, "", "source_writes_in_flight_max", (double)r->max_serving_seen);
     gauge_sink_add(s, "", "source_writes_held", (double)r->n_swrites);

@@ -548,7 +548,7 @@ static void on_start_write(remote *r, const wire_msg *m)
                                                                  : conf->operation_timeout_ms;
     sw->deadline_ns = now + (uint64_t)(budget * 1e6);
     sw->number = r->next_source_no++;
-    rt->users++;
+    route_use(rt);
     sw->status = st;
     st->sw = sw;
     sw->next = r->swrites;

@@ -439,7 +439,7 @@ static void test_refusals_fail_the_pull_and_its_hint(void **state)
     assert_null(r->pulls);
 }
 
-/* A source that has no route to us (it reclaimed it, remote_reclaim.c)
+/* A source that has no route to us (it reclaimed it, remote_route.c)
  * refuses a start_write that came without our metadata: it is sent once
  * more, with it; a second refusal fails the pull. */
 static void test_a_refusal_of_a_start_write_without_metadata_sends_it_again_with_it(void **state)
