@@ -8,8 +8,8 @@
  * corked so that what the turn sends one peer leaves in one write; then wake
  * the polling thread if the turn gave it work, make the UCX endpoints due,
  * post the source writes that became ready (unlocked) and sleep in ppoll()
- * on the wake eventfd, the ZeroMQ fd, the lane's and the UCX fd until the
- * next timer. */
+ * on the wake eventfd, the ZeroMQ fd, the lane's and (when armed) the UCX
+ * fd until the next timer. */
 #define _GNU_SOURCE /* ppoll */
 #include <errno.h>
 #include <poll.h>
@@ -366,6 +366,7 @@ static void *progress_main(void *arg)
             continue;
         }
         struct timespec wait = {0, 0};
+        bool armed = false;
         if (transfers) {
             /* Active wait: on one host UCX moves a put in fragments that
              * only progress on both sides drives, and not every step
@@ -375,14 +376,24 @@ static void *progress_main(void *arg)
             if (kvcr_now_ns() - last_busy_ns >= ACTIVE_SPIN_NS) wait.tv_nsec = ACTIVE_WAIT_NS;
         } else {
             if (!ucx_arm(r->ucx)) continue;
+            armed = true;
             uint64_t now = kvcr_now_ns();
             uint64_t ns = next_ns > now ? next_ns - now : 0;
             if (ns > IDLE_WAIT_MS * MS) ns = IDLE_WAIT_MS * MS;
             wait = (struct timespec){(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
         }
-        struct pollfd fds[6] = {{r->wake_fd, POLLIN, 0},         {ctl_fd(r->ctl), POLLIN, 0},
-                                {ucx_fd(r->ucx), POLLIN, 0},       {ctl_auth_fd(r->ctl), POLLIN, 0},
-                                {ctl_monitor_fd(r->ctl), POLLIN, 0}, {ctl_lane_fd(r->ctl), POLLIN, 0}};
+        /* The UCX fd only when armed: unarmed it stays readable from the
+         * last event on, so every nap and yield of an active wait returned
+         * at once, and the two progress threads of a one-host transfer
+         * became busy loops that held a CPU until the scheduler took it
+         * (a 4 MiB deliver used 20-150 ms of CPU on each side under load
+         * where it needs about 1, docs/BENCHMARKS.md "Under load"). */
+        struct pollfd fds[6] = {{r->wake_fd, POLLIN, 0},
+                                {ctl_fd(r->ctl), POLLIN, 0},
+                                {armed ? ucx_fd(r->ucx) : -1, POLLIN, 0},
+                                {ctl_auth_fd(r->ctl), POLLIN, 0},
+                                {ctl_monitor_fd(r->ctl), POLLIN, 0},
+                                {ctl_lane_fd(r->ctl), POLLIN, 0}};
         /* A nap between two looks at UCX is a ppoll on the fds too: a
          * control message (a write's answer) ends it at once instead of
          * waiting out the nap and the kernel's timer slack (docs/BENCHMARKS.md,

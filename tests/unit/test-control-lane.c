@@ -2,8 +2,9 @@
 /* The control lane on a loopback address of its own (net/lane.h), then
  * through the control channel (ctl_open_lane): messages both ways over the dialled connection,
  * answers only to a name vouched for, frames split across reads, the max of
- * lane_recv, junk and oversized frames refused and counted, the send queue's
- * bound, corking, forgetting, and endpoints with "#lane=". Every wait is bounded. */
+ * lane_recv, connections around freed slots, junk and oversized frames
+ * refused and counted, the send queue's bound, corking, forgetting, and
+ * endpoints with "#lane=". Every wait is bounded. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -434,6 +435,75 @@ static size_t read_within(lane **ls, inbox *in, int fd, uint8_t *buf, size_t n)
     return got;
 }
 
+/* One frame on a raw connection. */
+static void raw_frame(int fd, const char *data, size_t len)
+{
+    uint8_t buf[4 + 64];
+    assert_true(len <= 64);
+    put32be(buf, (uint32_t)len);
+    memcpy(buf + 4, data, len);
+    assert_int_equal(write(fd, buf, 4 + len), (ssize_t)(4 + len));
+}
+
+/* Turns the lane until it no longer holds a connection named name. */
+static void wait_gone(lane **ls, inbox *in, const char *name)
+{
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (lane_has(ls[0], name)) {
+        if (now_ms() > deadline) fail_msg("%s still connected after %d ms", name, WAIT_MS);
+        turn_for(ls, in, 5);
+    }
+}
+
+/* Slots are taken lowest first and the scans of a receive stop past the
+ * highest in use: with the slots below and above a connection freed, it
+ * still delivers and is answered; a new connection takes the freed slot
+ * below it, and still delivers once the one above it closed too. */
+static void test_connections_around_freed_slots_are_still_served(void **state)
+{
+    (void)state;
+    lane *b = open_lane("b");
+    lane *one[] = {b, NULL};
+    inbox *in = calloc(1, sizeof *in);
+    int fd[4];
+    for (int i = 0; i < 3; i++) { /* one at a time: slots 0, 1, 2 */
+        char name[8];
+        snprintf(name, sizeof name, "good-%d", i);
+        fd[i] = raw_connect(lane_addr, lane_port(b));
+        raw_frame(fd[i], name, 6);
+        raw_frame(fd[i], "hello", 5);
+        pump(one, in, (size_t)i + 1, 64, WAIT_MS);
+    }
+    close(fd[2]);
+    close(fd[0]);
+    wait_gone(one, in, "good-2");
+    wait_gone(one, in, "good-0");
+    raw_frame(fd[1], "still", 5);
+    pump(one, in, 4, 64, WAIT_MS);
+    assert_int_equal(in->lens[3], 5);
+    assert_memory_equal(in->data[3], "still", 5);
+    /* Answered over its own connection: nothing listens at the port given. */
+    assert_int_equal(lane_send(b, "good-1", lane_host, dead_port(lane_addr), "answer", 6), 0);
+    uint8_t got[10];
+    assert_int_equal(read_within(one, in, fd[1], got, sizeof got), sizeof got);
+    assert_int_equal(get32be(got), 6);
+    assert_memory_equal(got + 4, "answer", 6);
+    fd[3] = raw_connect(lane_addr, lane_port(b));
+    raw_frame(fd[3], "good-3", 6);
+    raw_frame(fd[3], "new", 3);
+    pump(one, in, 5, 64, WAIT_MS);
+    close(fd[1]);
+    wait_gone(one, in, "good-1");
+    raw_frame(fd[3], "last", 4);
+    pump(one, in, 6, 64, WAIT_MS);
+    assert_int_equal(in->lens[5], 4);
+    assert_memory_equal(in->data[5], "last", 4);
+    assert_int_equal(taken(b), 0);
+    close(fd[3]);
+    lane_close(b);
+    free(in);
+}
+
 /* Corked, messages to a made connection wait in its queue however long
  * the lane turns; uncorking sends them, in order. A connection forgotten
  * while corked takes its messages with it, and the uncork that follows
@@ -682,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_a_name_not_vouched_for_gets_no_answers_over_its_connection),
         cmocka_unit_test(test_frames_split_across_reads_arrive_whole),
         cmocka_unit_test(test_recv_hands_over_at_most_max),
+        cmocka_unit_test(test_connections_around_freed_slots_are_still_served),
         cmocka_unit_test(test_junk_is_refused_and_counted),
         cmocka_unit_test(test_the_send_queue_is_bounded),
         cmocka_unit_test(test_an_unanswered_dial_is_made_again_with_its_queue),
