@@ -576,11 +576,16 @@ static bool nothing_held(const report *rep)
     return rep->allocated_slots == rep->evictable_slots && rep->fw_held == 0;
 }
 
-/* The fault has ended: pulls succeed again within BACK_WITHIN_MS. */
+/* The fault has ended: pulls succeed again. Usually within BACK_WITHIN_MS
+ * (the report prints back_ms); the design's bound is one abandon deadline:
+ * a pull started just before a partition ends can be held, with puts,
+ * behind pulls to the same source that are not yet proven quiet, until
+ * their abandon deadline (back after 3.1 s was seen, with UCX 1.13 and
+ * 1.22). That bound, with the slack, is what is asserted. */
 static void assert_back(const report *rep)
 {
     assert_true(rep->failed_entries > 0); /* the fault was felt */
-    assert_true(rep->back_ms >= 0 && rep->back_ms <= BACK_WITHIN_MS);
+    assert_true(rep->back_ms >= 0 && rep->back_ms <= ABANDON_MS + SLACK_MS);
 }
 
 /* 5 % of the frames each host sends are lost for the whole run: pulls keep
@@ -598,8 +603,8 @@ static void test_loss_5_percent(void **state)
 }
 
 /* A fault on the source's host (fault(nr, 1, true), ended by false) for
- * ms while pulls are in flight; then pulls succeed again within
- * BACK_WITHIN_MS and nothing is left held. */
+ * ms while pulls are in flight; then pulls succeed again (assert_back)
+ * and nothing is left held. */
 static void fault_then_back(const char *name, int (*fault)(netrig *, unsigned, bool), double ms)
 {
     bench b;
@@ -607,10 +612,11 @@ static void fault_then_back(const char *name, int (*fault)(netrig *, unsigned, b
     assert_int_equal(fault(b.nr, 1, true), 0);
     sleep_ms(ms); /* the fault's length, not a wait for anything */
     assert_int_equal(fault(b.nr, 1, false), 0);
-    /* A success within BACK_WITHIN_MS is asserted below (back_ms): past
-     * that, with slack, the report says how late it came, or that none did. */
-    if (!bench_mark_and_await(&b, 'B', BACK_WITHIN_MS + SLACK_MS))
-        print_message("no success within %d ms of the fault's end\n", BACK_WITHIN_MS + SLACK_MS);
+    /* A success within the abandon deadline is asserted below (assert_back):
+     * past that, with slack, the report says how late it came, or that none
+     * did. */
+    if (!bench_mark_and_await(&b, 'B', ABANDON_MS + SLACK_MS))
+        print_message("no success within %d ms of the fault's end\n", ABANDON_MS + SLACK_MS);
     report rep = bench_down(&b, name, true);
     assert_back(&rep);
     assert_true(nothing_held(&rep));
