@@ -56,9 +56,7 @@ def check_inherited(config: KVCRConfig, g3: Any) -> None:
         raise ValueError("nixl_listen_port must be between 1 and 65535")
     if not isinstance(g3, G3Options):
         return  # none, or refused as the wrong type with the G3 arguments
-    if not isinstance(g3.backend, str):
-        raise TypeError(f"G3 backend must be a str, not {type(g3.backend).__name__}")
-    opts = g3.backend_options
+    opts = g3.backend_options  # the backend name is a C string: config.g3_args
     if not isinstance(opts, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
         raise TypeError("G3 backend_options must map str to str")

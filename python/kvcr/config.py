@@ -543,7 +543,7 @@ def g3_args(g3: G3Options, block_size: int) -> tuple:
         raise TypeError("G3 paths must be a tuple (or list) of file paths, not "
                         f"{type(paths).__name__}")
     expanded = tuple(_g3_path(i, p) for i, p in enumerate(paths))
-    backend = _c_str("G3 backend", g3.backend)  # its other rules: kvcr.compat
+    backend = _c_str("G3 backend", g3.backend)
     # The largest whole number of slots a u64 holds breaks libkvcr's 2^56 bound.
     top = _U64_MAX // block_size * block_size if block_size > 0 else _U64_MAX
     options = _bound(

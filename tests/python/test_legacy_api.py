@@ -3,11 +3,13 @@ framework memory as one FrameworkDramInput, blocks named by MemDescriptor
 (an absolute address). Each descriptor becomes the element it covers, with
 its bytes; one that is not exactly a block of the range is refused before
 anything is copied."""
+import dataclasses
 import mmap
 
 import pytest
 
 import kvcr
+from kvcr import compat
 from conftest import address_of, poll_until
 
 BLOCK = 4096
